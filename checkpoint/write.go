@@ -1,0 +1,107 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/internal/atomicfile"
+)
+
+// write makes one generation durable: every Large blob (each fsynced by the artifact
+// store), then the state file naming them, atomically. Only then is it visible to Load.
+func (c *Checkpointer) write(ctx context.Context, s *Snapshot) (*State, error) {
+	c.diskMu.Lock()
+	defer c.diskMu.Unlock()
+	if err := c.check(s); err != nil {
+		return nil, err
+	}
+	seq := c.lastSeq + 1
+	st := &State{
+		Seq: seq, Round: s.Round, Head: s.Head,
+		Blobs: make(map[string]cid.Cid, len(s.Large)),
+		Refs:  nonNil(maps.Clone(s.Keep)),
+		Meta:  nonNil(maps.Clone(s.Meta)),
+		// Whole nanoseconds, no monotonic reading: the value Load will return.
+		SavedAt: time.Unix(0, time.Now().UnixNano()),
+	}
+	for _, name := range sortedKeys(s.Large) {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("checkpoint generation %d: %w", seq, err)
+		}
+		id, err := c.own.PutBytes(s.Large[name])
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint generation %d: blob %q: %w", seq, name, err)
+		}
+		st.Blobs[name] = id
+	}
+	// Blobs written so far are unreferenced if we stop here; the next prune removes them.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("checkpoint generation %d: %w", seq, err)
+	}
+	b, err := encodeState(st)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint generation %d: %w", seq, err)
+	}
+	if err := atomicfile.Write(c.statePath(seq), b, 0o600); err != nil {
+		return nil, fmt.Errorf("checkpoint generation %d: %w", seq, err)
+	}
+	c.lastSeq = seq
+	c.prune()
+	return st, nil
+}
+
+// prune deletes state files beyond the newest keepGenerations, then every blob in our own
+// store that no kept generation references (left by pruned generations or by saves a
+// crash interrupted). Failures are logged, not returned: the new generation is durable,
+// and the next prune tries again. Caller holds diskMu.
+func (c *Checkpointer) prune() {
+	seqs, err := c.listSeqs()
+	if err != nil {
+		c.log.Warn("cannot prune checkpoints", "err", err)
+		return
+	}
+	keep := seqs[:min(len(seqs), keepGenerations)]
+	for _, seq := range seqs[len(keep):] {
+		if err := os.Remove(c.statePath(seq)); err != nil {
+			c.log.Warn("cannot remove old checkpoint", "seq", seq, "err", err)
+		}
+	}
+	live := make(map[cid.Cid]bool)
+	for _, seq := range keep {
+		st, err := c.readState(seq)
+		if err != nil {
+			// Its blobs are unknown; deleting nothing is the only safe choice until this
+			// generation ages out.
+			c.log.Warn("not pruning blobs: a kept generation is unreadable", "seq", seq, "err", err)
+			return
+		}
+		for _, id := range st.Blobs {
+			live[id] = true
+		}
+	}
+	ids, err := c.own.List()
+	if err != nil {
+		c.log.Warn("cannot prune checkpoint blobs", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if live[id] {
+			continue
+		}
+		if err := c.own.Remove(id); err != nil {
+			c.log.Warn("cannot remove unreferenced checkpoint blob", "cid", id, "err", err)
+		}
+	}
+}
+
+func nonNil[M ~map[K]V, K comparable, V any](m M) M {
+	if m == nil {
+		return M{}
+	}
+	return m
+}

@@ -1,0 +1,78 @@
+package merge
+
+import "testing"
+
+const (
+	benchInputs = 8
+	benchLen    = 25_000_000
+)
+
+// BenchmarkMerge8x25M compares the weighted mean of eight 25M-element inputs with the
+// plainest possible single-goroutine sum of the same inputs. Both report MB/s of input
+// read (8 × 25M × 4 bytes per operation). The merge is memory-bound, so the weighted
+// mean's extra multiplies should cost little; the target is ≥ 0.8× the plain sum.
+func BenchmarkMerge8x25M(b *testing.B) {
+	xs := make([][]float32, benchInputs)
+	for k := range xs {
+		x := make([]float32, benchLen)
+		for i := range x {
+			// Ordinary normal floats: subnormals would slow both loops for reasons
+			// unrelated to the merge.
+			x[i] = float32(i%1000)*0.001 + float32(k)
+		}
+		xs[k] = x
+	}
+	weights := []float64{1, 2, 3, 4, 5, 6, 7, 8}
+	dst := make([]float32, benchLen)
+
+	b.Run("plain-sum", func(b *testing.B) {
+		b.SetBytes(benchInputs * benchLen * 4)
+		for b.Loop() {
+			// dst is not cleared between iterations: clearing would add a pass the
+			// baseline does not need, and the accumulated values stay small and normal.
+			for _, x := range xs {
+				d := dst[:len(x)]
+				for i, v := range x {
+					d[i] += v
+				}
+			}
+		}
+	})
+	b.Run("weighted-mean", func(b *testing.B) {
+		b.SetBytes(benchInputs * benchLen * 4)
+		for b.Loop() {
+			if err := WeightedMean(dst, xs, weights, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkRobust8x1M shows what the robust aggregators and screening cost relative to the
+// plain weighted mean, on eight 1M-element inputs (MB/s of input read).
+func BenchmarkRobust8x1M(b *testing.B) {
+	const n = 1 << 20
+	xs := randVecs(1, benchInputs, n)
+	w := randWeights(1, benchInputs)
+	dst := make([]float32, n)
+	for _, kind := range Aggregators() {
+		b.Run(string(kind), func(b *testing.B) {
+			b.SetBytes(benchInputs * n * 4)
+			opts := AggregateOptions{TrimFraction: 0.125}
+			for b.Loop() {
+				if err := Aggregate(kind, dst, xs, w, opts, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("screen", func(b *testing.B) {
+		b.SetBytes(benchInputs * n * 4)
+		cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0)}
+		for b.Loop() {
+			if _, err := Screen(xs, cfg, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
