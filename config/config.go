@@ -1,0 +1,162 @@
+package config
+
+import "time"
+
+// Config is one experiment as seen by one node.
+type Config struct {
+	Node       Node       `yaml:"node"`
+	Experiment Experiment `yaml:"experiment"`
+	Dataset    Dataset    `yaml:"dataset"`
+	Workload   Workload   `yaml:"workload"`
+	Protocol   Protocol   `yaml:"protocol"`
+	Merge      Merge      `yaml:"merge"`
+	Lease      Lease      `yaml:"lease"`
+	Export     Export     `yaml:"export"`
+
+	// Path is the file the config was read from ("" for a built-in config). Relative paths
+	// in the config are resolved against its directory.
+	Path string `yaml:"-"`
+}
+
+// Node is this process: where it keeps state and how it is reached.
+type Node struct {
+	StoreDir  string   `yaml:"store_dir"`
+	Identity  string   `yaml:"identity"`
+	Listen    []string `yaml:"listen"`
+	Bootstrap []string `yaml:"bootstrap"`
+	HTTP      string   `yaml:"http"`
+	MDNS      bool     `yaml:"mdns"`
+	DHT       bool     `yaml:"dht"`
+	Relay     bool     `yaml:"relay"`
+	PSK       string   `yaml:"psk"`
+	LogLevel  string   `yaml:"log_level"`
+	ChunkSize int      `yaml:"chunk_size"`
+}
+
+// Role names.
+const (
+	RoleTrainer   = "trainer"
+	RoleValidator = "validator"
+	RoleBootstrap = "bootstrap"
+)
+
+// Experiment names the swarm and this node's part in it.
+type Experiment struct {
+	Network    string   `yaml:"network"`
+	ID         string   `yaml:"id"`
+	Roles      []string `yaml:"roles"`
+	Validators []string `yaml:"validators"`
+	Quorum     int      `yaml:"quorum"`
+	Rounds     int      `yaml:"rounds"`
+	Seed       int64    `yaml:"seed"`
+	EvalEvery  int      `yaml:"eval_every"`
+}
+
+// HasRole reports whether this node holds role r.
+func (e Experiment) HasRole(r string) bool {
+	for _, x := range e.Roles {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Dataset is where the training data comes from.
+type Dataset struct {
+	Root            string `yaml:"root"`
+	Manifest        string `yaml:"manifest"`
+	Prepare         bool   `yaml:"prepare"`
+	MicroshardBytes int64  `yaml:"microshard_bytes"`
+}
+
+// Backend names.
+const (
+	BackendWorker  = "worker"
+	BackendCommand = "checkpoint_command"
+)
+
+// Workload is the Python side: what trains and how it is run.
+type Workload struct {
+	Interpreter  string            `yaml:"interpreter"`
+	Factory      string            `yaml:"factory"`
+	Config       map[string]any    `yaml:"config"`
+	PythonPath   []string          `yaml:"python_path"`
+	Env          map[string]string `yaml:"env"`
+	Include      []string          `yaml:"include"`
+	Exclude      []string          `yaml:"exclude"`
+	Device       string            `yaml:"device"`
+	Threads      int               `yaml:"threads"`
+	Backend      string            `yaml:"backend"`
+	Command      Command           `yaml:"command"`
+	CallTimeout  time.Duration     `yaml:"call_timeout"`
+	TrainTimeout time.Duration     `yaml:"train_timeout"`
+}
+
+// Command is the checkpoint-command backend: the user's own training script.
+type Command struct {
+	Program string            `yaml:"program"`
+	Args    []string          `yaml:"args"`
+	Env     map[string]string `yaml:"env"`
+}
+
+// Merge policy names.
+const (
+	PolicyDiLoCo = "diloco"
+	PolicyEMA    = "ema"
+)
+
+// Protocol is how rounds train and merge.
+type Protocol struct {
+	MergePolicy string `yaml:"merge_policy"`
+	InnerSteps  int    `yaml:"inner_steps"`
+	Codec       string `yaml:"codec"`
+	Int8Block   int    `yaml:"int8_block"`
+	DiLoCo      DiLoCo `yaml:"diloco"`
+	EMA         EMA    `yaml:"ema"`
+}
+
+// DiLoCo is the outer optimizer.
+type DiLoCo struct {
+	OuterLR  float64 `yaml:"outer_lr"`
+	Momentum float64 `yaml:"momentum"`
+	Nesterov bool    `yaml:"nesterov"`
+}
+
+// EMA is the exponential-moving-average merge.
+type EMA struct {
+	Decay float64 `yaml:"decay"`
+}
+
+// Merge is how contributions are screened and aggregated.
+type Merge struct {
+	Aggregator    string  `yaml:"aggregator"`
+	TrimFraction  float64 `yaml:"trim_fraction"`
+	ClipNorm      float64 `yaml:"clip_norm"`
+	Screen        Screen  `yaml:"screen"`
+	QualityWeight bool    `yaml:"quality_weight"`
+}
+
+// Screen bounds what a contribution may look like before it is merged.
+type Screen struct {
+	MaxNorm      float64  `yaml:"max_norm"`
+	MaxNormRatio float64  `yaml:"max_norm_ratio"`
+	MinCosine    *float64 `yaml:"min_cosine"`
+}
+
+// Lease is how data is handed out.
+type Lease struct {
+	MicroshardsPerTrainer int           `yaml:"microshards_per_trainer"`
+	MinGroup              int           `yaml:"min_group"`
+	RoundTimeout          time.Duration `yaml:"round_timeout"`
+	QuarantineRounds      int           `yaml:"quarantine_rounds"`
+}
+
+// Export keeps a plain model directory current while training runs.
+type Export struct {
+	Dir         string `yaml:"dir"`
+	EveryRounds int    `yaml:"every_rounds"`
+	InPlace     bool   `yaml:"in_place"`
+	ShardBytes  int64  `yaml:"shard_bytes"`
+	BlockBytes  int    `yaml:"block_bytes"`
+}

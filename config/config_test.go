@@ -1,0 +1,126 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestTemplateSpellsOutTheDefaults(t *testing.T) {
+	got, err := Parse(Template)
+	require.NoError(t, err)
+	require.Equal(t, Default(), got, "config/template.yaml and Default() disagree")
+	require.NoError(t, got.Validate())
+}
+
+func TestEmptyFileIsAllDefaults(t *testing.T) {
+	got, err := Parse(nil)
+	require.NoError(t, err)
+	require.Equal(t, Default(), got)
+}
+
+func TestShippedConfigsLoad(t *testing.T) {
+	files, err := filepath.Glob("../configs/*.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "configs/ holds no example configs")
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			cfg, err := Load(f)
+			require.NoError(t, err)
+			require.True(t, filepath.IsAbs(cfg.Node.StoreDir))
+		})
+	}
+}
+
+func TestErrorsNameTheField(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"unknown top-level", "nodes: {}", []string{"nodes: unknown field (line 1)", `did you mean "node"`}},
+		{"unknown nested", "workload:\n  facotry: x:y", []string{"workload.facotry: unknown field (line 2)", `did you mean "factory"`}},
+		{"wrong type", "protocol:\n  inner_steps: many", []string{"protocol.inner_steps", "line 2"}},
+		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
+		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},
+		{"codec", "protocol:\n  codec: int4", []string{`protocol.codec: must be fp32, fp16 or int8, got "int4"`}},
+		{"policy", "protocol:\n  merge_policy: sgd", []string{`protocol.merge_policy: must be "diloco" or "ema"`}},
+		{"factory", "workload:\n  factory: nocolon", []string{`workload.factory: must be "module:attr"`}},
+		{"backend", "workload:\n  backend: docker", []string{"workload.backend"}},
+		{"command program", "workload:\n  backend: checkpoint_command", []string{"workload.command.program: must be set"}},
+		{"role", "experiment:\n  roles: [trainer, miner]", []string{`experiment.roles[1]: unknown role "miner"`}},
+		{"quorum", "experiment:\n  validators: [12D3KooWJndsDidjsE4N4W9MaRtLQ8iPPLXypd7k2W1Pb4qTP46D]\n  quorum: 2", []string{"experiment.quorum: 2 exceeds the 1 configured validators"}},
+		{"validator id", "experiment:\n  validators: [not-a-peer]", []string{`experiment.validators[0]: "not-a-peer" is not a peer id`}},
+		{"listen", "node:\n  listen: [not-an-addr]", []string{"node.listen[0]"}},
+		{"bootstrap needs peer id", "node:\n  bootstrap: [/ip4/127.0.0.1/tcp/4001]", []string{"node.bootstrap[0]", "/p2p/<peer id>"}},
+		{"list element unknown", "merge:\n  screen:\n    max_norm_ration: 3", []string{"merge.screen.max_norm_ration: unknown field", `did you mean "max_norm_ratio"`}},
+		{"several at once", "protocol:\n  inner_steps: 0\nlease:\n  min_group: 0", []string{"protocol.inner_steps: must be >= 1", "lease.min_group: must be >= 1"}},
+		{"export dir", "export:\n  every_rounds: 5", []string{"export.dir: must be set"}},
+		{"not yaml", "node: [unclosed", []string{"invalid config"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				err = cfg.Validate()
+			}
+			require.Error(t, err)
+			require.ErrorIs(t, err, ErrInvalid)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestLoadResolvesRelativePaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "exp.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("node:\n  store_dir: state\ndataset:\n  root: data\n"), 0o644))
+	cfg, err := Load(path)
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(dir, "state"), cfg.Node.StoreDir)
+	require.Equal(t, filepath.Join(dir, "data"), cfg.Dataset.Root)
+	require.Equal(t, filepath.Join(dir, "data", "manifest.json"), cfg.Dataset.Manifest)
+}
+
+func TestLoadReportsTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("protocol:\n  inner_steps: -1\n"), 0o644))
+	_, err := Load(path)
+	require.Error(t, err)
+	require.True(t, strings.HasPrefix(err.Error(), "config "+path), err.Error())
+	_, err = Load(filepath.Join(dir, "missing.yaml"))
+	require.Error(t, err)
+}
+
+func TestEveryFieldHasATemplateEntry(t *testing.T) {
+	// Each yaml key of Config must appear in the template, so `p2pnode init` documents it.
+	var walk func(reflect.Type, string)
+	walk = func(t2 reflect.Type, prefix string) {
+		for name, f := range yamlFields(t2) {
+			if !strings.Contains(string(Template), name+":") {
+				t.Errorf("template.yaml does not mention %s%s", prefix, name)
+			}
+			if f.Type.Kind() == reflect.Struct && f.Type.Name() != "Duration" {
+				walk(f.Type, prefix+name+".")
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "")
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(Template)
+	f.Add([]byte("node: {store_dir: x}\nexperiment: {roles: [trainer]}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg, err := Parse(b)
+		if err == nil {
+			_ = cfg.Validate()
+		}
+	})
+}

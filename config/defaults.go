@@ -1,0 +1,66 @@
+package config
+
+import "time"
+
+// Default returns the config every file is decoded over: a single node that trains the
+// digits workload on its own (validator + trainer) with DiLoCo.
+func Default() *Config {
+	return &Config{
+		Node: Node{
+			StoreDir:  ".p2pnode",
+			Listen:    []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
+			HTTP:      "127.0.0.1:0",
+			DHT:       true,
+			LogLevel:  "info",
+			ChunkSize: 1 << 20,
+		},
+		Experiment: Experiment{
+			Network:   "p2ptrain",
+			ID:        "digits",
+			Roles:     []string{RoleValidator, RoleTrainer},
+			Quorum:    1,
+			Seed:      1,
+			EvalEvery: 1,
+		},
+		Dataset: Dataset{
+			Root:            "data/digits",
+			Manifest:        "manifest.json",
+			Prepare:         true,
+			MicroshardBytes: 4 << 10,
+		},
+		Workload: Workload{
+			Interpreter:  "/usr/bin/python3",
+			Factory:      "p2ptrain.workloads.digits:Digits",
+			Device:       "auto",
+			Threads:      1,
+			Backend:      BackendWorker,
+			CallTimeout:  2 * time.Minute,
+			TrainTimeout: 30 * time.Minute,
+		},
+		Protocol: Protocol{
+			MergePolicy: PolicyDiLoCo,
+			InnerSteps:  20,
+			Codec:       "fp32",
+			Int8Block:   256,
+			DiLoCo:      DiLoCo{OuterLR: 0.7, Momentum: 0.9, Nesterov: true},
+			EMA:         EMA{Decay: 0.5},
+		},
+		Merge: Merge{
+			Aggregator:   "mean",
+			TrimFraction: 0.2,
+			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0)},
+		},
+		Lease: Lease{
+			MicroshardsPerTrainer: 4,
+			MinGroup:              1,
+			RoundTimeout:          10 * time.Minute,
+			QuarantineRounds:      5,
+		},
+		Export: Export{
+			EveryRounds: 0,
+			InPlace:     true,
+			ShardBytes:  2 << 30,
+			BlockBytes:  64 << 10,
+		},
+	}
+}

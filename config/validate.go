@@ -1,0 +1,211 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
+)
+
+// Validate checks every field and reports all problems at once, each naming its field path.
+func (c *Config) Validate() error {
+	v := &validator{}
+	c.validateNode(v)
+	c.validateExperiment(v)
+	c.validateDataset(v)
+	c.validateWorkload(v)
+	c.validateProtocol(v)
+	c.validateMerge(v)
+	c.validateLease(v)
+	c.validateExport(v)
+	return v.err()
+}
+
+type validator struct{ problems []string }
+
+func (v *validator) add(path, format string, args ...any) {
+	v.problems = append(v.problems, path+": "+fmt.Sprintf(format, args...))
+}
+
+func (v *validator) check(ok bool, path, format string, args ...any) {
+	if !ok {
+		v.add(path, format, args...)
+	}
+}
+
+func (v *validator) err() error {
+	if len(v.problems) == 0 {
+		return nil
+	}
+	if len(v.problems) == 1 {
+		return fmt.Errorf("%w: %s", ErrInvalid, v.problems[0])
+	}
+	return fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(v.problems, "\n  "))
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+func (c *Config) validateNode(v *validator) {
+	n := c.Node
+	v.check(n.StoreDir != "", "node.store_dir", "must not be empty")
+	v.check(len(n.Listen) > 0, "node.listen", "needs at least one multiaddr")
+	for i, a := range n.Listen {
+		if _, err := multiaddr.NewMultiaddr(a); err != nil {
+			v.add(fmt.Sprintf("node.listen[%d]", i), "%q is not a multiaddr: %v", a, err)
+		}
+	}
+	for i, a := range n.Bootstrap {
+		ma, err := multiaddr.NewMultiaddr(a)
+		if err != nil {
+			v.add(fmt.Sprintf("node.bootstrap[%d]", i), "%q is not a multiaddr: %v", a, err)
+			continue
+		}
+		if _, err := ma.ValueForProtocol(multiaddr.P_P2P); err != nil {
+			v.add(fmt.Sprintf("node.bootstrap[%d]", i), "%q must end in /p2p/<peer id>", a)
+		}
+	}
+	if n.HTTP != "" && n.HTTP != "off" {
+		v.check(strings.Contains(n.HTTP, ":"), "node.http", "must be host:port or \"off\", got %q", n.HTTP)
+	}
+	switch n.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		v.add("node.log_level", "must be debug, info, warn or error, got %q", n.LogLevel)
+	}
+	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
+}
+
+func (c *Config) validateExperiment(v *validator) {
+	e := c.Experiment
+	v.check(validID(e.Network), "experiment.network", "must be 1-64 characters of [a-zA-Z0-9._-], got %q", e.Network)
+	v.check(validID(e.ID), "experiment.id", "must be 1-64 characters of [a-zA-Z0-9._-], got %q", e.ID)
+	v.check(len(e.Roles) > 0, "experiment.roles", "needs at least one of trainer, validator, bootstrap")
+	seen := map[string]bool{}
+	for i, r := range e.Roles {
+		switch r {
+		case RoleTrainer, RoleValidator, RoleBootstrap:
+		default:
+			v.add(fmt.Sprintf("experiment.roles[%d]", i), "unknown role %q (want trainer, validator or bootstrap)", r)
+		}
+		v.check(!seen[r], fmt.Sprintf("experiment.roles[%d]", i), "role %q listed twice", r)
+		seen[r] = true
+	}
+	for i, id := range e.Validators {
+		if _, err := peer.Decode(id); err != nil {
+			v.add(fmt.Sprintf("experiment.validators[%d]", i), "%q is not a peer id: %v", id, err)
+		}
+	}
+	v.check(e.Quorum >= 1, "experiment.quorum", "must be >= 1, got %d", e.Quorum)
+	if len(e.Validators) > 0 {
+		v.check(e.Quorum <= len(e.Validators), "experiment.quorum", "%d exceeds the %d configured validators", e.Quorum, len(e.Validators))
+	}
+	v.check(e.EvalEvery >= 0, "experiment.eval_every", "must be >= 0 (0 = never), got %d", e.EvalEvery)
+	v.check(e.Rounds >= 0, "experiment.rounds", "must be >= 0 (0 = no limit), got %d", e.Rounds)
+}
+
+func validID(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Config) validateDataset(v *validator) {
+	d := c.Dataset
+	if !c.Experiment.HasRole(RoleTrainer) && !c.Experiment.HasRole(RoleValidator) {
+		return
+	}
+	v.check(d.Root != "", "dataset.root", "must not be empty")
+	v.check(d.Manifest != "", "dataset.manifest", "must not be empty")
+	v.check(d.MicroshardBytes > 0, "dataset.microshard_bytes", "must be > 0, got %d", d.MicroshardBytes)
+}
+
+func (c *Config) validateWorkload(v *validator) {
+	w := c.Workload
+	needsPython := c.Experiment.HasRole(RoleTrainer) || c.Experiment.HasRole(RoleValidator)
+	if !needsPython {
+		return
+	}
+	v.check(w.Interpreter != "", "workload.interpreter", "must name a Python interpreter")
+	mod, attr, ok := strings.Cut(w.Factory, ":")
+	v.check(ok && strings.TrimSpace(mod) != "" && strings.TrimSpace(attr) != "", "workload.factory", "must be \"module:attr\", got %q", w.Factory)
+	for i, g := range w.Include {
+		v.check(strings.TrimSpace(g) != "", fmt.Sprintf("workload.include[%d]", i), "empty pattern")
+	}
+	for i, g := range w.Exclude {
+		v.check(strings.TrimSpace(g) != "", fmt.Sprintf("workload.exclude[%d]", i), "empty pattern")
+	}
+	v.check(w.Threads >= 0, "workload.threads", "must be >= 0, got %d", w.Threads)
+	v.check(w.CallTimeout > 0, "workload.call_timeout", "must be > 0")
+	v.check(w.TrainTimeout > 0, "workload.train_timeout", "must be > 0")
+	switch w.Backend {
+	case BackendWorker:
+	case BackendCommand:
+		v.check(w.Command.Program != "", "workload.command.program", "must be set for backend %q", BackendCommand)
+	default:
+		v.add("workload.backend", "must be %q or %q, got %q", BackendWorker, BackendCommand, w.Backend)
+	}
+}
+
+func (c *Config) validateProtocol(v *validator) {
+	p := c.Protocol
+	switch p.MergePolicy {
+	case PolicyDiLoCo, PolicyEMA:
+	default:
+		v.add("protocol.merge_policy", "must be %q or %q, got %q", PolicyDiLoCo, PolicyEMA, p.MergePolicy)
+	}
+	v.check(p.InnerSteps >= 1, "protocol.inner_steps", "must be >= 1, got %d", p.InnerSteps)
+	switch p.Codec {
+	case "fp32", "fp16", "int8":
+	default:
+		v.add("protocol.codec", "must be fp32, fp16 or int8, got %q", p.Codec)
+	}
+	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
+	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0, got %v", p.DiLoCo.OuterLR)
+	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)
+	v.check(finite(p.EMA.Decay) && p.EMA.Decay > 0 && p.EMA.Decay <= 1, "protocol.ema.decay", "must be in (0, 1], got %v", p.EMA.Decay)
+}
+
+func (c *Config) validateMerge(v *validator) {
+	m := c.Merge
+	switch m.Aggregator {
+	case "mean", "trimmed_mean", "median", "norm_clip":
+	default:
+		v.add("merge.aggregator", "must be mean, trimmed_mean, median or norm_clip, got %q", m.Aggregator)
+	}
+	v.check(finite(m.TrimFraction) && m.TrimFraction >= 0 && m.TrimFraction < 0.5, "merge.trim_fraction", "must be in [0, 0.5), got %v", m.TrimFraction)
+	v.check(finite(m.ClipNorm) && m.ClipNorm >= 0, "merge.clip_norm", "must be >= 0, got %v", m.ClipNorm)
+	if m.Aggregator == "norm_clip" {
+		v.check(m.ClipNorm > 0, "merge.clip_norm", "must be > 0 when merge.aggregator is norm_clip")
+	}
+	v.check(finite(m.Screen.MaxNorm) && m.Screen.MaxNorm >= 0, "merge.screen.max_norm", "must be >= 0 (0 = off), got %v", m.Screen.MaxNorm)
+	v.check(finite(m.Screen.MaxNormRatio) && (m.Screen.MaxNormRatio == 0 || m.Screen.MaxNormRatio > 1), "merge.screen.max_norm_ratio", "must be 0 (off) or > 1, got %v", m.Screen.MaxNormRatio)
+	if mc := m.Screen.MinCosine; mc != nil {
+		v.check(finite(*mc) && *mc >= -1 && *mc <= 1, "merge.screen.min_cosine", "must be in [-1, 1], got %v", *mc)
+	}
+}
+
+func (c *Config) validateLease(v *validator) {
+	l := c.Lease
+	v.check(l.MicroshardsPerTrainer >= 1, "lease.microshards_per_trainer", "must be >= 1, got %d", l.MicroshardsPerTrainer)
+	v.check(l.MinGroup >= 1, "lease.min_group", "must be >= 1, got %d", l.MinGroup)
+	v.check(l.RoundTimeout > 0, "lease.round_timeout", "must be > 0")
+	v.check(l.QuarantineRounds >= 0, "lease.quarantine_rounds", "must be >= 0, got %d", l.QuarantineRounds)
+}
+
+func (c *Config) validateExport(v *validator) {
+	e := c.Export
+	v.check(e.EveryRounds >= 0, "export.every_rounds", "must be >= 0 (0 = off), got %d", e.EveryRounds)
+	if e.EveryRounds > 0 {
+		v.check(e.Dir != "", "export.dir", "must be set when export.every_rounds > 0")
+	}
+	v.check(e.ShardBytes >= 1<<20, "export.shard_bytes", "must be >= 1048576, got %d", e.ShardBytes)
+	v.check(e.BlockBytes >= 512 && e.BlockBytes <= 64<<20, "export.block_bytes", "must be in [512, 67108864], got %d", e.BlockBytes)
+}

@@ -1,0 +1,236 @@
+package pyruntime
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/p2pnode/p2pnode/pack"
+)
+
+// BenchmarkPackRoundTrip moves one N-parameter pack (N from P2P_BENCH_PARAMS, default
+// 100M = 400 MB) from Go into the Python model and back, three ways:
+//
+//   - shm-baseline: Go writes the pack file to /dev/shm and reads it back the same way the
+//     worker path reads its result (map the file, checksum every value). This is the floor:
+//     one tmpfs write and one tmpfs read, no Python.
+//   - worker: Go writes the pack, the worker loads it into the torch model (mmap + copy_),
+//     exports the model to a new pack (writes from the tensors' buffers), Go maps the result
+//     and checksums every value. The real path: two tmpfs writes and two reads.
+//   - seed-style: the bridge this package replaces: Go encodes every value with a
+//     little-endian loop into values.f32le + a JSON manifest, the worker imports and exports
+//     with per-element struct.unpack/struct.pack, Go decodes per element and checksums.
+//
+// Every iteration writes fresh files and removes them (tmpfs page allocation and freeing
+// are part of the cost in all three) and checks that the checksum came back unchanged.
+// The worker path does two tmpfs writes and two reads where the baseline does one of
+// each, so about 2x the baseline is its floor; the Python half is as fast as Go's.
+// Run with -v for the pack's shape and a summary line.
+func BenchmarkPackRoundTrip(b *testing.B) {
+	requireTorch(b)
+	n := int64(100_000_000)
+	if s := os.Getenv("P2P_BENCH_PARAMS"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v <= 0 {
+			b.Fatalf("P2P_BENCH_PARAMS=%q", s)
+		}
+		n = v
+	}
+	opts := Options{
+		Interpreter: testInterpreter(), Factory: "p2ptrain.workloads.bench:Bench",
+		Config: map[string]any{"params": n}, Threads: 1, Device: "cpu",
+		CallTimeout: 30 * time.Minute, TrainTimeout: 60 * time.Minute, Logger: slog.New(slog.DiscardHandler),
+	}
+	w, err := NewWorker(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	ctx := context.Background()
+	if _, err := w.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	dir := w.ScratchDir()
+
+	// The layout comes from the model; the values are Go's own (not the model's init).
+	initPath := filepath.Join(dir, "init.safetensors")
+	if err := w.Init(ctx, 1, initPath); err != nil {
+		b.Fatal(err)
+	}
+	ip, err := pack.Load(initPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	layout := ip.Layout
+	ip.Close()
+	os.Remove(initPath)
+	values := make([]float32, n)
+	x := uint32(12345)
+	for i := range values {
+		x = x*1664525 + 1013904223
+		values[i] = float32(int32(x)>>8) / (1 << 23)
+	}
+	p, err := pack.New(layout, values, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	want := checksum(values)
+	b.Logf("pack: %d tensors, %d parameters (%.0f MB), scratch %s", len(layout), n, float64(4*n)/1e6, dir)
+
+	// Each sub-benchmark also reports its time relative to the previous one ("x-shm" on
+	// worker, "x-worker" on seed-style), so the ratios show without -v.
+	nsPerOp := map[string]float64{}
+	run := func(name, relTo, unit string, op func(i int) uint64) {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(4 * n)
+			for i := 0; i < b.N; i++ {
+				if got := op(i); got != want {
+					b.Fatalf("checksum %x after the round trip, want %x", got, want)
+				}
+			}
+			nsPerOp[name] = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			if ref := nsPerOp[relTo]; ref > 0 {
+				b.ReportMetric(nsPerOp[name]/ref, unit)
+			}
+		})
+	}
+	must := func(err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	run("shm-baseline", "", "", func(i int) uint64 {
+		path := filepath.Join(dir, fmt.Sprintf("base-%d.safetensors", i))
+		must(p.WriteFile(path))
+		q, err := pack.Load(path)
+		must(err)
+		sum := checksum(q.Values)
+		q.Close()
+		os.Remove(path)
+		return sum
+	})
+	run("worker", "shm-baseline", "x-shm", func(i int) uint64 {
+		in := filepath.Join(dir, fmt.Sprintf("in-%d.safetensors", i))
+		out := filepath.Join(dir, fmt.Sprintf("out-%d.safetensors", i))
+		must(p.WriteFile(in))
+		_, err := w.Load(ctx, in)
+		must(err)
+		_, err = w.Export(ctx, out)
+		must(err)
+		q, err := pack.Load(out)
+		must(err)
+		sum := checksum(q.Values)
+		q.Close()
+		os.Remove(in)
+		os.Remove(out)
+		return sum
+	})
+	run("seed-style", "worker", "x-worker", func(i int) uint64 {
+		in := filepath.Join(dir, fmt.Sprintf("legacy-in-%d", i))
+		out := filepath.Join(dir, fmt.Sprintf("legacy-out-%d", i))
+		must(writeLegacy(in, p))
+		must(w.LegacyImport(ctx, in))
+		must(w.LegacyExport(ctx, out))
+		got, err := readLegacy(out, layout.Hash())
+		must(err)
+		os.RemoveAll(in)
+		os.RemoveAll(out)
+		return checksum(got)
+	})
+	if base, wk, seed := nsPerOp["shm-baseline"], nsPerOp["worker"], nsPerOp["seed-style"]; base > 0 && wk > 0 && seed > 0 {
+		b.Logf("worker / shm-baseline = %.2fx (target <= 2x); seed-style / worker = %.1fx (target >= 5x)", wk/base, seed/wk)
+	}
+}
+
+// checksum touches every value: a sum of the values' bit patterns, read as 64-bit words.
+func checksum(v []float32) uint64 {
+	if len(v) == 0 {
+		return 0
+	}
+	var s0, s1, s2, s3 uint64
+	i := 0
+	if uintptr(unsafe.Pointer(&v[0]))%8 == 0 {
+		words := unsafe.Slice((*uint64)(unsafe.Pointer(&v[0])), len(v)/2)
+		j := 0
+		for ; j+4 <= len(words); j += 4 {
+			s0 += words[j]
+			s1 += words[j+1]
+			s2 += words[j+2]
+			s3 += words[j+3]
+		}
+		for ; j < len(words); j++ {
+			s0 += words[j]
+		}
+		i = 2 * len(words)
+	}
+	for ; i < len(v); i++ {
+		// Unaligned data (or the odd last value): add the same 64-bit words one value at a time.
+		bits := uint64(math.Float32bits(v[i]))
+		if i%2 == 1 {
+			bits <<= 32
+		}
+		s1 += bits
+	}
+	return s0 + s1 + s2 + s3
+}
+
+// The seed-style format: manifest.json + values.f32le, encoded and decoded per element.
+const legacyFormat = "p2ptrain-legacy-pack/1"
+
+type legacyManifest struct {
+	Format         string `json:"format"`
+	LayoutHash     string `json:"layout_hash"`
+	ParameterCount int64  `json:"parameter_count"`
+	Values         string `json:"values_f32_le"`
+}
+
+func writeLegacy(dir string, p *pack.Pack) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	buf := make([]byte, 0, 4*len(p.Values))
+	for _, v := range p.Values {
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "values.f32le"), buf, 0o644); err != nil {
+		return err
+	}
+	m, _ := json.MarshalIndent(legacyManifest{legacyFormat, p.Layout.Hash(), int64(len(p.Values)), "values.f32le"}, "", "  ")
+	return os.WriteFile(filepath.Join(dir, "manifest.json"), m, 0o644)
+}
+
+func readLegacy(dir, wantLayout string) ([]float32, error) {
+	mb, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return nil, err
+	}
+	var m legacyManifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		return nil, err
+	}
+	if m.Format != legacyFormat || m.LayoutHash != wantLayout {
+		return nil, fmt.Errorf("legacy pack %s: format %q layout %s", dir, m.Format, m.LayoutHash)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, m.Values))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) != 4*m.ParameterCount {
+		return nil, fmt.Errorf("legacy pack %s: %d bytes for %d values", dir, len(b), m.ParameterCount)
+	}
+	out := make([]float32, 0, m.ParameterCount)
+	for i := 0; i+4 <= len(b); i += 4 {
+		out = append(out, math.Float32frombits(binary.LittleEndian.Uint32(b[i:])))
+	}
+	return out, nil
+}

@@ -1,0 +1,318 @@
+"""A workload with its model on a device: what the worker and the command backend run.
+
+Every public method implements one protocol method (docs/worker-protocol.md) and returns
+its JSON-able result. Exceptions raised inside user code become ``WorkloadError`` with the
+user's traceback chained.
+"""
+
+import contextlib
+import json
+import math
+import os
+import random
+import struct
+import sys
+import time
+from array import array
+
+import numpy as np
+import torch
+
+from . import optstate, packs
+from . import workload as workload_mod
+from .errors import BadRequest, LayoutMismatch, NonFinite, P2PTrainError, WorkloadError
+
+LEGACY_FORMAT = "p2ptrain-legacy-pack/1"
+
+
+@contextlib.contextmanager
+def user_code(what):
+    """Turn exceptions escaping user code into WorkloadError (keeping the cause)."""
+    try:
+        yield
+    except P2PTrainError:
+        raise
+    except Exception as e:
+        raise WorkloadError(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+def seed_everything(seed):
+    seed = int(seed)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+
+
+def pick_device(want):
+    if want in (None, "", "auto"):
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(want)
+    except (RuntimeError, ValueError) as e:
+        raise BadRequest(f"device {want!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadRequest(f"device {want!r} requested but torch.cuda.is_available() is false")
+    return dev
+
+
+class Session:
+    def __init__(self, factory, config=None, include=(), exclude=(), device="auto", threads=0, seed=0):
+        packs.check_globs(include, exclude)
+        if threads and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        self.factory = factory
+        self.config = dict(config or {})
+        self.include, self.exclude = list(include), list(exclude)
+        self.seed = int(seed)
+        self.workload = workload_mod.build(factory, self.config)
+        if device in (None, "", "auto"):
+            device = self.config.get("device", "auto")
+        self.device = pick_device(device)
+        self.workload.device = self.device
+        self._build(self.seed)
+
+    def _build(self, seed):
+        self.model = self.spec = None
+        seed_everything(seed)
+        with user_code("build_model()"):
+            model = self.workload.build_model()
+        if not isinstance(model, torch.nn.Module):
+            raise WorkloadError(f"build_model() returned {type(model).__name__}, not a torch.nn.Module")
+        model = model.to(self.device)
+        model.train()
+        self.model = model
+        self.spec = packs.PackSpec(model, self.include, self.exclude)
+        if self.spec.param_count == 0:
+            raise BadRequest(
+                f"the include/exclude globs ({self.include} / {self.exclude}) select no floating-point tensors of the model"
+            )
+
+    # ---- protocol methods -------------------------------------------------------------
+
+    def info(self):
+        return {
+            "workload": self.factory if isinstance(self.factory, str) else type(self.workload).__name__,
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "device": str(self.device),
+            "layout_hash": self.spec.layout_hash,
+            "param_count": self.spec.param_count,
+        }
+
+    def init(self, seed, out):
+        self._build(seed)
+        packs.export_pack(self.spec, out)
+        return {"layout_hash": self.spec.layout_hash, "param_count": self.spec.param_count}
+
+    def load(self, pack):
+        packs.load_pack(self.spec, pack)
+        return {"layout_hash": self.spec.layout_hash}
+
+    def export(self, out):
+        packs.export_pack(self.spec, out)
+        return {"layout_hash": self.spec.layout_hash}
+
+    def _batches(self, shards):
+        """An endless batch iterator: calls batches() again when it runs out."""
+        while True:
+            with user_code("batches()"):
+                it = iter(self.workload.batches(list(shards)))
+            got = False
+            while True:
+                with user_code("batches()"):
+                    try:
+                        b = next(it)
+                    except StopIteration:
+                        break
+                got = True
+                yield b
+            if not got:
+                raise WorkloadError(f"batches() yielded no batches from {len(shards)} shard file(s)")
+
+    def _optimizer(self):
+        with user_code("build_optimizer()"):
+            opt = self.workload.build_optimizer(self.model)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise WorkloadError(f"build_optimizer() returned {type(opt).__name__}, not a torch.optim.Optimizer")
+        return opt
+
+    def _step(self, opt, batch):
+        w = self.workload
+        with user_code("to_device()"):
+            batch = w.to_device(batch, self.device)
+        opt.zero_grad(set_to_none=True)
+        with user_code("loss()"):
+            loss = w.loss(self.model, batch)
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise WorkloadError(f"loss() must return a scalar tensor, got {type(loss).__name__}")
+        return loss, batch
+
+    def train(self, base, shards, steps, seed, opt_in=None, opt_out=None, out=None):
+        if base:
+            self.load(base)
+        seed_everything(seed)
+        opt = self._optimizer()
+        if opt_in:
+            optstate.load(opt, opt_in)
+        model, w = self.model, self.workload
+        model.train()
+        batches = self._batches(shards)
+        on_cpu = self.device.type == "cpu"
+        losses, pending = [], []
+        samples = 0
+        t0 = time.perf_counter()
+        for step in range(steps):
+            loss, batch = self._step(opt, next(batches))
+            if on_cpu:
+                v = float(loss.detach())
+                if not math.isfinite(v):
+                    raise NonFinite(f"loss is {v} at step {step + 1} of {steps}")
+                losses.append(v)
+            else:
+                # Avoid a device sync per step: check every 32 steps and at the end.
+                pending.append(loss.detach().float().reshape(()))
+            with user_code("backward()/optimizer.step()"):
+                loss.backward()
+                opt.step()
+            with user_code("count_samples()"):
+                samples += int(w.count_samples(batch))
+            if pending and (len(pending) == 32 or step == steps - 1):
+                vals = torch.stack(pending).cpu().tolist()
+                for i, v in enumerate(vals):
+                    if not math.isfinite(v):
+                        raise NonFinite(f"loss is {v} at step {len(losses) + i + 1} of {steps}")
+                losses.extend(vals)
+                pending = []
+        seconds = time.perf_counter() - t0
+        packs.check_finite(self.spec)
+        if out:
+            packs.export_pack(self.spec, out)
+        if opt_out:
+            optstate.save(opt, opt_out)
+        metrics = {"samples_per_second": samples / seconds if seconds > 0 else 0.0}
+        lr = opt.param_groups[0].get("lr") if opt.param_groups else None
+        if isinstance(lr, (int, float)):
+            metrics["lr"] = float(lr)
+        return {
+            "steps": steps,
+            "samples": samples,
+            "loss": sum(losses) / len(losses) if losses else 0.0,
+            "loss_first": losses[0] if losses else 0.0,
+            "loss_last": losses[-1] if losses else 0.0,
+            "seconds": seconds,
+            "metrics": metrics,
+        }
+
+    def evaluate(self, pack=None):
+        if pack:
+            self.load(pack)
+        self.model.eval()
+        try:
+            with torch.no_grad(), user_code("evaluate()"):
+                m = self.workload.evaluate(self.model)
+        finally:
+            self.model.train()
+        return {"metrics": clean_metrics(m, "evaluate()")}
+
+    def probe(self, shards=(), steps=5):
+        out = {"device": str(self.device), "samples_per_second": 0.0, "param_count": self.spec.param_count}
+        if not shards or steps <= 0:
+            return out
+        # A throw-away model so that probing never changes the loaded parameters.
+        saved_model, saved_spec = self.model, self.spec
+        try:
+            self._build(self.seed)
+            seed_everything(self.seed)
+            opt = self._optimizer()
+            batches = self._batches(shards)
+            samples, seconds = 0, 0.0
+            for i in range(steps + 1):
+                t0 = time.perf_counter()
+                loss, batch = self._step(opt, next(batches))
+                with user_code("backward()/optimizer.step()"):
+                    loss.backward()
+                    opt.step()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i > 0:  # the first step warms up allocators and kernels
+                    seconds += time.perf_counter() - t0
+                    samples += int(self.workload.count_samples(batch))
+            out["samples_per_second"] = samples / seconds if seconds > 0 else 0.0
+        finally:
+            self.model, self.spec = saved_model, saved_spec
+        return out
+
+    # ---- the seed-style baseline (benchmark only) -----------------------------------------
+
+    def legacy_export(self, d):
+        """Seed-style export: a JSON manifest and values packed one element at a time."""
+        os.makedirs(d, exist_ok=True)
+        pack_f = struct.pack
+        with open(os.path.join(d, "values.f32le"), "wb") as f:
+            for _, flat in packs.flat_host_views(self.spec):
+                flat = flat.reshape(-1)
+                for lo in range(0, flat.size, 1 << 20):
+                    buf = bytearray()
+                    for v in flat[lo : lo + (1 << 20)].tolist():
+                        buf += pack_f("<f", v)
+                    f.write(buf)
+        manifest = {
+            "format": LEGACY_FORMAT,
+            "layout_hash": self.spec.layout_hash,
+            "parameter_count": self.spec.param_count,
+            "values_f32_le": "values.f32le",
+        }
+        with open(os.path.join(d, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=2)
+        return {"layout_hash": self.spec.layout_hash}
+
+    def legacy_import(self, d):
+        """Seed-style import: read the manifest, unpack values one element at a time."""
+        with open(os.path.join(d, "manifest.json")) as f:
+            manifest = json.load(f)
+        if manifest.get("format") != LEGACY_FORMAT:
+            raise BadRequest(f"{d}: unsupported legacy pack format {manifest.get('format')!r}")
+        if manifest.get("layout_hash") != self.spec.layout_hash:
+            raise LayoutMismatch(f"legacy pack {d} has layout {manifest.get('layout_hash')}, the model expects {self.spec.layout_hash}")
+        with open(os.path.join(d, manifest.get("values_f32_le", "values.f32le")), "rb") as f:
+            data = f.read()
+        if len(data) != 4 * self.spec.param_count:
+            raise BadRequest(f"{d}: {len(data)} value bytes for {self.spec.param_count} parameters")
+        unpack_from = struct.unpack_from
+        off = 0
+        with torch.no_grad():
+            for _, t in self.spec.tensors:
+                vals = array("f")
+                append = vals.append
+                for _ in range(t.numel()):
+                    append(unpack_from("<f", data, off)[0])
+                    off += 4
+                if len(vals):
+                    t.copy_(torch.frombuffer(vals, dtype=torch.float32).reshape(t.shape))
+        return {"layout_hash": self.spec.layout_hash}
+
+
+def clean_metrics(m, what):
+    """Validate ``{str: number}``; non-finite values are sent as "nan", "inf", "-inf"."""
+    if m is None:
+        return {}
+    if not isinstance(m, dict):
+        raise WorkloadError(f"{what} must return a dict of name -> float, got {type(m).__name__}")
+    out = {}
+    for k, v in m.items():
+        if not isinstance(k, str):
+            raise WorkloadError(f"{what}: metric name {k!r} is not a string")
+        if torch.is_tensor(v):
+            v = v.item()
+        if isinstance(v, (np.generic,)):
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise WorkloadError(f"{what}: metric {k!r} is {type(v).__name__}, not a number")
+        v = float(v)
+        if math.isnan(v):
+            out[k] = "nan"
+        elif math.isinf(v):
+            out[k] = "inf" if v > 0 else "-inf"
+        else:
+            out[k] = v
+    return out

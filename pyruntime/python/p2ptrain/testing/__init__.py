@@ -1,0 +1,19 @@
+"""Workloads for tests: a tiny fast model, and one that fails on purpose.
+
+- ``p2ptrain.testing:Tiny``   linear regression on fixed synthetic data (no dataset files needed;
+  shard paths are accepted and ignored)
+- ``p2ptrain.testing:Faulty`` Tiny plus one injected fault, chosen by config:
+    ``fault``: ``"nan"`` (loss becomes NaN), ``"exit"`` (``os._exit(exit_code)``), ``"hang"``
+    (sleeps ``hang_seconds``), ``"raise"`` (raises RuntimeError), ``"print"`` (writes to stdout
+    and stderr, which must not disturb the protocol)
+    ``where``: ``"train"`` (default, in ``loss`` at step ``at_step``, default 1),
+    ``"evaluate"``, ``"construct"`` (in ``__init__``)
+    ``once_file``: when set, the fault fires only if this file does not exist yet, and
+    creates it — so a restarted worker runs clean.
+    ``arm_file``: when set, the fault fires only while this file exists.
+    ``at_step`` counts ``loss`` calls since the workload was built.
+"""
+
+from .faults import Faulty, Tiny
+
+__all__ = ["Tiny", "Faulty"]

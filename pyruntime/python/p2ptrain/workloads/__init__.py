@@ -1,0 +1,6 @@
+"""Reference workloads that need only Debian's python3-torch (+ python3-sklearn for digits).
+
+- ``p2ptrain.workloads.digits:Digits``  MLP on sklearn's bundled 8x8 digits
+- ``p2ptrain.workloads.charlm:CharLM``  byte-level GRU language model on the stdlib's sources
+- ``p2ptrain.workloads.bench:Bench``    a model of configurable size for pack benchmarks
+"""

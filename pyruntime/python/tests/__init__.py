@@ -1,0 +1,1 @@
+"""Tests for p2ptrain (run: python3 -m unittest discover -s tests -v)."""

@@ -1,0 +1,185 @@
+package pyruntime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Runtime is what the node needs from Python: a backend that builds, trains and evaluates
+// the workload's model on parameter packs.
+type Runtime interface {
+	// Start spawns the worker and negotiates the protocol (worker), or checks that the
+	// command can run (checkpoint command).
+	Start(ctx context.Context) (Info, error)
+	// Init writes a freshly initialised model (seeded) as a pack at out.
+	Init(ctx context.Context, seed int64, out string) error
+	// Train runs job.Steps inner steps from job.Base and writes job.Out (and job.OptOut).
+	Train(ctx context.Context, job TrainJob) (TrainResult, error)
+	// Evaluate loads a pack and returns the workload's held-out metrics.
+	Evaluate(ctx context.Context, pack string) (map[string]float64, error)
+	// Status is a snapshot for /status and logs.
+	Status() Status
+	// ScratchDir is where packs exchanged with Python should be written (tmpfs).
+	ScratchDir() string
+	// Close stops the worker (gracefully, then by force) and removes an owned scratch dir.
+	Close() error
+}
+
+// New returns the backend chosen by opts.Backend.
+func New(opts Options) (Runtime, error) {
+	switch opts.Backend {
+	case "", BackendWorker:
+		return NewWorker(opts)
+	case BackendCommand:
+		return NewCommand(opts)
+	}
+	return nil, fmt.Errorf("pyruntime: unknown backend %q (want %q or %q)", opts.Backend, BackendWorker, BackendCommand)
+}
+
+// Info describes the running backend (from the worker's hello).
+type Info struct {
+	Backend         string   `json:"backend"`
+	ProtocolVersion int      `json:"protocol_version,omitempty"`
+	Capabilities    []string `json:"capabilities,omitempty"`
+	Workload        string   `json:"workload,omitempty"`
+	Python          string   `json:"python,omitempty"`
+	Torch           string   `json:"torch,omitempty"`
+	Device          string   `json:"device,omitempty"`
+	LayoutHash      string   `json:"layout_hash,omitempty"`
+	ParamCount      int64    `json:"param_count,omitempty"`
+	PID             int      `json:"pid,omitempty"`
+}
+
+// TrainJob is one inner loop: load Base, run Steps optimizer steps over batches from
+// Shards (cycling), write the local parameters to Out and the inner-optimizer state to
+// OptOut. OptIn is the state from the previous round ("" starts a fresh optimizer).
+type TrainJob struct {
+	Base   string
+	Shards []string
+	Steps  int
+	Seed   int64
+	OptIn  string
+	OptOut string
+	Out    string
+}
+
+// TrainResult reports a finished inner loop.
+type TrainResult struct {
+	Steps     int                `json:"steps"`
+	Samples   int64              `json:"samples"`
+	Loss      float64            `json:"loss"`
+	LossFirst float64            `json:"loss_first"`
+	LossLast  float64            `json:"loss_last"`
+	Seconds   float64            `json:"seconds"`
+	Metrics   map[string]float64 `json:"-"`
+}
+
+// ProbeResult is the worker's measured throughput.
+type ProbeResult struct {
+	Device           string  `json:"device"`
+	SamplesPerSecond float64 `json:"samples_per_second"`
+	ParamCount       int64   `json:"param_count"`
+}
+
+// State of a runtime.
+type State string
+
+// States.
+const (
+	StateNew        State = "new"
+	StateStarting   State = "starting"
+	StateReady      State = "ready"
+	StateBusy       State = "busy"
+	StateRestarting State = "restarting"
+	StateFailed     State = "failed"
+	StateClosed     State = "closed"
+)
+
+// Status is a snapshot of a runtime's health.
+type Status struct {
+	Backend          string        `json:"backend"`
+	State            State         `json:"state"`
+	PID              int           `json:"pid,omitempty"`
+	Restarts         int           `json:"restarts"`
+	Calls            int64         `json:"calls"`
+	Failures         int64         `json:"failures"`
+	LastCall         string        `json:"last_call,omitempty"`
+	LastCallAt       time.Time     `json:"last_call_at,omitzero"`
+	LastCallDuration time.Duration `json:"last_call_duration,omitempty"`
+	LastError        string        `json:"last_error,omitempty"`
+	LastErrorAt      time.Time     `json:"last_error_at,omitzero"`
+}
+
+// metrics decodes {name: number | "nan" | "inf" | "-inf"} (JSON has no NaN).
+type metrics map[string]float64
+
+func (m *metrics) UnmarshalJSON(b []byte) error {
+	var raw map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	out := make(metrics, len(raw))
+	for k, v := range raw {
+		switch x := v.(type) {
+		case float64:
+			out[k] = x
+		case string:
+			switch x {
+			case "nan", "NaN":
+				out[k] = math.NaN()
+			case "inf", "Infinity":
+				out[k] = math.Inf(1)
+			case "-inf", "-Infinity":
+				out[k] = math.Inf(-1)
+			default:
+				return fmt.Errorf("metric %q: %q is not a number", k, x)
+			}
+		default:
+			return fmt.Errorf("metric %q: %v is not a number", k, v)
+		}
+	}
+	*m = out
+	return nil
+}
+
+// trainResultJSON is the wire shape of a train result (worker) and of a train result
+// manifest (command: steps_completed instead of steps).
+type trainResultJSON struct {
+	TrainResult
+	StepsCompleted *int    `json:"steps_completed"`
+	Metrics        metrics `json:"metrics"`
+}
+
+func (r trainResultJSON) result() TrainResult {
+	out := r.TrainResult
+	if r.StepsCompleted != nil {
+		out.Steps = *r.StepsCompleted
+	}
+	out.Metrics = map[string]float64(r.Metrics)
+	if out.Metrics == nil {
+		out.Metrics = map[string]float64{}
+	}
+	return out
+}
+
+func checkTrainJob(job TrainJob) error {
+	switch {
+	case job.Out == "":
+		return fmt.Errorf("%w: TrainJob.Out is empty", ErrBadRequest)
+	case job.Steps < 0:
+		return fmt.Errorf("%w: TrainJob.Steps is %d", ErrBadRequest, job.Steps)
+	case job.Steps > 0 && len(job.Shards) == 0:
+		return fmt.Errorf("%w: TrainJob.Shards is empty", ErrBadRequest)
+	}
+	return nil
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}

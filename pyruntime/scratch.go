@@ -1,0 +1,27 @@
+package pyruntime
+
+import (
+	"fmt"
+	"os"
+)
+
+// makeScratch returns the scratch directory and whether we created it (and so remove it
+// on Close). Packs live here; tmpfs keeps them out of the disk's way.
+func makeScratch(dir string) (string, bool, error) {
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", false, fmt.Errorf("pyruntime: scratch dir %s: %w", dir, err)
+		}
+		return dir, false, nil
+	}
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "p2pnode-*"); err == nil {
+			return d, true, nil
+		}
+	}
+	d, err := os.MkdirTemp("", "p2pnode-*")
+	if err != nil {
+		return "", false, fmt.Errorf("pyruntime: scratch dir: %w", err)
+	}
+	return d, true, nil
+}
