@@ -1,0 +1,364 @@
+package artifact
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// verifyBudget bounds the memory of chunks received and waiting to be verified and
+// written, per download.
+const verifyBudget = 64 << 20
+
+// download is one fetch of one artifact, shared by every Fetch call for it.
+type download struct {
+	x      *Exchange
+	id     cid.Cid
+	log    *slog.Logger
+	prev   *download // an abandoned download of the same id that must release its files first
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // set before done is closed
+
+	refs int // callers waiting; guarded by x.mu
+
+	mu      sync.Mutex
+	hints   []peer.ID
+	tried   map[peer.ID]error // peers used (or asked) in this download, and why they left
+	peersCh chan struct{}     // a new holder may be available
+
+	// Set once the manifest is known.
+	m        *Manifest
+	pt       *partial
+	part     atomic.Pointer[partial] // pt while chunks are being fetched, for serving them
+	q        *chunkQueue
+	window   int
+	verifyCh chan verifyJob
+	fatalCh  chan error
+}
+
+func newDownload(x *Exchange, id cid.Cid, hints []peer.ID, prev *download) *download {
+	ctx, cancel := context.WithCancel(x.ctx)
+	d := &download{
+		x: x, id: id, prev: prev, ctx: ctx, cancel: cancel,
+		log:     x.log.With("artifact", id.String()),
+		done:    make(chan struct{}),
+		refs:    1,
+		tried:   make(map[peer.ID]error),
+		peersCh: make(chan struct{}, 1),
+		fatalCh: make(chan error, 1),
+	}
+	d.addHints(hints)
+	return d
+}
+
+func (d *download) isDone() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (d *download) addHints(hints []peer.ID) {
+	if len(hints) == 0 {
+		return
+	}
+	d.mu.Lock()
+	for _, p := range hints {
+		if !slices.Contains(d.hints, p) {
+			d.hints = append(d.hints, p)
+		}
+	}
+	d.mu.Unlock()
+	d.notifyPeers()
+}
+
+func (d *download) notifyPeers() {
+	select {
+	case d.peersCh <- struct{}{}:
+	default:
+	}
+}
+
+// nextCandidate picks a peer not yet used in this download (nor in also): hints first,
+// then announced holders (newest first), and, if local is set, the peers we are
+// connected to. Callers allow the latter only when no known holder is at work, so
+// strangers are asked only when the known holders are exhausted. known reports
+// whether p came from the hints or announcements. The peer is marked used in also, or
+// in the download if also is nil.
+func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, known, ok bool) {
+	now := time.Now()
+	self := d.x.h.ID()
+	usable := func(p peer.ID) bool {
+		_, used := d.tried[p]
+		return !used && !also[p] && p != self && p != "" && !d.x.book.isPenalised(p, now)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pick := func(p peer.ID, known bool) (peer.ID, bool, bool) {
+		if also != nil {
+			also[p] = true
+		} else {
+			d.tried[p] = nil
+		}
+		return p, known, true
+	}
+	for _, p := range d.hints {
+		if usable(p) {
+			return pick(p, true)
+		}
+	}
+	for _, p := range d.x.book.get(d.id, now) {
+		if usable(p) {
+			return pick(p, true)
+		}
+	}
+	if local {
+		for _, p := range d.x.h.Network().Peers() {
+			if usable(p) {
+				return pick(p, false)
+			}
+		}
+	}
+	return "", false, false
+}
+
+// peerLeft records why p stopped serving this download.
+func (d *download) peerLeft(p peer.ID, err error) {
+	d.mu.Lock()
+	d.tried[p] = err
+	d.mu.Unlock()
+}
+
+// peerErrors summarises why every peer tried failed, for the final error.
+func (d *download) peerErrors() (errs []error, notFound int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for p, err := range d.tried {
+		switch {
+		case err == nil:
+		case errors.Is(err, errPeerLacks):
+			notFound++
+		default:
+			errs = append(errs, fmt.Errorf("peer %s: %w", p, err))
+		}
+	}
+	return errs, notFound
+}
+
+func (d *download) run() {
+	defer close(d.done)
+	defer d.cancel()
+	if d.prev != nil {
+		select {
+		case <-d.prev.done:
+		case <-d.ctx.Done():
+			d.err = fmt.Errorf("fetch artifact %s: %w", d.id, d.ctx.Err())
+			return
+		}
+	}
+	start := time.Now()
+	if err := d.fetch(); err != nil {
+		if d.x.ctx.Err() != nil {
+			err = ErrClosed
+		}
+		d.err = fmt.Errorf("fetch artifact %s: %w", d.id, err)
+		d.log.Debug("fetch failed", "err", err)
+		return
+	}
+	d.x.m.fetchDuration.Observe(time.Since(start).Seconds())
+}
+
+func (d *download) fetch() error {
+	if d.x.store.Has(d.id) {
+		return nil
+	}
+	mb, m, ok := d.x.store.loadPartialManifest(d.id)
+	if !ok {
+		var err error
+		if mb, m, err = d.fetchManifest(); err != nil {
+			return err
+		}
+	}
+	part, resumed, err := d.x.store.openPartial(d.id, mb, m)
+	if err != nil {
+		return err
+	}
+	if resumed > 0 {
+		d.x.m.bytesResumed.Add(float64(resumed))
+		d.log.Info("resuming download", "have_bytes", resumed, "size", m.Size)
+	}
+	d.m = m
+	d.pt = part
+	d.window = d.x.opts.window(m.ChunkSize)
+	d.q = newChunkQueue(len(m.Chunks), part.has)
+	d.part.Store(part)
+	started := time.Now()
+	if d.q.left() == 0 {
+		// Resumed complete (or empty): nothing to ask anyone for.
+	} else if err := d.fetchChunks(); err != nil {
+		d.part.Store(nil)
+		if cerr := part.close(); cerr != nil {
+			d.log.Warn("keeping partial state failed", "err", cerr)
+		}
+		return err
+	}
+	d.part.Store(nil)
+	transferred := time.Now()
+	if err := part.finish(); err != nil {
+		return err
+	}
+	d.x.book.forget(d.id)
+	d.log.Debug("fetched", "size", m.Size, "chunks", len(m.Chunks),
+		"transfer", transferred.Sub(started), "install", time.Since(transferred))
+	return nil
+}
+
+// fetchChunks runs holders and verifiers until every chunk is written, the context
+// ends, or no holder is left.
+func (d *download) fetchChunks() error {
+	// Verifiers hash (CPU) and then write (a blocking O_DIRECT write), so a few more
+	// than there are cores keep both busy. Each job holds a chunk buffer: the queue and
+	// workers together stay within verifyBudget bytes even for 16 MiB chunks.
+	chunks := max(4, verifyBudget/int(d.m.ChunkSize))
+	workers := min(runtime.GOMAXPROCS(0)+2, 16, chunks/2)
+	d.verifyCh = make(chan verifyJob, min(2*workers, chunks-workers))
+	var verifiers sync.WaitGroup
+	for range workers {
+		verifiers.Add(1)
+		go func() {
+			defer verifiers.Done()
+			for j := range d.verifyCh {
+				d.verify(j)
+			}
+		}()
+	}
+	var holders sync.WaitGroup
+	active := make(map[peer.ID]*peerRun)
+	knownActive := 0
+	isKnown := make(map[peer.ID]bool)
+	exits := make(chan *peerRun)
+	stop := func() {
+		for _, pr := range active {
+			pr.cancel()
+		}
+		// Drain exits so every holder goroutine can finish, then the verifiers.
+		go func() {
+			holders.Wait()
+			close(exits)
+		}()
+		for range exits {
+		}
+		close(d.verifyCh)
+		verifiers.Wait()
+	}
+	for {
+		for len(active) < d.x.opts.MaxPeers {
+			p, known, ok := d.nextCandidate(nil, knownActive == 0)
+			if !ok {
+				break
+			}
+			if known {
+				knownActive++
+				isKnown[p] = true
+			}
+			pr := newPeerRun(d, p)
+			active[p] = pr
+			holders.Add(1)
+			// Counted before the sessions start so the first one to ask for work does not
+			// take the others' share.
+			d.q.addSessions(d.x.opts.StreamsPerPeer)
+			go func() {
+				defer holders.Done()
+				pr.run()
+				d.q.addSessions(-d.x.opts.StreamsPerPeer)
+				exits <- pr
+			}()
+		}
+		if len(active) == 0 && d.q.left() > 0 {
+			stop()
+			return d.noHoldersLeft()
+		}
+		select {
+		case <-d.q.complete:
+			stop()
+			return nil
+		case pr := <-exits:
+			delete(active, pr.p)
+			if isKnown[pr.p] {
+				knownActive--
+			}
+			d.peerLeft(pr.p, pr.err)
+		case <-d.peersCh:
+		case err := <-d.fatalCh:
+			stop()
+			return err
+		case <-d.ctx.Done():
+			stop()
+			return d.ctx.Err()
+		}
+	}
+}
+
+func (d *download) noHoldersLeft() error {
+	errs, notFound := d.peerErrors()
+	left := d.q.left()
+	if len(errs) == 0 {
+		return fmt.Errorf("%w (%d peers asked lack it; %d of %d chunks missing)", ErrNoHolders, notFound, left, len(d.m.Chunks))
+	}
+	return fmt.Errorf("no holder could serve the last %d of %d chunks: %w", left, len(d.m.Chunks), errors.Join(errs...))
+}
+
+// verifyJob is a received chunk waiting to be hashed and written.
+type verifyJob struct {
+	index int
+	buf   *[]byte
+	n     int
+	from  *peerRun
+}
+
+func (d *download) verify(j verifyJob) {
+	defer buffers.put(j.buf)
+	data := (*j.buf)[:j.n]
+	if j.from.penalised.Load() {
+		// Sent by a peer already caught lying: not worth hashing, fetch it elsewhere.
+		d.q.giveBack(j.index)
+		return
+	}
+	if got := sha256.Sum256(data); got != d.pt.digests[j.index] {
+		d.x.m.badChunks.Inc()
+		j.from.fail(fmt.Errorf("%w: chunk %d hashes to sha2-256 %s…, manifest says %s: %w",
+			errBadChunk, j.index, hex.EncodeToString(got[:8]), d.m.Chunks[j.index], ErrCorrupt))
+		d.q.giveBack(j.index)
+		return
+	}
+	if err := d.pt.writeChunk(j.index, data); err != nil {
+		d.q.giveBack(j.index)
+		select {
+		case d.fatalCh <- err:
+		default:
+		}
+		return
+	}
+	d.q.done(j.index)
+}
+
+// penalise remembers a peer that sent bad data so no fetch asks it for a while.
+func (d *download) penalise(p peer.ID, outcome string, err error) {
+	d.x.book.penalise(p, time.Now(), d.x.opts.PenaltyDuration)
+	d.log.Warn("peer penalised", "peer", p.String(), "outcome", outcome, "err", err)
+}

@@ -1,0 +1,185 @@
+package artifact
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// lackRetry is how long a session waits before asking a partial holder again for
+// chunks it said it lacked.
+const lackRetry = time.Second
+
+// idleReopen: a stream that sat idle this long is closed and a fresh one opened before
+// the next request, so we never write into a stream the holder may have dropped for
+// idleness (holders wait at least holderIdle). A variable so tests can shorten it.
+var idleReopen = 30 * time.Second
+
+// errIdleStream ends a stream that was idle for idleReopen; the session opens another.
+var errIdleStream = errors.New("stream idle")
+
+// session fetches chunks from the holder, keeping up to window chunks requested, until
+// the download completes, the holder fails, or the context ends.
+func (pr *peerRun) session(window int) error {
+	for {
+		if err := pr.stream(window); err != errIdleStream {
+			return err
+		}
+	}
+}
+
+// stream runs the session over one stream. Chunks it had requested but not received go
+// back to the queue for other holders.
+func (pr *peerRun) stream(window int) (err error) {
+	d := pr.d
+	s, err := d.x.openStream(pr.ctx, pr.p)
+	if err != nil {
+		return err
+	}
+	wd := newWatchdog(d.x.opts.RequestTimeout, func() { s.Reset() })
+	defer wd.stop()
+	stopOnCancel := context.AfterFunc(pr.ctx, func() { s.Reset() })
+	defer stopOnCancel()
+
+	var inflight []int // requested and not yet answered, in request order
+	defer func() {
+		d.q.giveBack(inflight...)
+		if err != nil && err != errIdleStream {
+			s.Reset()
+			if pr.ctx.Err() != nil {
+				err = pr.ctx.Err()
+			}
+		}
+	}()
+
+	// Requests go out from their own goroutine, so this one keeps reading while a
+	// write waits: on a transport that does not buffer (mocknet pipes), a holder busy
+	// writing chunks reads no request until we read those chunks. At most one request
+	// per in-flight chunk can be queued, so the channel never fills.
+	reqs := make(chan []byte, window+1)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for b := range reqs {
+			if _, err := s.Write(b); err != nil {
+				s.Reset() // the read below fails and names the cause
+				for range reqs {
+				}
+				return
+			}
+		}
+	}()
+	defer func() {
+		if err != nil && err != errIdleStream {
+			s.Reset() // unblocks a pending write
+		}
+		close(reqs)
+		<-writerDone
+	}()
+
+	br := bufio.NewReaderSize(s, 32<<10)
+	take := make([]int, 0, window)
+	var idleSince time.Time // when the stream last ran out of work; zero while busy
+	maxFrame := int(d.m.ChunkSize) + maxChunkHeader
+	for {
+		if len(inflight) <= window/2 {
+			var wait <-chan struct{}
+			var skip func(int) bool
+			if pr.hasLacks() {
+				skip = pr.lacksChunk
+			}
+			take, wait = d.q.take(take, window-len(inflight), skip)
+			switch {
+			case len(take) > 0 && !idleSince.IsZero() && time.Since(idleSince) > idleReopen:
+				d.q.giveBack(take...)
+				s.Close()
+				return errIdleStream
+			case len(take) > 0:
+				idleSince = time.Time{}
+				if len(inflight) == 0 {
+					wd.arm() // from idle: the countdown starts with the request
+				}
+				inflight = append(inflight, take...)
+				reqs <- appendRequest(nil, request{kind: reqChunks, id: d.id, indices: take})
+			case len(inflight) == 0:
+				wd.stop()
+				select {
+				case <-d.q.complete:
+					s.Close() // the holder sees EOF and closes its side
+					return nil
+				default:
+				}
+				var retry <-chan time.Time
+				if pr.hasLacks() {
+					retry = time.After(lackRetry)
+				}
+				if idleSince.IsZero() {
+					idleSince = time.Now()
+				}
+				select {
+				case <-wait:
+				case <-retry:
+					pr.forgetLacks()
+				case <-pr.ctx.Done():
+					return pr.ctx.Err()
+				}
+				continue
+			}
+		}
+
+		resp, err := readResponse(br, maxFrame)
+		if err != nil {
+			return classifyReadErr(err, wd.fired())
+		}
+		wd.arm()
+		switch resp.kind {
+		case respChunk:
+			if len(inflight) == 0 || resp.index != inflight[0] {
+				return fmt.Errorf("%w: unsolicited chunk %d", errProtocol, resp.index)
+			}
+			begin, end := d.m.ChunkRange(resp.index)
+			if resp.dataLen != int(end-begin) {
+				d.x.m.badChunks.Inc()
+				return fmt.Errorf("%w: chunk %d is %d bytes, manifest says %d", errBadChunk, resp.index, resp.dataLen, end-begin)
+			}
+			buf := buffers.get(int(d.m.ChunkSize))
+			if _, err := io.ReadFull(br, (*buf)[:resp.dataLen]); err != nil {
+				buffers.put(buf)
+				return classifyReadErr(noEOF(err), wd.fired())
+			}
+			d.x.m.bytesReceived.Add(float64(resp.dataLen))
+			inflight = inflight[1:]
+			job := verifyJob{index: resp.index, buf: buf, n: resp.dataLen, from: pr}
+			select {
+			case d.verifyCh <- job:
+			default:
+				// Our disk or CPU is behind; that is no reason to call the holder stalled.
+				wd.stop()
+				select {
+				case d.verifyCh <- job:
+				case <-pr.ctx.Done():
+					buffers.put(buf)
+					d.q.giveBack(resp.index)
+					return pr.ctx.Err()
+				}
+				wd.arm()
+			}
+		case respMissing:
+			if len(inflight) == 0 || resp.index != inflight[0] {
+				return fmt.Errorf("%w: unsolicited missing-chunk answer %d", errProtocol, resp.index)
+			}
+			inflight = inflight[1:]
+			pr.markLacks(resp.index)
+			d.q.giveBack(resp.index)
+		case respNotFound:
+			return errPeerLacks
+		case respError:
+			return &remoteError{code: resp.code, msg: resp.msg}
+		default:
+			return fmt.Errorf("%w: response kind 0x%02x to a chunk request", errProtocol, resp.kind)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package artifact
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"github.com/ipfs/go-cid"
+	"github.com/stretchr/testify/require"
+)
+
+func TestStorePutOpenVerify(t *testing.T) {
+	s, err := OpenStore(t.TempDir(), Options{ChunkSize: 1024})
+	require.NoError(t, err)
+	cases := map[string][]byte{
+		"empty":            {},
+		"one byte":         {7},
+		"one chunk":        randomBytes(1, 1024),
+		"chunks and a bit": randomBytes(2, 5*1024+17),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			id, err := s.PutBytes(data)
+			require.NoError(t, err)
+			require.NoError(t, CheckCID(id, CodecCBOR))
+			require.True(t, s.Has(id))
+			again, err := s.PutBytes(data)
+			require.NoError(t, err)
+			require.True(t, id.Equals(again), "same bytes, same id")
+
+			m, err := s.Manifest(id)
+			require.NoError(t, err)
+			require.Equal(t, uint64(len(data)), m.Size)
+			b, err := s.Open(id)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(data, b.Bytes()))
+			require.NoError(t, b.Close())
+			require.NoError(t, s.Verify(id))
+
+			st, err := os.Stat(s.BlobPath(id))
+			require.NoError(t, err)
+			require.Equal(t, os.FileMode(0o444), st.Mode().Perm(), "blobs are read-only")
+		})
+	}
+	ids, err := s.List()
+	require.NoError(t, err)
+	require.Len(t, ids, len(cases))
+}
+
+func TestVerifyCatchesCorruption(t *testing.T) {
+	s, err := OpenStore(t.TempDir(), Options{ChunkSize: 1024})
+	require.NoError(t, err)
+	data := randomBytes(3, 4096)
+	id, err := s.PutBytes(data)
+	require.NoError(t, err)
+	path := s.BlobPath(id)
+	require.NoError(t, os.Chmod(path, 0o644))
+	data[2000] ^= 0xff
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	err = s.Verify(id)
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorContains(t, err, "chunk 1")
+
+	require.NoError(t, os.WriteFile(path, data[:100], 0o644))
+	_, err = s.Open(id)
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	require.NoError(t, s.Remove(id))
+	require.False(t, s.Has(id))
+	_, err = s.Open(id)
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestAbortLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenStore(dir, Options{})
+	require.NoError(t, err)
+	w, err := s.Create()
+	require.NoError(t, err)
+	_, _ = w.Write([]byte("half"))
+	w.Abort()
+	ents, _ := os.ReadDir(dir + "/tmp")
+	require.Empty(t, ents)
+	ids, _ := s.List()
+	require.Empty(t, ids)
+}
+
+func TestOpenStoreRejectsBadChunkSize(t *testing.T) {
+	_, err := OpenStore(t.TempDir(), Options{ChunkSize: 10})
+	require.ErrorContains(t, err, "chunk size")
+}
+
+func TestParseAcceptsOnlyArtifactIDs(t *testing.T) {
+	m := &Manifest{Version: 1, Size: 0, ChunkSize: 1024}
+	_, err := Parse(m.ID().String())
+	require.NoError(t, err)
+	_, err = Parse(RawCID([]byte("x")).String())
+	require.ErrorIs(t, err, ErrBadCID)
+	_, err = Parse("not a cid")
+	require.Error(t, err)
+}
+
+func FuzzDecodeManifest(f *testing.F) {
+	m := &Manifest{Version: 1, Size: 3000, ChunkSize: 1024, Chunks: []cid.Cid{RawCID([]byte("a")), RawCID([]byte("b")), RawCID([]byte("c"))}}
+	f.Add(m.Encode())
+	f.Add([]byte{0xa0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeManifest(b, cid.Undef)
+		if err != nil {
+			return
+		}
+		again, err := DecodeManifest(m.Encode(), m.ID())
+		require.NoError(t, err)
+		require.Equal(t, m.Size, again.Size)
+	})
+}

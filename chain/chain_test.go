@@ -1,0 +1,168 @@
+package chain
+
+import (
+	"crypto/rand"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/artifact"
+)
+
+func testHead(round uint64, parent []byte) *Head {
+	h := &Head{
+		Version: 1, Network: "net", Experiment: "exp", Round: round, Parent: parent,
+		Params:     artifact.RecordCID([]byte{byte(round)}).Bytes(),
+		LayoutHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		Policy:     Policy{Kind: "diloco", OuterLR: 0.7, Momentum: 0.9, Nesterov: true, Aggregator: "mean", Codec: "fp32"},
+		Ledger:     Ledger{Plan: "plan", Shards: 10, Consumed: make([]byte, 2)},
+	}
+	if round > 0 {
+		h.Contributions = []Contribution{
+			{Peer: "a", Artifact: artifact.RecordCID([]byte("da")).Bytes(), Samples: 10, Weight: 10, Microshards: []uint32{1, 2}, Loss: 0.5},
+			{Peer: "b", Artifact: artifact.RecordCID([]byte("db")).Bytes(), Samples: 20, Weight: 20, Microshards: []uint32{3}, Loss: 0.25},
+		}
+	}
+	return h
+}
+
+func key(t *testing.T) (crypto.PrivKey, string) {
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	id, err := peer.IDFromPrivateKey(k)
+	require.NoError(t, err)
+	return k, id.String()
+}
+
+func TestHeadEncodingIsCanonical(t *testing.T) {
+	h := testHead(0, nil)
+	b1, err := h.Encode()
+	require.NoError(t, err)
+	d, err := DecodeHead(b1)
+	require.NoError(t, err)
+	b2, err := d.Encode()
+	require.NoError(t, err)
+	require.Equal(t, b1, b2, "decode+encode is the identity")
+	id1, _ := h.ID()
+	id2, _ := d.ID()
+	require.True(t, id1.Equals(id2))
+	h.Round = 7
+	h.Parent = id1.Bytes()
+	id3, _ := h.ID()
+	require.False(t, id1.Equals(id3))
+}
+
+func TestHeadValidate(t *testing.T) {
+	parent := artifact.RecordCID([]byte("parent")).Bytes()
+	cases := map[string]func(h *Head){
+		"version":             func(h *Head) { h.Version = 2 },
+		"genesis with parent": func(h *Head) { h.Round = 0 },
+		"no parent":           func(h *Head) { h.Parent = nil },
+		"params raw cid":      func(h *Head) { h.Params = artifact.RawCID([]byte("x")).Bytes() },
+		"layout hash":         func(h *Head) { h.LayoutHash = "short" },
+		"unsorted peers":      func(h *Head) { h.Contributions[0].Peer = "z" },
+		"zero weight":         func(h *Head) { h.Contributions[1].Weight = 0 },
+		"unsorted shards":     func(h *Head) { h.Contributions[0].Microshards = []uint32{2, 1} },
+		"bitmap size":         func(h *Head) { h.Ledger.Consumed = []byte{0} },
+	}
+	require.NoError(t, testHead(3, parent).Validate())
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := testHead(3, parent)
+			mutate(h)
+			require.ErrorIs(t, h.Validate(), ErrMalformed)
+		})
+	}
+}
+
+func TestSignaturesAndQuorum(t *testing.T) {
+	k1, p1 := key(t)
+	k2, p2 := key(t)
+	k3, _ := key(t)
+	h := testHead(0, nil)
+	b, _ := h.Encode()
+	id, _ := h.ID()
+	sh := &SignedHead{Head: b}
+	s1, err := Sign(k1, id)
+	require.NoError(t, err)
+	require.NoError(t, VerifySignature(id, s1))
+	require.True(t, sh.Add(s1))
+	require.False(t, sh.Add(s1), "one signature per peer")
+
+	_, err = sh.Quorum([]string{p1, p2}, 2)
+	require.ErrorIs(t, err, ErrBadSignature)
+	s2, _ := Sign(k2, id)
+	sh.Add(s2)
+	n, err := sh.Quorum([]string{p1, p2}, 2)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+
+	s3, _ := Sign(k3, id)
+	sh.Add(s3)
+	n, _ = sh.Quorum([]string{p1, p2}, 2)
+	require.Equal(t, 2, n, "signers outside the validator set do not count")
+
+	forged := Signature{Peer: p2, Sig: s1.Sig}
+	require.ErrorIs(t, VerifySignature(id, forged), ErrBadSignature)
+	other, _ := testHead(1, id.Bytes()).ID()
+	require.ErrorIs(t, VerifySignature(other, s1), ErrBadSignature, "a signature covers one head")
+}
+
+func TestStoreWalksTheChain(t *testing.T) {
+	st, err := OpenStore(t.TempDir())
+	require.NoError(t, err)
+	k, p := key(t)
+	var parent []byte
+	var ids []string
+	for r := uint64(0); r < 4; r++ {
+		h := testHead(r, parent)
+		b, _ := h.Encode()
+		id, _ := h.ID()
+		sig, _ := Sign(k, id)
+		_, err := st.Put(&SignedHead{Head: b, Sigs: []Signature{sig}})
+		require.NoError(t, err)
+		parent = id.Bytes()
+		ids = append(ids, id.String())
+	}
+	tip, _ := testHead(3, nil).ID()
+	_ = tip
+	last, err := castOptional(parent, "tip")
+	require.NoError(t, err)
+	got, heads, err := st.Chain(last)
+	require.NoError(t, err)
+	require.Len(t, heads, 4)
+	for i, id := range got {
+		require.Equal(t, ids[i], id.String())
+		require.Equal(t, uint64(i), heads[i].Round)
+	}
+	sh, _, err := st.Get(last)
+	require.NoError(t, err)
+	n, err := sh.Quorum([]string{p}, 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	_, _, err = st.Get(artifact.RecordCID([]byte("nope")))
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func FuzzDecodeSigned(f *testing.F) {
+	h := testHead(1, artifact.RecordCID([]byte("p")).Bytes())
+	b, _ := h.Encode()
+	good, _ := EncodeSigned(&SignedHead{Head: b, Sigs: []Signature{{Peer: "x", Sig: []byte{1}}}})
+	f.Add(good)
+	f.Add(b)
+	f.Add([]byte{0xa0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sh, h, err := DecodeSigned(data)
+		if err != nil {
+			return
+		}
+		require.NoError(t, h.Validate())
+		again, err := EncodeSigned(sh)
+		require.NoError(t, err)
+		_, _, err = DecodeSigned(again)
+		require.NoError(t, err)
+	})
+}

@@ -1,0 +1,149 @@
+package chain
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/internal/atomicfile"
+)
+
+// ErrNotFound is returned for a head the store does not hold.
+var ErrNotFound = errors.New("head not found")
+
+func recordCID(b []byte) cid.Cid { return artifact.RecordCID(b) }
+
+// Store keeps signed heads as files named by head CID. Writes are atomic; a head is stored
+// again when it gains signatures.
+type Store struct {
+	dir string
+	mu  sync.Mutex
+}
+
+// OpenStore opens (creating) the head store in dir.
+func OpenStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("open head store %s: %w", dir, err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+func (s *Store) path(id cid.Cid) string { return filepath.Join(s.dir, id.String()) }
+
+// Put stores a signed head, merging signatures with any copy already stored. It returns the
+// merged signed head.
+func (s *Store) Put(sh *SignedHead) (*SignedHead, error) {
+	if _, err := DecodeHead(sh.Head); err != nil {
+		return nil, err
+	}
+	id := sh.ID()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	merged := &SignedHead{Head: sh.Head}
+	if old, err := s.getLocked(id); err == nil {
+		merged.Sigs = append(merged.Sigs, old.Sigs...)
+	}
+	changed := len(merged.Sigs) == 0
+	for _, sig := range sh.Sigs {
+		if VerifySignature(id, sig) == nil && merged.Add(sig) {
+			changed = true
+		}
+	}
+	if !changed && s.has(id) {
+		return merged, nil
+	}
+	b, err := EncodeSigned(merged)
+	if err != nil {
+		return nil, fmt.Errorf("store head %s: %w", id, err)
+	}
+	if err := atomicfile.Write(s.path(id), b, 0o644); err != nil {
+		return nil, fmt.Errorf("store head %s: %w", id, err)
+	}
+	return merged, nil
+}
+
+func (s *Store) has(id cid.Cid) bool {
+	_, err := os.Stat(s.path(id))
+	return err == nil
+}
+
+// Has reports whether the head is stored.
+func (s *Store) Has(id cid.Cid) bool { return s.has(id) }
+
+// Get returns a stored head, verifying that its bytes hash to id.
+func (s *Store) Get(id cid.Cid) (*SignedHead, *Head, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh, err := s.getLocked(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := sh.Decode()
+	if err != nil {
+		return nil, nil, fmt.Errorf("head %s: %w", id, err)
+	}
+	return sh, h, nil
+}
+
+func (s *Store) getLocked(id cid.Cid) (*SignedHead, error) {
+	b, err := os.ReadFile(s.path(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read head %s: %w", id, err)
+	}
+	sh, _, err := DecodeSigned(b)
+	if err != nil {
+		return nil, fmt.Errorf("head %s: %w", id, err)
+	}
+	if got := sh.ID(); !got.Equals(id) {
+		return nil, fmt.Errorf("head %s: %w: stored bytes hash to %s", id, artifact.ErrCorrupt, got)
+	}
+	return sh, nil
+}
+
+// Walk calls fn for id and each ancestor back to genesis (newest first), stopping at the
+// first error. A missing ancestor is an ErrNotFound error naming it.
+func (s *Store) Walk(id cid.Cid, fn func(id cid.Cid, h *Head) error) error {
+	for id.Defined() {
+		_, h, err := s.Get(id)
+		if err != nil {
+			return err
+		}
+		if err := fn(id, h); err != nil {
+			return err
+		}
+		parent, err := h.ParentID()
+		if err != nil {
+			return err
+		}
+		id = parent
+	}
+	return nil
+}
+
+// Chain returns the heads from genesis to id (oldest first).
+func (s *Store) Chain(id cid.Cid) ([]cid.Cid, []*Head, error) {
+	var ids []cid.Cid
+	var heads []*Head
+	err := s.Walk(id, func(id cid.Cid, h *Head) error {
+		ids = append(ids, id)
+		heads = append(heads, h)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, j := 0, len(ids)-1; i < j; i, j = i+1, j-1 {
+		ids[i], ids[j] = ids[j], ids[i]
+		heads[i], heads[j] = heads[j], heads[i]
+	}
+	return ids, heads, nil
+}

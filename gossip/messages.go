@@ -1,0 +1,255 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/lease"
+)
+
+// ErrMalformed is wrapped by every decode or schema error.
+var ErrMalformed = errors.New("malformed message")
+
+// Size bounds per topic (bytes of the encoded message).
+const (
+	MaxAnnounceBytes     = 16 << 10
+	MaxLeasesBytes       = 1 << 20
+	MaxContributionBytes = 64 << 10
+	MaxHeadBytes         = chain.MaxHeadBytes + 64<<10
+	MaxAttestationBytes  = MaxAnnounceBytes
+
+	// MaxHeadSigs bounds the signatures carried with a head (as chain.DecodeSigned does):
+	// each costs a signature check, so the bound is also a bound on validation work.
+	MaxHeadSigs = 256
+)
+
+// Announce is a node's periodic "I am here" on the peers topic.
+type Announce struct {
+	Experiment string             `cbor:"1,keyasint"`
+	Peer       string             `cbor:"2,keyasint"`
+	Roles      []string           `cbor:"3,keyasint"`
+	Capacity   float64            `cbor:"4,keyasint"` // samples per second of training
+	Version    string             `cbor:"5,keyasint"`
+	Head       []byte             `cbor:"6,keyasint,omitempty"`
+	Round      uint64             `cbor:"7,keyasint"`
+	Time       int64              `cbor:"8,keyasint"`           // unix milliseconds
+	Artifacts  [][]byte           `cbor:"9,keyasint,omitempty"` // recent artifacts this node serves
+	Metrics    map[string]float64 `cbor:"10,keyasint,omitempty"`
+}
+
+// Leases is the round leader's grant of leases for one round.
+type Leases struct {
+	Experiment string        `cbor:"1,keyasint"`
+	Round      uint64        `cbor:"2,keyasint"`
+	Base       []byte        `cbor:"3,keyasint"`
+	Issuer     string        `cbor:"4,keyasint"`
+	Deadline   int64         `cbor:"5,keyasint"` // unix milliseconds
+	Leases     []lease.Lease `cbor:"6,keyasint"`
+	Attempt    uint64        `cbor:"7,keyasint"` // increases when a round is re-leased
+}
+
+// Contribution announces a trainer's result for a lease.
+type Contribution struct {
+	Experiment  string   `cbor:"1,keyasint"`
+	Round       uint64   `cbor:"2,keyasint"`
+	Base        []byte   `cbor:"3,keyasint"`
+	Lease       []byte   `cbor:"4,keyasint"`
+	Peer        string   `cbor:"5,keyasint"`
+	Delta       []byte   `cbor:"6,keyasint"`
+	Samples     uint64   `cbor:"7,keyasint"`
+	Loss        float64  `cbor:"8,keyasint"`
+	Microshards []uint32 `cbor:"9,keyasint"`
+	Seconds     float64  `cbor:"10,keyasint"`
+}
+
+// Head carries a signed head (a proposal or the canonical head) and, outside the signed
+// record, the held-out metrics its proposer measured and, for a proposal, everything the
+// other validators need to recompute it.
+type Head struct {
+	Experiment string             `cbor:"1,keyasint"`
+	Signed     chain.SignedHead   `cbor:"2,keyasint"`
+	Metrics    map[string]float64 `cbor:"3,keyasint,omitempty"`
+	Proposal   *Proposal          `cbor:"4,keyasint,omitempty"`
+	// Sent (unix milliseconds) makes a re-published head a new message: GossipSub drops
+	// bytes it has seen, but a head waiting for quorum is sent again for peers that missed
+	// it, with every signature gathered so far.
+	Sent int64 `cbor:"5,keyasint,omitempty"`
+}
+
+// Proposal lists the leases a leader granted for the round and every contribution it
+// considered (merged or rejected): merging the same candidates on the same base gives the
+// same head CID, which is what a validator checks before it attests.
+type Proposal struct {
+	Attempt    uint64        `cbor:"1,keyasint"`
+	Leases     []lease.Lease `cbor:"2,keyasint"`
+	Candidates []Candidate   `cbor:"3,keyasint"`
+}
+
+// Candidate is a contribution a leader considered.
+type Candidate struct {
+	Peer        string   `cbor:"1,keyasint"`
+	Delta       []byte   `cbor:"2,keyasint"`
+	Lease       []byte   `cbor:"3,keyasint"`
+	Samples     uint64   `cbor:"4,keyasint"`
+	Microshards []uint32 `cbor:"5,keyasint"`
+	Loss        float64  `cbor:"6,keyasint"`
+}
+
+// Attestation is a validator's signature over a head it recomputed.
+type Attestation struct {
+	Experiment string          `cbor:"1,keyasint"`
+	Head       []byte          `cbor:"2,keyasint"`
+	Round      uint64          `cbor:"3,keyasint"`
+	Sig        chain.Signature `cbor:"4,keyasint"`
+}
+
+// Encode encodes any message deterministically.
+func Encode(v any) ([]byte, error) { return chain.Marshal(v) }
+
+func decode[T any](b []byte, limit int, v *T) error {
+	if len(b) > limit {
+		return fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(b), limit)
+	}
+	if err := chain.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return nil
+}
+
+func checkCID(b []byte, codec uint64, what string) error {
+	c, err := cid.Cast(b)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrMalformed, what, err)
+	}
+	if err := artifact.CheckCID(c, codec); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrMalformed, what, err)
+	}
+	return nil
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// DecodeAnnounce decodes and schema-checks an announcement.
+func DecodeAnnounce(b []byte) (*Announce, error) {
+	var m Announce
+	if err := decode(b, MaxAnnounceBytes, &m); err != nil {
+		return nil, err
+	}
+	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 {
+		return nil, fmt.Errorf("%w: announce from %q: bad fields", ErrMalformed, m.Peer)
+	}
+	if len(m.Head) > 0 {
+		if err := checkCID(m.Head, artifact.CodecCBOR, "announce head"); err != nil {
+			return nil, err
+		}
+	}
+	for k, v := range m.Metrics {
+		if len(k) > 64 || !finite(v) {
+			return nil, fmt.Errorf("%w: announce from %s: bad metric %q", ErrMalformed, m.Peer, k)
+		}
+	}
+	return &m, nil
+}
+
+// DecodeLeases decodes and schema-checks a lease grant.
+func DecodeLeases(b []byte) (*Leases, error) {
+	var m Leases
+	if err := decode(b, MaxLeasesBytes, &m); err != nil {
+		return nil, err
+	}
+	if m.Round == 0 || m.Issuer == "" {
+		return nil, fmt.Errorf("%w: leases: round and issuer required", ErrMalformed)
+	}
+	if err := checkCID(m.Base, artifact.CodecCBOR, "leases base"); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, l := range m.Leases {
+		if l.Round != m.Round || !slices.Equal(l.Base, m.Base) || l.Issuer != m.Issuer || seen[l.Trainer] || l.Trainer == "" {
+			return nil, fmt.Errorf("%w: leases for round %d: lease for %q does not match its grant", ErrMalformed, m.Round, l.Trainer)
+		}
+		seen[l.Trainer] = true
+	}
+	return &m, nil
+}
+
+// DecodeContribution decodes and schema-checks a contribution.
+func DecodeContribution(b []byte) (*Contribution, error) {
+	var m Contribution
+	if err := decode(b, MaxContributionBytes, &m); err != nil {
+		return nil, err
+	}
+	if m.Peer == "" || m.Round == 0 || !finite(m.Loss) || !finite(m.Seconds) {
+		return nil, fmt.Errorf("%w: contribution from %q: bad fields", ErrMalformed, m.Peer)
+	}
+	if err := checkCID(m.Base, artifact.CodecCBOR, "contribution base"); err != nil {
+		return nil, err
+	}
+	if err := checkCID(m.Lease, artifact.CodecCBOR, "contribution lease"); err != nil {
+		return nil, err
+	}
+	if err := checkCID(m.Delta, artifact.CodecCBOR, "contribution delta"); err != nil {
+		return nil, err
+	}
+	if !slices.IsSorted(m.Microshards) {
+		return nil, fmt.Errorf("%w: contribution from %s: microshards not sorted", ErrMalformed, m.Peer)
+	}
+	return &m, nil
+}
+
+// DecodeHead decodes a head message and the head inside it.
+func DecodeHead(b []byte) (*Head, *chain.Head, error) {
+	var m Head
+	if err := decode(b, MaxHeadBytes, &m); err != nil {
+		return nil, nil, err
+	}
+	if len(m.Signed.Sigs) > MaxHeadSigs {
+		return nil, nil, fmt.Errorf("%w: head carries %d signatures, at most %d", ErrMalformed, len(m.Signed.Sigs), MaxHeadSigs)
+	}
+	h, err := m.Signed.Decode()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	for k, v := range m.Metrics {
+		if len(k) > 64 || !finite(v) {
+			return nil, nil, fmt.Errorf("%w: head metric %q", ErrMalformed, k)
+		}
+	}
+	if p := m.Proposal; p != nil {
+		for _, c := range p.Candidates {
+			if c.Peer == "" || !finite(c.Loss) || !slices.IsSorted(c.Microshards) {
+				return nil, nil, fmt.Errorf("%w: proposal candidate %q", ErrMalformed, c.Peer)
+			}
+			if err := checkCID(c.Delta, artifact.CodecCBOR, "proposal candidate delta"); err != nil {
+				return nil, nil, err
+			}
+			if err := checkCID(c.Lease, artifact.CodecCBOR, "proposal candidate lease"); err != nil {
+				return nil, nil, err
+			}
+		}
+		for _, l := range p.Leases {
+			if l.Round != h.Round || l.Trainer == "" {
+				return nil, nil, fmt.Errorf("%w: proposal lease for %q is not for round %d", ErrMalformed, l.Trainer, h.Round)
+			}
+		}
+	}
+	return &m, h, nil
+}
+
+// DecodeAttestation decodes an attestation.
+func DecodeAttestation(b []byte) (*Attestation, error) {
+	var m Attestation
+	if err := decode(b, MaxAttestationBytes, &m); err != nil {
+		return nil, err
+	}
+	if err := checkCID(m.Head, artifact.CodecCBOR, "attestation head"); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}

@@ -1,0 +1,91 @@
+package gossip
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/lease"
+)
+
+var (
+	base  = artifact.RecordCID([]byte("base")).Bytes()
+	delta = artifact.RecordCID([]byte("delta")).Bytes()
+	lid   = artifact.RecordCID([]byte("lease")).Bytes()
+)
+
+func TestDecodersAcceptWhatEncodeWrites(t *testing.T) {
+	a := &Announce{Experiment: "e", Peer: "p", Roles: []string{"trainer"}, Capacity: 12.5, Version: "v", Head: base, Round: 3, Time: 1}
+	b, err := Encode(a)
+	require.NoError(t, err)
+	got, err := DecodeAnnounce(b)
+	require.NoError(t, err)
+	require.Equal(t, a, got)
+
+	l := &Leases{Experiment: "e", Round: 2, Base: base, Issuer: "v", Deadline: 5,
+		Leases: []lease.Lease{{Round: 2, Base: base, Trainer: "t", Microshards: []uint32{1}, Issuer: "v"}}}
+	b, _ = Encode(l)
+	gl, err := DecodeLeases(b)
+	require.NoError(t, err)
+	require.Equal(t, l, gl)
+
+	c := &Contribution{Experiment: "e", Round: 2, Base: base, Lease: lid, Peer: "t", Delta: delta, Samples: 10, Loss: 0.5, Microshards: []uint32{1, 4}}
+	b, _ = Encode(c)
+	gc, err := DecodeContribution(b)
+	require.NoError(t, err)
+	require.Equal(t, c, gc)
+}
+
+func TestDecodersRejectBadMessages(t *testing.T) {
+	enc := func(v any) []byte { b, _ := Encode(v); return b }
+	cases := []struct {
+		name string
+		fn   func([]byte) error
+		in   []byte
+	}{
+		{"announce not cbor", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, []byte("hello")},
+		{"announce no roles", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, enc(&Announce{Peer: "p"})},
+		{"announce oversized", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, make([]byte, MaxAnnounceBytes+1)},
+		{"leases lease for other round", func(b []byte) error { _, err := DecodeLeases(b); return err },
+			enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: []lease.Lease{{Round: 3, Base: base, Trainer: "t", Issuer: "v"}}})},
+		{"leases two for one trainer", func(b []byte) error { _, err := DecodeLeases(b); return err },
+			enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: []lease.Lease{{Round: 2, Base: base, Trainer: "t", Issuer: "v"}, {Round: 2, Base: base, Trainer: "t", Issuer: "v"}}})},
+		{"contribution raw delta cid", func(b []byte) error { _, err := DecodeContribution(b); return err },
+			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: artifact.RawCID([]byte("x")).Bytes()})},
+		{"contribution unsorted shards", func(b []byte) error { _, err := DecodeContribution(b); return err },
+			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: delta, Microshards: []uint32{3, 1}})},
+		{"unknown field", func(b []byte) error { _, err := DecodeContribution(b); return err }, enc(map[int]int{99: 1})},
+		{"head garbage", func(b []byte) error { _, _, err := DecodeHead(b); return err }, []byte{0xff, 0x00}},
+		{"head with too many signatures", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
+			h, err := fixChainHead(1, 0).Encode()
+			require.NoError(t, err)
+			return enc(&Head{Experiment: "e", Signed: chain.SignedHead{Head: h, Sigs: make([]chain.Signature, MaxHeadSigs+1)}})
+		}()},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorIs(t, tc.fn(tc.in), ErrMalformed)
+		})
+	}
+}
+
+func FuzzDecoders(f *testing.F) {
+	for _, v := range []any{
+		&Announce{Experiment: "e", Peer: "p", Roles: []string{"trainer"}},
+		&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: delta},
+		&Leases{Round: 2, Base: base, Issuer: "v"},
+		&Attestation{Head: base},
+	} {
+		b, _ := Encode(v)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = DecodeAnnounce(b)
+		_, _ = DecodeLeases(b)
+		_, _ = DecodeContribution(b)
+		_, _, _ = DecodeHead(b)
+		_, _ = DecodeAttestation(b)
+	})
+}

@@ -1,0 +1,250 @@
+package lease
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+)
+
+// ErrInvalid is wrapped by errors about a lease that does not check out.
+var ErrInvalid = errors.New("invalid lease")
+
+// Lease grants one trainer some microshards for one round on one base head.
+type Lease struct {
+	Round       uint64   `cbor:"1,keyasint"`
+	Base        []byte   `cbor:"2,keyasint"` // base head CID
+	Trainer     string   `cbor:"3,keyasint"`
+	Microshards []uint32 `cbor:"4,keyasint"`
+	Expiry      int64    `cbor:"5,keyasint"` // unix milliseconds
+	Issuer      string   `cbor:"6,keyasint"`
+	Epoch       uint64   `cbor:"7,keyasint"`
+	// Steps is how many inner steps the trainer runs: the round's inner_steps scaled by the
+	// trainer's capacity, so that fast and slow trainers finish near the same time.
+	Steps uint32 `cbor:"8,keyasint,omitempty"`
+}
+
+// ID is the CID of the lease's canonical encoding.
+func (l *Lease) ID() cid.Cid {
+	b, err := chain.Marshal(l)
+	if err != nil {
+		panic(fmt.Sprintf("encode lease: %v", err)) // plain struct: cannot fail
+	}
+	return artifact.RecordCID(b)
+}
+
+// Check validates a lease against the head it is based on: right base and round, sorted
+// unconsumed microshards of the head's epoch.
+func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
+	if !slices.Equal(l.Base, baseID.Bytes()) {
+		return fmt.Errorf("%w: lease for %s is on another base head", ErrInvalid, l.Trainer)
+	}
+	if l.Round != base.Round+1 {
+		return fmt.Errorf("%w: lease for %s is for round %d, base head is round %d", ErrInvalid, l.Trainer, l.Round, base.Round)
+	}
+	if l.Epoch != base.Ledger.Epoch {
+		return fmt.Errorf("%w: lease for %s is for epoch %d, ledger is in epoch %d", ErrInvalid, l.Trainer, l.Epoch, base.Ledger.Epoch)
+	}
+	if len(l.Microshards) == 0 || !slices.IsSorted(l.Microshards) {
+		return fmt.Errorf("%w: lease for %s: microshards must be non-empty and sorted", ErrInvalid, l.Trainer)
+	}
+	for i, s := range l.Microshards {
+		if i > 0 && l.Microshards[i-1] == s {
+			return fmt.Errorf("%w: lease for %s lists microshard %d twice", ErrInvalid, l.Trainer, s)
+		}
+		if s >= base.Ledger.Shards || consumed(base.Ledger, s) {
+			return fmt.Errorf("%w: lease for %s: microshard %d is not available in epoch %d", ErrInvalid, l.Trainer, s, base.Ledger.Epoch)
+		}
+	}
+	return nil
+}
+
+// Trainer is a candidate for a lease with its announced capacity (samples per second).
+type Trainer struct {
+	Peer     string
+	Capacity float64
+}
+
+// Assign splits microshards among trainers in proportion to their capacity, so that trainers
+// of different speeds finish near the same time. At most perTrainer microshards go to a
+// trainer of average capacity (faster ones get proportionally more, every trainer at least
+// one while microshards last). The choice is deterministic in (available, trainers, seed):
+// microshards are drawn in a seed-dependent order so that successive epochs see the data in
+// different orders. Trainers are returned in peer order; those that got nothing are omitted.
+func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte) map[string][]uint32 {
+	out := map[string][]uint32{}
+	if len(available) == 0 || len(trainers) == 0 || perTrainer <= 0 {
+		return out
+	}
+	ts := slices.Clone(trainers)
+	slices.SortFunc(ts, func(a, b Trainer) int { return strings.Compare(a.Peer, b.Peer) })
+	ts = slices.CompactFunc(ts, func(a, b Trainer) bool { return a.Peer == b.Peer })
+	rel := Relative(ts)
+	for i := range ts {
+		ts[i].Capacity = rel[ts[i].Peer]
+	}
+	order := shuffled(available, seed)
+	want := make([]int, len(ts))
+	sum := 0
+	for i, t := range ts {
+		want[i] = max(1, int(math.Round(float64(perTrainer)*t.Capacity)))
+		sum += want[i]
+	}
+	// Not enough microshards left: scale the shares down, keeping at least one each while
+	// they last (the fastest trainers first).
+	if sum > len(order) {
+		byCap := make([]int, len(ts))
+		for i := range byCap {
+			byCap[i] = i
+		}
+		slices.SortStableFunc(byCap, func(a, b int) int {
+			switch {
+			case ts[a].Capacity > ts[b].Capacity:
+				return -1
+			case ts[a].Capacity < ts[b].Capacity:
+				return 1
+			}
+			return 0
+		})
+		// One each, fastest first; then the rest by highest average (D'Hondt), so shares stay
+		// proportional to capacity and nobody gets more than they would unconstrained.
+		alloc := make([]int, len(ts))
+		left := len(order)
+		for _, i := range byCap {
+			if left == 0 {
+				break
+			}
+			alloc[i], left = 1, left-1
+		}
+		for ; left > 0; left-- {
+			best := -1
+			for _, i := range byCap {
+				if alloc[i] == 0 || alloc[i] >= want[i] {
+					continue
+				}
+				if best < 0 || ts[i].Capacity/float64(alloc[i]+1) > ts[best].Capacity/float64(alloc[best]+1) {
+					best = i
+				}
+			}
+			if best < 0 {
+				break
+			}
+			alloc[best]++
+		}
+		want = alloc
+	}
+	next := 0
+	for i, t := range ts {
+		n := min(want[i], len(order)-next)
+		if n <= 0 {
+			continue
+		}
+		shards := slices.Clone(order[next : next+n])
+		slices.Sort(shards)
+		out[t.Peer] = shards
+		next += n
+	}
+	return out
+}
+
+// shuffled returns a deterministic permutation of xs keyed by seed (each element ranked by
+// sha256(seed || element)).
+func shuffled(xs []uint32, seed []byte) []uint32 {
+	type ranked struct {
+		key [32]byte
+		x   uint32
+	}
+	rs := make([]ranked, len(xs))
+	buf := make([]byte, len(seed)+4)
+	copy(buf, seed)
+	for i, x := range xs {
+		buf[len(seed)], buf[len(seed)+1], buf[len(seed)+2], buf[len(seed)+3] = byte(x>>24), byte(x>>16), byte(x>>8), byte(x)
+		rs[i] = ranked{key: sha256.Sum256(buf), x: x}
+	}
+	slices.SortFunc(rs, func(a, b ranked) int {
+		if c := strings.Compare(string(a.key[:]), string(b.key[:])); c != 0 {
+			return c
+		}
+		return int(a.x) - int(b.x)
+	})
+	out := make([]uint32, len(rs))
+	for i, r := range rs {
+		out[i] = r.x
+	}
+	return out
+}
+
+// Leaders orders validators for the round after the head: the first is the leader, the next
+// takes over when the leader is silent past its timeout, and so on (rendezvous hashing on
+// the head CID, so every node computes the same order).
+func Leaders(validators []string, head cid.Cid) []string {
+	type ranked struct {
+		key [32]byte
+		v   string
+	}
+	rs := make([]ranked, 0, len(validators))
+	for _, v := range validators {
+		rs = append(rs, ranked{key: sha256.Sum256(append(head.Bytes(), v...)), v: v})
+	}
+	slices.SortFunc(rs, func(a, b ranked) int {
+		if c := strings.Compare(string(a.key[:]), string(b.key[:])); c != 0 {
+			return c
+		}
+		return strings.Compare(a.v, b.v)
+	})
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.v
+	}
+	return slices.Compact(out)
+}
+
+// Relative returns each trainer's capacity relative to the mean of the known ones. A
+// trainer of unknown capacity counts as average, and when every known capacity is within
+// 25% of the mean all count as average: that spread is measurement noise, not a mixed
+// fleet, and treating it as equal keeps lease assignment stable from round to round.
+func Relative(trainers []Trainer) map[string]float64 {
+	out := make(map[string]float64, len(trainers))
+	var sum float64
+	var known int
+	for _, t := range trainers {
+		if t.Capacity > 0 && !math.IsInf(t.Capacity, 0) {
+			sum += t.Capacity
+			known++
+		}
+	}
+	mean := sum / float64(max(known, 1))
+	uniform := true
+	for _, t := range trainers {
+		if t.Capacity > 0 && !math.IsInf(t.Capacity, 0) && math.Abs(t.Capacity-mean) > 0.25*mean {
+			uniform = false
+		}
+	}
+	for _, t := range trainers {
+		out[t.Peer] = 1
+		if !uniform && t.Capacity > 0 && !math.IsInf(t.Capacity, 0) {
+			out[t.Peer] = t.Capacity / mean
+		}
+	}
+	return out
+}
+
+// Steps scales the round's inner steps to each trainer's relative capacity, so that every
+// trainer's window takes about as long as an average trainer's: between a quarter and
+// four times innerSteps.
+func Steps(trainers []Trainer, innerSteps int) map[string]int {
+	rel := Relative(trainers)
+	lo, hi := max(1, (innerSteps+3)/4), 4*innerSteps
+	out := make(map[string]int, len(trainers))
+	for _, t := range trainers {
+		out[t.Peer] = min(hi, max(lo, int(math.Round(float64(innerSteps)*rel[t.Peer]))))
+	}
+	return out
+}

@@ -1,0 +1,205 @@
+package lease
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+)
+
+func TestApplyConsumesOnceAndRollsEpochs(t *testing.T) {
+	l := NewLedger("plan", 5)
+	require.Equal(t, []uint32{0, 1, 2, 3, 4}, Available(l))
+
+	l, err := Apply(l, []uint32{1, 3}, []uint32{0})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{2, 4}, Available(l))
+	require.Equal(t, 3, Count(l))
+
+	_, err = Apply(l, []uint32{3})
+	require.ErrorIs(t, err, ErrDuplicate)
+	_, err = Apply(l, []uint32{2}, []uint32{2})
+	require.ErrorIs(t, err, ErrDuplicate, "the same microshard twice in one merge")
+	_, err = Apply(l, []uint32{9})
+	require.ErrorContains(t, err, "out of range")
+	require.Equal(t, []uint32{2, 4}, Available(l), "a failed Apply changes nothing")
+
+	l, err = Apply(l, []uint32{2, 4})
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), l.Epoch, "all consumed: next epoch")
+	require.Equal(t, 0, Count(l))
+	require.Len(t, Available(l), 5)
+}
+
+func TestAssign(t *testing.T) {
+	avail := make([]uint32, 100)
+	for i := range avail {
+		avail[i] = uint32(i)
+	}
+	cases := []struct {
+		name       string
+		avail      []uint32
+		trainers   []Trainer
+		per        int
+		wantCounts map[string]int
+	}{
+		{"equal", avail, []Trainer{{"a", 10}, {"b", 10}, {"c", 10}}, 4, map[string]int{"a": 4, "b": 4, "c": 4}},
+		{"proportional to capacity", avail, []Trainer{{"fast", 30}, {"slow", 10}}, 4, map[string]int{"fast": 6, "slow": 2}},
+		{"unknown capacity counts as average", avail, []Trainer{{"a", 0}, {"b", 0}}, 3, map[string]int{"a": 3, "b": 3}},
+		{"scarce: everyone gets one first", avail[:3], []Trainer{{"a", 100}, {"b", 1}, {"c", 1}}, 4, map[string]int{"a": 1, "b": 1, "c": 1}},
+		{"scarce: the fastest get the rest", avail[:5], []Trainer{{"a", 100}, {"b", 1}, {"c", 1}}, 4, map[string]int{"a": 3, "b": 1, "c": 1}},
+		{"fewer shards than trainers", avail[:2], []Trainer{{"a", 1}, {"b", 5}, {"c", 3}}, 4, map[string]int{"b": 1, "c": 1}},
+		{"nothing left", nil, []Trainer{{"a", 1}}, 4, map[string]int{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Assign(tc.avail, tc.trainers, tc.per, []byte("seed"))
+			counts := map[string]int{}
+			seen := map[uint32]bool{}
+			for p, shards := range got {
+				counts[p] = len(shards)
+				require.True(t, slices.IsSorted(shards))
+				for _, s := range shards {
+					require.False(t, seen[s], "microshard %d leased twice", s)
+					seen[s] = true
+					require.Contains(t, tc.avail, s)
+				}
+			}
+			require.Equal(t, tc.wantCounts, counts)
+			again := Assign(tc.avail, slices.Clone(tc.trainers), tc.per, []byte("seed"))
+			require.Equal(t, got, again, "deterministic")
+		})
+	}
+}
+
+func TestAssignOrderDependsOnSeed(t *testing.T) {
+	avail := []uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+	a := Assign(avail, []Trainer{{"t", 1}}, 4, []byte("round-1"))
+	b := Assign(avail, []Trainer{{"t", 1}}, 4, []byte("round-2"))
+	require.NotEqual(t, a["t"], b["t"])
+}
+
+func TestLeadersIsARendezvousOrder(t *testing.T) {
+	vs := []string{"v1", "v2", "v3", "v4", "v5"}
+	h1 := artifact.RecordCID([]byte("head-1"))
+	h2 := artifact.RecordCID([]byte("head-2"))
+	o1 := Leaders(vs, h1)
+	require.ElementsMatch(t, vs, o1)
+	require.Equal(t, o1, Leaders([]string{"v5", "v3", "v1", "v2", "v4"}, h1), "independent of input order")
+	leaders := map[string]bool{}
+	for i := range 50 {
+		leaders[Leaders(vs, artifact.RecordCID([]byte(fmt.Sprint("head-", i))))[0]] = true
+	}
+	require.Greater(t, len(leaders), 2, "leadership rotates with the head")
+	_ = h2
+}
+
+func head(round uint64, parent *chain.Head, ledger chain.Ledger, contribs ...[]uint32) *chain.Head {
+	h := &chain.Head{Round: round, Ledger: ledger}
+	for i, c := range contribs {
+		h.Contributions = append(h.Contributions, chain.Contribution{Peer: fmt.Sprint("p", i), Microshards: c})
+	}
+	return h
+}
+
+func TestAuditProvesExactlyOnce(t *testing.T) {
+	g := NewLedger("plan", 4)
+	l1, _ := Apply(g, []uint32{0, 1})
+	l2, _ := Apply(l1, []uint32{2}, []uint32{3}) // epoch 1 starts
+	l3, _ := Apply(l2, []uint32{3})
+	good := []*chain.Head{head(0, nil, g), head(1, nil, l1, []uint32{0, 1}), head(2, nil, l2, []uint32{2}, []uint32{3}), head(3, nil, l3, []uint32{3})}
+	rep, err := Audit(good)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), rep.EpochsCompleted)
+	require.Equal(t, 1, rep.ConsumedInEpoch)
+	require.Equal(t, uint64(5), rep.MicroshardsMerged)
+	require.Equal(t, 0, rep.Duplicated)
+
+	t.Run("duplicate in an epoch", func(t *testing.T) {
+		bad := []*chain.Head{good[0], good[1], head(2, nil, l1, []uint32{1})}
+		rep, err := Audit(bad)
+		require.ErrorIs(t, err, ErrAudit)
+		require.ErrorContains(t, err, "round 2")
+		require.Equal(t, 1, rep.Duplicated)
+	})
+	t.Run("ledger that does not match the merged microshards", func(t *testing.T) {
+		bad := []*chain.Head{good[0], head(1, nil, l1, []uint32{0})}
+		_, err := Audit(bad)
+		require.ErrorIs(t, err, ErrAudit)
+	})
+	t.Run("epoch ended early", func(t *testing.T) {
+		early := chain.Ledger{Plan: "plan", Shards: 4, Epoch: 1, Consumed: []byte{0}}
+		_, err := Audit([]*chain.Head{good[0], head(1, nil, early, []uint32{0, 1})})
+		require.ErrorIs(t, err, ErrAudit)
+	})
+	t.Run("not from genesis", func(t *testing.T) {
+		_, err := Audit(good[1:])
+		require.ErrorIs(t, err, ErrAudit)
+	})
+}
+
+func TestLeaseCheck(t *testing.T) {
+	baseID := artifact.RecordCID([]byte("base"))
+	ledger, _ := Apply(NewLedger("plan", 8), []uint32{0})
+	base := &chain.Head{Round: 4, Ledger: ledger}
+	ok := Lease{Round: 5, Base: baseID.Bytes(), Trainer: "t", Microshards: []uint32{1, 2}, Issuer: "v"}
+	require.NoError(t, ok.Check(baseID, base))
+	cases := map[string]func(l *Lease){
+		"other base":     func(l *Lease) { l.Base = artifact.RecordCID([]byte("x")).Bytes() },
+		"wrong round":    func(l *Lease) { l.Round = 6 },
+		"wrong epoch":    func(l *Lease) { l.Epoch = 1 },
+		"consumed shard": func(l *Lease) { l.Microshards = []uint32{0, 1} },
+		"out of range":   func(l *Lease) { l.Microshards = []uint32{9} },
+		"unsorted":       func(l *Lease) { l.Microshards = []uint32{2, 1} },
+		"duplicate":      func(l *Lease) { l.Microshards = []uint32{1, 1} },
+		"empty":          func(l *Lease) { l.Microshards = nil },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			l := ok
+			l.Microshards = slices.Clone(ok.Microshards)
+			mutate(&l)
+			require.ErrorIs(t, l.Check(baseID, base), ErrInvalid)
+		})
+	}
+	require.NotEqual(t, ok.ID(), (&Lease{Round: 5, Base: baseID.Bytes(), Trainer: "u", Microshards: []uint32{1, 2}, Issuer: "v"}).ID())
+}
+
+func TestStepsScaleWithCapacity(t *testing.T) {
+	got := Steps([]Trainer{{"fast", 30}, {"avg", 20}, {"slow", 10}, {"new", 0}}, 20)
+	require.Equal(t, map[string]int{"fast": 30, "avg": 20, "slow": 10, "new": 20}, got)
+	got = Steps([]Trainer{{"huge", 10000}, {"tiny", 1}, {"t2", 1}, {"t3", 1}}, 8)
+	require.Equal(t, 32, got["huge"], "at most four times")
+	require.Equal(t, 2, got["tiny"], "at least a quarter")
+	require.Equal(t, map[string]int{"a": 5}, Steps([]Trainer{{"a", 0}}, 5))
+	require.Equal(t, map[string]int{"a": 20, "b": 20}, Steps([]Trainer{{"a", 11}, {"b", 9}}, 20), "close capacities: measurement noise")
+}
+
+func TestDeadlineFollowsObservedPace(t *testing.T) {
+	floor, ceiling := 5*time.Second, 10*time.Minute
+	require.Equal(t, ceiling, Deadline([]Pace{{"a", 0, 20}}, floor, ceiling), "nothing observed yet")
+	// slowest window 20 steps × 1 s = 20 s → 3 × 20 + 2 = 62 s
+	require.Equal(t, 62*time.Second, Deadline([]Pace{{"a", 0.5, 20}, {"b", 1, 20}}, floor, ceiling))
+	// an unseen trainer is assumed to run at the median pace
+	require.Equal(t, 3*40*time.Second+2*time.Second, Deadline([]Pace{{"a", 1, 10}, {"new", 0, 40}}, floor, ceiling))
+	require.Equal(t, floor, Deadline([]Pace{{"a", 0.001, 10}}, floor, ceiling))
+	require.Equal(t, ceiling, Deadline([]Pace{{"a", 100, 100}}, floor, ceiling))
+}
+
+func TestQuarantine(t *testing.T) {
+	q := NewQuarantine(2, 5, 3)
+	require.False(t, q.Reject("bad", 1))
+	require.True(t, q.Reject("bad", 3), "second rejection within the window")
+	require.True(t, q.Quarantined("bad", 4))
+	require.True(t, q.Quarantined("bad", 6))
+	require.False(t, q.Quarantined("bad", 7), "served its rounds")
+	require.Equal(t, map[string]uint64{"bad": 6}, q.List(5))
+	require.False(t, q.Reject("slow", 1))
+	require.False(t, q.Reject("slow", 10), "rejections far apart do not add up")
+	require.False(t, NewQuarantine(1, 5, 0).Reject("x", 1), "rounds 0 disables it")
+}

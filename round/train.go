@@ -1,0 +1,153 @@
+package round
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/pack"
+	"github.com/p2pnode/p2pnode/pyruntime"
+)
+
+// ErrNonFinite is returned when the worker produced NaN or Inf parameters.
+var ErrNonFinite = errors.New("non-finite parameters")
+
+// ShardPaths resolves microshard indices to verified local files.
+type ShardPaths interface {
+	Paths(ctx context.Context, microshards []uint32) ([]string, error)
+}
+
+// Trainer turns leases into contributions. It keeps the inner optimizer state and the
+// error-feedback residual between rounds; both are part of the node's checkpoint.
+type Trainer struct {
+	Runtime   pyruntime.Runtime
+	Store     *artifact.Store
+	Shards    ShardPaths
+	Codec     diloco.Codec
+	Int8Block int
+	Workers   int
+
+	// OptState is the path of the latest inner-optimizer state file ("" = fresh optimizer).
+	OptState string
+	// Residual is the error-feedback residual of the int8 codec (nil until first used).
+	Residual []float32
+
+	// Poison, when set, corrupts the pseudo-gradient before it is encoded: fault injection
+	// for end-to-end tests of screening (p2pnode run --poison). A poisoned delta that is
+	// no longer finite is stored as raw fp32, bypassing the codecs' checks as an attacker
+	// would.
+	Poison func(delta []float32)
+}
+
+// Result is one trained lease.
+type Result struct {
+	Delta     cid.Cid
+	Samples   uint64
+	Loss      float64
+	LossFirst float64
+	LossLast  float64
+	Steps     int
+	Seconds   float64 // wall time of the window: fetch, train, encode, store
+	// TrainSeconds is the worker's own time for the inner steps: the trainer's compute
+	// capacity is samples / TrainSeconds.
+	TrainSeconds float64
+	Microshards  []uint32
+	OptState     string // path of the new inner-optimizer state file
+	DeltaNorm    float64
+}
+
+// Train runs one window of steps inner steps on base's parameters over the given
+// microshards and stores the encoded pseudo-gradient. seed makes the worker's batch order
+// reproducible.
+func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*Result, error) {
+	start := time.Now()
+	paramsID, err := base.ParamsID()
+	if err != nil {
+		return nil, err
+	}
+	if !t.Store.Has(paramsID) {
+		return nil, fmt.Errorf("train on head round %d: params %s: %w", base.Round, paramsID, artifact.ErrNotFound)
+	}
+	shards, err := t.Shards.Paths(ctx, microshards)
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+	}
+	scratch := t.Runtime.ScratchDir()
+	out := filepath.Join(scratch, fmt.Sprintf("local-%d.safetensors", base.Round+1))
+	optOut := filepath.Join(scratch, fmt.Sprintf("opt-%d.safetensors", base.Round+1))
+	defer os.Remove(out)
+	res, err := t.Runtime.Train(ctx, pyruntime.TrainJob{
+		Base: t.Store.BlobPath(paramsID), Out: out, OptIn: t.OptState, OptOut: optOut,
+		Shards: shards, Steps: steps, Seed: seed,
+	})
+	if err != nil {
+		os.Remove(optOut)
+		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+	}
+	basePack, err := pack.Load(t.Store.BlobPath(paramsID))
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: base params %s: %w", base.Round+1, paramsID, err)
+	}
+	defer basePack.Close()
+	local, err := pack.Load(out)
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: worker output: %w", base.Round+1, err)
+	}
+	defer local.Close()
+	if err := local.CheckLayout(basePack.Layout); err != nil {
+		return nil, fmt.Errorf("train round %d: worker output: %w", base.Round+1, err)
+	}
+	if name := local.Finite(); name != "" {
+		return nil, fmt.Errorf("train round %d: %w: worker returned NaN/Inf in tensor %q", base.Round+1, ErrNonFinite, name)
+	}
+	delta := make([]float32, len(basePack.Values))
+	if err := diloco.PseudoGradient(delta, basePack.Values, local.Values, t.Workers); err != nil {
+		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+	}
+	if t.Poison != nil {
+		t.Poison(delta)
+		if merge.FirstNonFinite(delta, t.Workers) >= 0 {
+			raw := diloco.Encoded{Codec: diloco.FP32, N: len(delta), Data: pack.Float32Bytes(delta)}
+			id, err := StoreDelta(t.Store, raw, basePack.Layout.Hash())
+			if err != nil {
+				return nil, err
+			}
+			t.OptState = optOut
+			return &Result{Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, Steps: res.Steps,
+				Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut}, nil
+		}
+	}
+	var residual []float32
+	if t.Codec == diloco.Int8 {
+		if len(t.Residual) != len(delta) {
+			t.Residual = make([]float32, len(delta))
+		}
+		residual = t.Residual
+	}
+	enc, err := diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: encode delta: %w", base.Round+1, err)
+	}
+	id, err := StoreDelta(t.Store, enc, basePack.Layout.Hash())
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+	}
+	if t.OptState != "" && t.OptState != optOut && filepath.Dir(t.OptState) == scratch {
+		os.Remove(t.OptState)
+	}
+	t.OptState = optOut
+	return &Result{
+		Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
+		Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut,
+		DeltaNorm: merge.Norm(delta, t.Workers),
+	}, nil
+}
