@@ -1,0 +1,259 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+)
+
+// ErrClosed is returned by Flush after Close.
+var ErrClosed = errors.New("export writer closed")
+
+// WriterOptions configure a background writer.
+type WriterOptions struct {
+	// Dir is the model directory to keep current (config export.dir).
+	Dir string
+	// Export holds in_place, shard_bytes and block_bytes from the config, and the logger.
+	Export Options
+	// Artifacts and Heads resolve SubmitHead; they may be nil if only Submit is used.
+	Artifacts *artifact.Store
+	Heads     *chain.Store
+	// Registerer receives the p2ptrain_export_* metrics (nil: none).
+	Registerer prometheus.Registerer
+	// OnDone, if set, is called from the writer goroutine after each export.
+	OnDone func(*Report, error)
+}
+
+// Writer keeps a model directory current from a running node. Submissions never block:
+// the writer holds at most one pending snapshot, and a newer one replaces it (latest
+// wins), so a slow disk costs exports, never round time or memory.
+type Writer struct {
+	o   WriterOptions
+	log *slog.Logger
+	m   *metrics
+
+	mu      sync.Mutex
+	pending *job
+	issued  uint64 // tickets handed out
+	done    uint64 // every ticket ≤ done is written, failed or superseded
+	lastErr error
+	last    cid.Cid // head the directory holds after the last successful export
+	closed  bool
+	changed chan struct{} // closed and replaced whenever done moves
+	wake    chan struct{} // capacity 1
+
+	ctx     context.Context // lives until Close gives up waiting
+	cancel  context.CancelFunc
+	stopped chan struct{}
+}
+
+type job struct {
+	ticket uint64
+	head   cid.Cid
+	src    *Source // nil: open head from the stores when the job runs
+}
+
+// NewWriter starts a background writer.
+func NewWriter(o WriterOptions) (*Writer, error) {
+	if o.Dir == "" {
+		return nil, errors.New("export writer: no directory")
+	}
+	var err error
+	if o.Export, err = o.Export.normalized(); err != nil {
+		return nil, err
+	}
+	w := &Writer{
+		o: o, log: o.Export.Log.With("dir", o.Dir), m: newMetrics(o.Registerer),
+		changed: make(chan struct{}), wake: make(chan struct{}, 1), stopped: make(chan struct{}),
+	}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	go w.run()
+	return w, nil
+}
+
+// SubmitHead asks for head id to be exported from the stores. It returns at once; the
+// params artifact is opened when the writer gets to it (it is immutable, so nothing needs
+// copying now).
+func (w *Writer) SubmitHead(id cid.Cid) { w.submit(&job{head: id}) }
+
+// Submit asks for src to be exported and returns at once. The writer owns src from now on
+// and closes it (also when a newer submission supersedes it); the caller must not change
+// the bytes behind it.
+func (w *Writer) Submit(src *Source) {
+	if src == nil {
+		w.log.Warn("export: nil source submitted")
+		return
+	}
+	w.submit(&job{head: src.Meta.Head, src: src})
+}
+
+func (w *Writer) submit(j *job) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		j.src.Close()
+		w.log.Warn("export dropped: writer closed", "head", j.head)
+		return
+	}
+	w.issued++
+	j.ticket = w.issued
+	old := w.pending
+	w.pending = j
+	w.mu.Unlock()
+	if old != nil {
+		old.src.Close()
+		w.m.superseded.Inc()
+	}
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Flush waits until everything submitted before the call is exported or superseded by a
+// later export, and returns the last export's error.
+func (w *Writer) Flush(ctx context.Context) error {
+	w.mu.Lock()
+	target := w.issued
+	for w.done < target {
+		ch := w.changed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-w.stopped:
+			w.mu.Lock()
+			if w.done < target {
+				w.mu.Unlock()
+				return ErrClosed
+			}
+			continue
+		case <-ctx.Done():
+			return fmt.Errorf("flush export: %w", ctx.Err())
+		}
+		w.mu.Lock()
+	}
+	err := w.lastErr
+	w.mu.Unlock()
+	return err
+}
+
+// Close stops accepting submissions and writes the pending one, unless ctx ends first: then
+// the export in progress is abandoned (before its commit, so the directory keeps the model
+// it had; after it, the journal completes it next time). It returns the last export's error.
+func (w *Writer) Close(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-w.stopped:
+	case <-ctx.Done():
+		w.cancel()
+		<-w.stopped
+	}
+	w.cancel()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastErr
+}
+
+func (w *Writer) run() {
+	defer close(w.stopped)
+	for {
+		w.mu.Lock()
+		j := w.pending
+		w.pending = nil
+		closed := w.closed
+		w.mu.Unlock()
+		if j == nil {
+			if closed {
+				return
+			}
+			select {
+			case <-w.wake:
+			case <-w.ctx.Done():
+				w.drop()
+				return
+			}
+			continue
+		}
+		rep, err := w.export(j)
+		w.mu.Lock()
+		w.done = max(w.done, j.ticket)
+		w.lastErr = err
+		if err == nil && j.head.Defined() {
+			w.last = j.head
+		}
+		close(w.changed)
+		w.changed = make(chan struct{})
+		w.mu.Unlock()
+		if w.o.OnDone != nil {
+			w.o.OnDone(rep, err)
+		}
+	}
+}
+
+// drop discards a pending job when the writer stops early.
+func (w *Writer) drop() {
+	w.mu.Lock()
+	j := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	if j != nil {
+		j.src.Close()
+	}
+}
+
+func (w *Writer) export(j *job) (*Report, error) {
+	w.mu.Lock()
+	same := j.head.Defined() && j.head.Equals(w.last)
+	w.mu.Unlock()
+	if same {
+		j.src.Close()
+		return nil, nil // the directory already holds this head
+	}
+	if err := w.ctx.Err(); err != nil {
+		j.src.Close()
+		return nil, fmt.Errorf("export head %s: %w", j.head, err)
+	}
+	start := time.Now()
+	src := j.src
+	if src == nil {
+		if w.o.Artifacts == nil || w.o.Heads == nil {
+			return nil, fmt.Errorf("export head %s: the writer has no stores", j.head)
+		}
+		var err error
+		if src, err = OpenHead(w.o.Artifacts, w.o.Heads, j.head); err != nil {
+			w.m.runs.WithLabelValues("error").Inc()
+			w.log.Error("background export failed", "head", j.head, "err", err)
+			return nil, err
+		}
+	}
+	defer src.Close()
+	rep, err := Export(w.ctx, src, w.o.Dir, w.o.Export)
+	if err != nil {
+		w.m.runs.WithLabelValues("error").Inc()
+		w.log.Error("background export failed", "head", j.head, "round", src.Meta.Round, "err", err)
+		return nil, err
+	}
+	w.m.runs.WithLabelValues("ok").Inc()
+	w.m.written.Add(float64(rep.Written))
+	w.m.changed.Add(float64(rep.Changed))
+	w.m.lastRound.Set(float64(rep.Round))
+	w.m.duration.Observe(time.Since(start).Seconds())
+	w.log.Info("model exported", "head", j.head, "round", rep.Round, "in_place", rep.InPlace,
+		"changed", rep.Changed, "written", rep.Written, "took", rep.Duration.Round(time.Millisecond))
+	return rep, nil
+}
