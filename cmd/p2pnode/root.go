@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+type globalFlags struct {
+	logFormat string
+	logLevel  string
+}
+
+func newRoot() *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:   "p2pnode",
+		Short: "Peer-to-peer DiLoCo training node",
+		Long: `p2pnode trains one shared model across volunteer machines. Nodes find each other over
+libp2p, receive leases on microshards of a dataset, train locally through a Python
+(PyTorch) worker, exchange pseudo-gradients as content-addressed artifacts, and advance
+the model with DiLoCo outer steps or EMA merges, signed by the experiment's validators.
+
+An experiment is one YAML file: start with 'p2pnode init', run with 'p2pnode run'.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "auto", "log format: auto (text on a terminal, else JSON), text or json")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default: the config's node.log_level)")
+	root.AddCommand(newRunCmd(g), newDemoCmd(g), newInitCmd(), newDatasetCmd(g), newStatusCmd(), newAuditCmd(g), newExportCmd(g), newVerifyCmd(g), newVersionCmd())
+	return root
+}
+
+// newLogger builds the root slog logger: text for terminals, JSON otherwise or on request.
+func newLogger(g *globalFlags, configLevel string, w io.Writer) (*slog.Logger, error) {
+	level := g.logLevel
+	if level == "" {
+		level = configLevel
+	}
+	if level == "" {
+		level = "info"
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	format := g.logFormat
+	if format == "auto" {
+		format = "json"
+		if isTerminal(w) {
+			format = "text"
+		}
+	}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not auto, text or json", g.logFormat)
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/node"
+)
+
+func newRunCmd(g *globalFlags) *cobra.Command {
+	var path, poison string
+	cmd := &cobra.Command{
+		Use:   "run --config FILE",
+		Short: "Run a node from an experiment config",
+		Long: `Run a node with the roles the config gives it. Progress (one line per round) goes to
+stdout, logs to stderr. The node resumes from its store directory when restarted, and
+stops after experiment.rounds rounds (0 = until interrupted).`,
+		Example: "  p2pnode run --config configs/digits-local.yaml",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(path)
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(g, cfg.Node.LogLevel, os.Stderr)
+			if err != nil {
+				return err
+			}
+			n, err := node.New(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log, Poison: poison})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "p2pnode %s: %s/%s as %v, store %s\n", n.ID(), cfg.Experiment.Network, cfg.Experiment.ID, cfg.Experiment.Roles, cfg.Node.StoreDir)
+			return n.Run(cmd.Context())
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "p2pnode.yaml", "experiment config file")
+	// Fault injection for end-to-end tests: a trainer that sends corrupted updates.
+	cmd.Flags().StringVar(&poison, "poison", "", "misbehave on purpose (tests only): "+strings.Join(node.PoisonModes, ", "))
+	_ = cmd.Flags().MarkHidden("poison")
+	return cmd
+}

@@ -1,0 +1,276 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/node"
+)
+
+// Binary builds bin/p2pnode for the tests once per test binary and returns its path.
+var Binary = sync.OnceValues(func() (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(file))
+	out := filepath.Join(os.TempDir(), fmt.Sprintf("p2pnode-e2e-%d", os.Getpid()))
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/p2pnode")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build p2pnode: %v\n%s", err, b)
+	}
+	return out, nil
+})
+
+// RepoRoot is the repository's root directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+// Proc is one p2pnode process run by a test: its config, output and lifecycle.
+type Proc struct {
+	t      testing.TB
+	Name   string
+	Dir    string
+	Config string
+	Cfg    *config.Config
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	out  strings.Builder // progress lines (stdout)
+	logs strings.Builder // stderr
+	done chan struct{}
+	exit error
+}
+
+// NewProc writes cfg to dir/name.yaml; relative paths in cfg are relative to dir.
+func NewProc(t testing.TB, dir, name string, cfg *config.Config) *Proc {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name+".yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("config for %s: %v", name, err)
+	}
+	return &Proc{t: t, Name: name, Dir: dir, Config: path, Cfg: loaded}
+}
+
+// Start runs `p2pnode run --config` in the background.
+func (p *Proc) Start() {
+	p.t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cmd := exec.Command(bin, "run", "--config", p.Config, "--log-format", "text")
+	cmd.Dir = p.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("start %s: %v", p.Name, err)
+	}
+	p.cmd, p.done, p.exit = cmd, make(chan struct{}), nil
+	var wg sync.WaitGroup
+	wg.Add(2)
+	collect := func(r io.Reader, into *strings.Builder) {
+		defer wg.Done()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			into.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+	}
+	go collect(stdout, &p.out)
+	go collect(stderr, &p.logs)
+	done := p.done
+	go func() {
+		wg.Wait()
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.exit = err
+		p.mu.Unlock()
+		close(done)
+	}()
+	p.t.Cleanup(func() { p.Kill() })
+}
+
+// Kill sends SIGKILL to the process group (the node and its Python worker) and waits.
+func (p *Proc) Kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// Wait waits for the process to exit on its own and returns its error.
+func (p *Proc) Wait(timeout time.Duration) error {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		return fmt.Errorf("%s did not exit within %s", p.Name, timeout)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exit
+}
+
+// Output is what the process printed on stdout so far (progress lines).
+func (p *Proc) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// Logs is what the process printed on stderr so far.
+func (p *Proc) Logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logs.String()
+}
+
+var roundLine = regexp.MustCompile(`(?m)^round\s+(\d+)(?:/\d+)?\s+(.*)$`)
+
+// Rounds returns the round numbers of the progress lines printed so far.
+func (p *Proc) Rounds() []int {
+	var out []int
+	for _, m := range roundLine.FindAllStringSubmatch(p.Output(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		out = append(out, n)
+	}
+	return out
+}
+
+// LastAccuracy returns the held-out accuracy of the last progress line that has one.
+func (p *Proc) LastAccuracy() (float64, bool) {
+	re := regexp.MustCompile(`held-out accuracy\s+([\d.]+)%`)
+	ms := re.FindAllStringSubmatch(p.Output(), -1)
+	if len(ms) == 0 {
+		return 0, false
+	}
+	v, _ := strconv.ParseFloat(ms[len(ms)-1][1], 64)
+	return v / 100, true
+}
+
+// AccuracyAt returns the held-out accuracy printed for round r.
+func (p *Proc) AccuracyAt(r int) (float64, bool) {
+	re := regexp.MustCompile(fmt.Sprintf(`(?m)^round\s+%d(?:/\d+)?\s.*held-out accuracy\s+([\d.]+)%%`, r))
+	m := re.FindStringSubmatch(p.Output())
+	if m == nil {
+		return 0, false
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v / 100, true
+}
+
+// Status reads the node's /status through the address it records in its store.
+func (p *Proc) Status(ctx context.Context) (*node.Status, error) {
+	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, node.HTTPAddrFile))
+	if err != nil {
+		return nil, err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.TrimSpace(string(b))+"/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var s node.Status
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Metrics reads the node's /metrics.
+func (p *Proc) Metrics(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, node.HTTPAddrFile))
+	if err != nil {
+		t.Fatalf("%s: %v", p.Name, err)
+	}
+	resp, err := http.Get("http://" + strings.TrimSpace(string(b)) + "/metrics")
+	if err != nil {
+		t.Fatalf("%s: %v", p.Name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+// peerID is the node's peer id, from the first line it prints.
+func (p *Proc) peerID(t testing.TB) string {
+	t.Helper()
+	m := regexp.MustCompile(`^p2pnode (\S+):`).FindStringSubmatch(p.Output())
+	if m == nil {
+		t.Fatalf("%s printed no peer id", p.Name)
+	}
+	return m[1]
+}
+
+// Eventually polls cond every interval until it returns true or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// DumpOnFailure writes the processes' output into the test log when the test failed.
+func DumpOnFailure(t testing.TB, procs ...*Proc) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, p := range procs {
+			t.Logf("==== %s stdout ====\n%s", p.Name, p.Output())
+			logs := p.Logs()
+			if len(logs) > 20000 {
+				logs = logs[len(logs)-20000:]
+			}
+			t.Logf("==== %s stderr (tail) ====\n%s", p.Name, logs)
+		}
+	})
+}

@@ -1,0 +1,303 @@
+// Package demo runs a small swarm on this machine: one validator (which is also the
+// bootstrap node) and a few trainers, each a real `p2pnode run` process talking libp2p over
+// loopback TCP, training the digits workload. It writes their configs, prepares the
+// dataset once, starts the processes, relays the validator's progress and stops everyone
+// when the experiment's rounds are done.
+package demo
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/node"
+)
+
+// Options configure a demo run.
+type Options struct {
+	Dir      string // everything goes here (configs, stores, logs, data)
+	Trainers int
+	Rounds   int
+	Binary   string // the p2pnode executable to run
+	Out      io.Writer
+	Log      *slog.Logger
+	// Fresh discards an earlier demo's state instead of resuming it.
+	Fresh bool
+}
+
+// Result is what the demo measured.
+type Result struct {
+	Rounds        int
+	FinalAccuracy float64
+	Seconds       float64
+	SecondsPerRnd float64
+}
+
+var progressLine = regexp.MustCompile(`^round\s+(\d+)/\d+.*held-out accuracy\s+([\d.]+)%`)
+
+// Run runs the demo swarm until its rounds are done or ctx ends.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Trainers < 1 {
+		return nil, errors.New("demo: need at least one trainer")
+	}
+	dir, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	o.Dir = dir
+	if o.Fresh {
+		if err := os.RemoveAll(o.Dir); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfgs, err := WriteConfigs(o)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Out, "demo: preparing the digits dataset in %s\n", cfgs[0].Dataset.Root)
+	if _, err := node.PrepareDataset(ctx, cfgs[0], o.Log); err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	start := time.Now()
+	var mu sync.Mutex
+	res := &Result{}
+	names := Names(o.Trainers)
+	for i, cfg := range cfgs {
+		name := names[i]
+		var relay func(string)
+		if i == 0 {
+			relay = func(line string) {
+				if m := progressLine.FindStringSubmatch(line); m != nil {
+					var r int
+					var acc float64
+					fmt.Sscan(m[1], &r)
+					fmt.Sscan(m[2], &acc)
+					mu.Lock()
+					res.Rounds, res.FinalAccuracy = r, acc/100
+					mu.Unlock()
+				}
+				fmt.Fprintln(o.Out, line)
+			}
+		}
+		p, err := startProc(ctx, o.Binary, name, filepath.Join(o.Dir, name+".yaml"), filepath.Join(o.Dir, name+".log"), relay)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+		if i == 0 {
+			fmt.Fprintf(o.Out, "demo: validator %s listening on %s\n", cfg.Experiment.Validators[0], cfg.Node.Listen[0])
+		}
+	}
+	fmt.Fprintf(o.Out, "demo: %d trainers started; logs in %s/*.log\n", o.Trainers, o.Dir)
+	// The validator exits by itself after the last round; trainers stop when it does.
+	errc := make(chan error, len(procs))
+	for _, p := range procs {
+		go func(p *proc) { errc <- p.wait() }(p)
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-procs[0].done:
+		if err := procs[0].err; err != nil {
+			return nil, fmt.Errorf("demo: validator failed: %w (see %s)", err, procs[0].logPath)
+		}
+	case err := <-errc:
+		for _, p := range procs {
+			if p.exited() && p.err != nil {
+				return nil, fmt.Errorf("demo: %s failed: %w (see %s)", p.name, p.err, p.logPath)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		<-procs[0].done
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if res.Rounds > 0 {
+		res.SecondsPerRnd = res.Seconds / float64(res.Rounds)
+	}
+	return res, nil
+}
+
+// Names returns the node names of a swarm with n trainers: "validator", "trainer-1", ...
+func Names(n int) []string {
+	names := []string{"validator"}
+	for i := 1; i <= n; i++ {
+		names = append(names, fmt.Sprintf("trainer-%d", i))
+	}
+	return names
+}
+
+// WriteConfigs writes o.Dir/<name>.yaml for one validator+bootstrap node and o.Trainers
+// trainers (see Names) and returns them loaded. The validator's identity is created so that
+// the trainers can name it as their bootstrap peer and the experiment's validator.
+func WriteConfigs(o Options) ([]*config.Config, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	key, err := node.LoadIdentity(filepath.Join(o.Dir, "validator", "identity.key"), o.Log)
+	if err != nil {
+		return nil, err
+	}
+	vid, err := node.PeerID(key)
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	listen := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port)
+	base := func(name string) *config.Config {
+		c := config.Default()
+		c.Node.StoreDir = name
+		c.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
+		c.Node.HTTP = "127.0.0.1:0"
+		c.Node.DHT = false
+		c.Experiment = config.Experiment{Network: "p2ptrain-demo", ID: "digits-demo", Validators: []string{vid}, Quorum: 1,
+			Rounds: o.Rounds, Seed: 1, EvalEvery: 1}
+		c.Dataset.Root = "data"
+		c.Dataset.Manifest = "manifest.json"
+		c.Dataset.MicroshardBytes = 16384
+		c.Workload.Config = map[string]any{"hidden": 128, "batch_size": 32, "lr": 0.001}
+		c.Protocol.InnerSteps = 20
+		c.Protocol.DiLoCo = config.DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true}
+		c.Lease.MicroshardsPerTrainer = 3
+		c.Lease.MinGroup = 1
+		c.Lease.RoundTimeout = 2 * time.Minute
+		return c
+	}
+	var out []*config.Config
+	v := base("validator")
+	v.Node.Listen = []string{listen}
+	v.Experiment.Roles = []string{config.RoleValidator, config.RoleBootstrap}
+	out = append(out, v)
+	for i := 1; i <= o.Trainers; i++ {
+		t := base(fmt.Sprintf("trainer-%d", i))
+		t.Experiment.Roles = []string{config.RoleTrainer}
+		t.Experiment.EvalEvery = 0
+		t.Node.Bootstrap = []string{listen + "/p2p/" + vid}
+		out = append(out, t)
+	}
+	names := Names(o.Trainers)
+	for i, c := range out {
+		b, err := yaml.Marshal(c)
+		if err != nil {
+			return nil, err
+		}
+		header := fmt.Sprintf("# Written by `p2pnode demo`: the %s of a local demo swarm.\n", names[i])
+		path := filepath.Join(o.Dir, names[i]+".yaml")
+		if err := os.WriteFile(path, append([]byte(header), b...), 0o644); err != nil {
+			return nil, err
+		}
+		loaded, err := config.Load(path)
+		if err != nil {
+			return nil, fmt.Errorf("demo config: %w", err)
+		}
+		out[i] = loaded
+	}
+	return out, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// proc is one node process of the demo.
+type proc struct {
+	name, logPath string
+	cmd           *exec.Cmd
+	done          chan struct{}
+	err           error
+}
+
+func startProc(ctx context.Context, bin, name, cfg, logPath string, relay func(string)) (*proc, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "run", "--config", cfg, "--log-format", "text")
+	cmd.Dir = filepath.Dir(cfg)
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logf, line)
+			if relay != nil && strings.HasPrefix(line, "round") {
+				relay(line)
+			}
+		}
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) wait() error { <-p.done; return p.err }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop asks the process to stop (SIGTERM), then kills its group if it lingers.
+func (p *proc) stop() {
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}

@@ -1,0 +1,315 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/dig"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/pyruntime"
+)
+
+// Version is announced to peers and shown in status.
+const Version = "p2pnode/0.1.0"
+
+// Options are what the caller adds to a config.
+type Options struct {
+	// Progress receives one line per canonical head (nil = none).
+	Progress io.Writer
+	// Logger is the root logger (default slog.Default()).
+	Logger *slog.Logger
+	// Runtime replaces the configured workload (tests use a synthetic Go workload).
+	Runtime pyruntime.Runtime
+	// Host replaces the libp2p host built from node.listen (tests use mocknet hosts); the
+	// caller owns it. Discovery (bootstrap, DHT, mDNS) is off with a given host.
+	Host host.Host
+	// Poison makes the trainer misbehave on purpose (one of PoisonModes): fault injection
+	// for tests of screening and quarantine.
+	Poison string
+}
+
+// Node is a running p2pnode: build it with New, then Run it.
+type Node struct {
+	app    *fx.App
+	status *statusBoard
+	http   *httpServer
+	errs   *loopErrors
+	self   peer.ID
+}
+
+// New assembles a node from the config. It does no long work: the dataset, the Python worker
+// and the role loops start in Run.
+func New(cfg *config.Config, opts Options) (*Node, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if _, err := poisonDelta(opts.Poison, 0); err != nil {
+		return nil, err
+	}
+	n := &Node{}
+	app := fx.New(
+		fx.WithLogger(func() fxevent.Logger {
+			l := &fxevent.SlogLogger{Logger: opts.Logger.With("pkg", "fx")}
+			l.UseLogLevel(slog.LevelDebug)
+			return l
+		}),
+		Module(cfg, opts),
+		fx.Populate(&n.status, &n.http, &n.errs, &n.self),
+	)
+	if err := app.Err(); err != nil {
+		return nil, fmt.Errorf("assemble node: %w", dig.RootCause(err))
+	}
+	n.app = app
+	return n, nil
+}
+
+// Module is the whole node as one fx option; the graph test validates it per role mix.
+func Module(cfg *config.Config, opts Options) fx.Option {
+	return fx.Options(
+		fx.Supply(cfg, opts),
+		fx.Provide(
+			func(o Options) *slog.Logger { return o.Logger },
+			prometheus.NewRegistry,
+			func(r *prometheus.Registry) prometheus.Registerer { return r },
+			newNodeMetrics,
+			func() *loopErrors { return &loopErrors{} },
+		),
+		storageModule(cfg),
+		identityModule(cfg, opts),
+		hostModule(cfg, opts),
+		discoveryModule(cfg, opts),
+		runtimeModule(cfg, opts),
+		busModule(cfg),
+		rolesModule(cfg),
+		exportModule(cfg),
+		httpModule(cfg),
+	)
+}
+
+func storageModule(cfg *config.Config) fx.Option {
+	return fx.Module("storage",
+		fx.Provide(
+			func(log *slog.Logger) (*artifact.Store, error) {
+				return artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
+			},
+			func() (*chain.Store, error) { return chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads")) },
+			fx.Annotate(
+				func(store *artifact.Store, log *slog.Logger) (*checkpoint.Checkpointer, error) {
+					return checkpoint.Open(filepath.Join(cfg.Node.StoreDir, "state"), store, log.With("pkg", "checkpoint"))
+				},
+				fx.OnStop(func(ctx context.Context, c *checkpoint.Checkpointer) error { return c.Close() }),
+			),
+		),
+	)
+}
+
+func identityModule(cfg *config.Config, opts Options) fx.Option {
+	if opts.Host != nil {
+		return fx.Module("identity",
+			fx.Provide(
+				func() (crypto.PrivKey, error) {
+					k := opts.Host.Peerstore().PrivKey(opts.Host.ID())
+					if k == nil {
+						return nil, fmt.Errorf("identity: the given host has no private key in its peerstore")
+					}
+					return k, nil
+				},
+				func() peer.ID { return opts.Host.ID() },
+			),
+		)
+	}
+	path := cfg.Node.Identity
+	if path == "" {
+		path = filepath.Join(cfg.Node.StoreDir, "identity.key")
+	}
+	return fx.Module("identity",
+		fx.Provide(
+			func(log *slog.Logger) (crypto.PrivKey, error) { return LoadIdentity(path, log) },
+			func(k crypto.PrivKey) (peer.ID, error) { return peer.IDFromPrivateKey(k) },
+		),
+	)
+}
+
+// runtimeOptions maps the workload config to the Python runtime's options.
+func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
+	w := cfg.Workload
+	return pyruntime.Options{
+		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
+		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
+		Command: pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
+		Logger:  log.With("pkg", "pyruntime"),
+	}
+}
+
+// needsRuntime: trainers train through the workload; validators initialise the model and
+// evaluate heads with it.
+func needsRuntime(cfg *config.Config) bool {
+	return cfg.Experiment.HasRole(config.RoleTrainer) || cfg.Experiment.HasRole(config.RoleValidator)
+}
+
+func runtimeModule(cfg *config.Config, opts Options) fx.Option {
+	if !needsRuntime(cfg) {
+		return fx.Module("runtime", fx.Provide(func() pyruntime.Runtime { return nil }))
+	}
+	if opts.Runtime != nil {
+		return fx.Module("runtime", fx.Provide(func(reg prometheus.Registerer) pyruntime.Runtime {
+			return pyruntime.Instrument(opts.Runtime, reg)
+		}))
+	}
+	return fx.Module("runtime",
+		fx.Provide(fx.Annotate(
+			func(log *slog.Logger, reg prometheus.Registerer) (pyruntime.Runtime, error) {
+				rt, err := pyruntime.New(runtimeOptions(cfg, log))
+				if err != nil {
+					return nil, err
+				}
+				return pyruntime.Instrument(rt, reg), nil
+			},
+			fx.OnStop(func(ctx context.Context, rt pyruntime.Runtime) error { return rt.Close() }),
+		)),
+	)
+}
+
+// busModule puts the node on the network: GossipSub topics for messages, the artifact
+// exchange for bytes, and the head-sync protocol for catching up.
+func busModule(cfg *config.Config) fx.Option {
+	return fx.Module("bus",
+		fx.Provide(
+			fx.Annotate(
+				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{Logger: log.With("pkg", "artifact"), Registerer: reg})
+				},
+				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
+			),
+			func(lc fx.Lifecycle, h host.Host, self peer.ID, reg prometheus.Registerer, log *slog.Logger) (*gossip.Gossip, error) {
+				ctx, cancel := context.WithCancel(context.Background())
+				g, err := gossip.New(ctx, gossip.Params{Host: h, Network: cfg.Experiment.Network, Experiment: cfg.Experiment.ID,
+					Validators: validatorIDs(cfg, self), Logger: log.With("pkg", "gossip"), Registerer: reg})
+				if err != nil {
+					cancel()
+					return nil, fmt.Errorf("gossip: %w", err)
+				}
+				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
+				return g, nil
+			},
+			func(lc fx.Lifecycle, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+				b := newNetBus(g, x, log.With("pkg", "bus"))
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				lc.Append(fx.Hook{
+					OnStart: func(context.Context) error {
+						go func() { defer close(done); b.run(ctx) }()
+						return nil
+					},
+					OnStop: func(context.Context) error { cancel(); <-done; return nil },
+				})
+				return b
+			},
+		),
+		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
+			tip := func() cid.Cid { id, _ := t.Current(); return id }
+			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"))
+			lc.Append(fx.StopHook(svc.Close))
+		}),
+	)
+}
+
+// validatorIDs is validatorSet as peer ids (validated by config).
+func validatorIDs(cfg *config.Config, self peer.ID) []peer.ID {
+	var out []peer.ID
+	for _, s := range validatorSet(cfg, self) {
+		if id, err := peer.Decode(s); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func httpModule(cfg *config.Config) fx.Option {
+	if cfg.Node.HTTP == "" || cfg.Node.HTTP == "off" {
+		return fx.Provide(func() *httpServer { return nil })
+	}
+	return fx.Module("http",
+		fx.Provide(fx.Annotate(
+			func(b *statusBoard, reg *prometheus.Registry, log *slog.Logger) *httpServer {
+				return newHTTPServer(cfg.Node.HTTP, filepath.Join(cfg.Node.StoreDir, HTTPAddrFile), b, reg, log.With("pkg", "http"))
+			},
+			fx.OnStart(func(ctx context.Context, h *httpServer) error { return h.start(ctx) }),
+			fx.OnStop(func(ctx context.Context, h *httpServer) error { return h.stop(ctx) }),
+		)),
+	)
+}
+
+// loopErrors keeps the first error a role loop failed with.
+type loopErrors struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *loopErrors) set(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = err
+	}
+}
+
+func (l *loopErrors) get() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Run starts the node and blocks until ctx is cancelled, the experiment's round limit is
+// reached, or a role loop fails; it returns that failure.
+func (n *Node) Run(ctx context.Context) error {
+	if err := n.app.Start(ctx); err != nil {
+		return fmt.Errorf("start node: %w", dig.RootCause(err))
+	}
+	select {
+	case <-ctx.Done():
+	case <-n.app.Wait():
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), n.app.StopTimeout())
+	defer cancel()
+	stopErr := n.app.Stop(stopCtx)
+	if err := n.errs.get(); err != nil {
+		return err
+	}
+	if stopErr != nil && !errors.Is(stopErr, context.Canceled) {
+		return fmt.Errorf("stop node: %w", stopErr)
+	}
+	return nil
+}
+
+// Status returns the node's current status.
+func (n *Node) Status() Status { return n.status.Snapshot() }
+
+// HTTPAddr is the bound status address ("" when HTTP is off or not started).
+func (n *Node) HTTPAddr() string {
+	if n.http == nil {
+		return ""
+	}
+	return n.http.Addr()
+}
+
+// ID is the node's peer id.
+func (n *Node) ID() peer.ID { return n.self }

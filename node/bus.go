@@ -1,0 +1,117 @@
+package node
+
+import (
+	"context"
+	"sync"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+// Bus is how role loops talk to the swarm: GossipSub and the artifact protocol in a swarm,
+// direct delivery inside one process for a node that runs alone.
+type Bus interface {
+	Publish(ctx context.Context, msg any) error
+	// Subscribe returns an inbox receiving every message published by anyone (this node
+	// included). Close it when done.
+	Subscribe() *Inbox
+	// Fetch makes sure the artifact is in the local store, getting it from peers if needed
+	// (hints: peers known to hold it).
+	Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error
+}
+
+// Received is a message with the peer that published it.
+type Received[T any] struct {
+	From string
+	Msg  *T
+}
+
+// Inbox has one buffered channel per message type. A slow reader loses the oldest
+// messages of a full channel rather than blocking the bus (rounds recover through
+// re-announcements and deadlines).
+type Inbox struct {
+	Announces     chan Received[gossip.Announce]
+	Leases        chan Received[gossip.Leases]
+	Contributions chan Received[gossip.Contribution]
+	Heads         chan Received[gossip.Head]
+	Attestations  chan Received[gossip.Attestation]
+	close         func()
+}
+
+const inboxDepth = 1024
+
+func newInbox(close func()) *Inbox {
+	return &Inbox{
+		Announces:     make(chan Received[gossip.Announce], inboxDepth),
+		Leases:        make(chan Received[gossip.Leases], inboxDepth),
+		Contributions: make(chan Received[gossip.Contribution], inboxDepth),
+		Heads:         make(chan Received[gossip.Head], inboxDepth),
+		Attestations:  make(chan Received[gossip.Attestation], inboxDepth),
+		close:         close,
+	}
+}
+
+// Close unsubscribes.
+func (in *Inbox) Close() { in.close() }
+
+func offer[T any](ch chan Received[T], r Received[T]) {
+	for {
+		select {
+		case ch <- r:
+			return
+		default:
+		}
+		select { // full: drop the oldest
+		case <-ch:
+		default:
+		}
+	}
+}
+
+// deliver hands a decoded message to an inbox by its type.
+func (in *Inbox) deliver(from string, msg any) {
+	switch m := msg.(type) {
+	case *gossip.Announce:
+		offer(in.Announces, Received[gossip.Announce]{from, m})
+	case *gossip.Leases:
+		offer(in.Leases, Received[gossip.Leases]{from, m})
+	case *gossip.Contribution:
+		offer(in.Contributions, Received[gossip.Contribution]{from, m})
+	case *gossip.Head:
+		offer(in.Heads, Received[gossip.Head]{from, m})
+	case *gossip.Attestation:
+		offer(in.Attestations, Received[gossip.Attestation]{from, m})
+	}
+}
+
+// fanout keeps the set of inboxes and delivers to all of them.
+type fanout struct {
+	mu      sync.Mutex
+	inboxes map[*Inbox]struct{}
+}
+
+func (f *fanout) subscribe() *Inbox {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.inboxes == nil {
+		f.inboxes = map[*Inbox]struct{}{}
+	}
+	var in *Inbox
+	in = newInbox(func() {
+		f.mu.Lock()
+		delete(f.inboxes, in)
+		f.mu.Unlock()
+	})
+	f.inboxes[in] = struct{}{}
+	return in
+}
+
+func (f *fanout) deliver(from string, msg any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for in := range f.inboxes {
+		in.deliver(from, msg)
+	}
+}

@@ -1,0 +1,251 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/lease"
+)
+
+// cluster is an in-process swarm on mocknet with the synthetic workload.
+type cluster struct {
+	t     *testing.T
+	mn    mocknet.Mocknet
+	dir   string
+	nodes []*clusterNode
+}
+
+type clusterNode struct {
+	name   string
+	poison string
+	cfg    *config.Config
+	host   host.Host
+	rt     *synth.Runtime
+	n      *Node
+	err    chan error
+	out    *syncBuffer
+	stop   context.CancelFunc
+}
+
+// newCluster makes validators+trainers hosts on a fully connected mocknet and their configs.
+func newCluster(t *testing.T, validators, trainers, rounds int, shards int) *cluster {
+	return newClusterSorted(t, validators, trainers, rounds, shards, validators+trainers)
+}
+
+// newClusterSorted is newCluster where the nodes from index sortLast on get peer ids that
+// sort after every earlier node's: lease assignment goes in peer order, so extra trainers
+// sorted last leave the others' leases as they would be without them.
+func newClusterSorted(t *testing.T, validators, trainers, rounds int, shards int, sortLast int) *cluster {
+	t.Helper()
+	c := &cluster{t: t, mn: mocknet.New(), dir: t.TempDir()}
+	t.Cleanup(func() { c.mn.Close() })
+	synthDataset(t, filepath.Join(c.dir, "data"), shards)
+	var vids []string
+	maxID := ""
+	for i := 0; i < validators+trainers; i++ {
+		after := ""
+		if i >= sortLast {
+			after = maxID
+		}
+		h := c.addPeer(i, after)
+		maxID = max(maxID, h.ID().String())
+		name := fmt.Sprintf("trainer-%d", i-validators)
+		if i < validators {
+			name = fmt.Sprintf("validator-%d", i)
+			vids = append(vids, h.ID().String())
+		}
+		cfg := soloConfig(t, c.dir, rounds)
+		cfg.Node.StoreDir = filepath.Join(c.dir, name)
+		cfg.Node.HTTP = "off"
+		cfg.Experiment.Roles = []string{config.RoleTrainer}
+		if i < validators {
+			cfg.Experiment.Roles = []string{config.RoleValidator}
+		}
+		c.nodes = append(c.nodes, &clusterNode{name: name, cfg: cfg, host: h, rt: synth.New(filepath.Join(c.dir, name, "scratch")), out: &syncBuffer{}})
+	}
+	for _, n := range c.nodes {
+		n.cfg.Experiment.Validators = vids
+		n.cfg.Experiment.Quorum = 1
+		require.NoError(t, n.cfg.Validate())
+	}
+	require.NoError(t, c.mn.LinkAll())
+	return c
+}
+
+// addPeer adds a mocknet host with an Ed25519 key, like the node's own identities (peer
+// ids that embed the public key, so head signatures verify offline).
+func (c *cluster) addPeer(i int, after string) host.Host {
+	c.t.Helper()
+	// Keys derive from the node's index, so two clusters built alike have the same peer ids
+	// (and the same lease assignments): runs can be compared.
+	var sk crypto.PrivKey
+	for k := 0; ; k++ {
+		seed := make([]byte, 64)
+		seed[0], seed[1], seed[2], seed[3] = byte(i), byte(i>>8), byte(k), byte(k>>8)
+		key, _, err := crypto.GenerateEd25519Key(bytes.NewReader(seed))
+		require.NoError(c.t, err)
+		id, err := peer.IDFromPrivateKey(key)
+		require.NoError(c.t, err)
+		if id.String() > after {
+			sk = key
+			break
+		}
+	}
+	h, err := c.mn.AddPeer(sk, ma.StringCast(fmt.Sprintf("/ip4/10.0.%d.%d/tcp/4001", i/250, i%250+1)))
+	require.NoError(c.t, err)
+	return h
+}
+
+func (c *cluster) start(n *clusterNode) {
+	c.t.Helper()
+	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: testLogger(c.t, n.name), Poison: n.poison})
+	require.NoError(c.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.n, n.stop, n.err = node, cancel, make(chan error, 1)
+	go func() { n.err <- node.Run(ctx) }()
+	// Connect only once the node runs: GossipSub attaches to connections it sees open, so
+	// peers connected before it started would stay half-attached.
+	time.Sleep(50 * time.Millisecond)
+	for _, o := range c.nodes {
+		if o != n && o.n != nil {
+			_, _ = c.mn.ConnectPeers(n.host.ID(), o.host.ID())
+		}
+	}
+}
+
+func (c *cluster) startAll() {
+	for _, n := range c.nodes {
+		c.start(n)
+	}
+}
+
+// waitDone waits for every node to finish its rounds.
+func (c *cluster) waitDone(timeout time.Duration) { c.waitDoneOf(c.nodes, timeout) }
+
+// waitDoneOf waits for the given nodes to finish their rounds.
+func (c *cluster) waitDoneOf(nodes []*clusterNode, timeout time.Duration) {
+	c.t.Helper()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func(n *clusterNode) {
+			defer wg.Done()
+			select {
+			case err := <-n.err:
+				require.NoError(c.t, err, n.name)
+			case <-time.After(timeout):
+				c.t.Errorf("%s did not finish within %s (round %d)", n.name, timeout, n.n.Status().Round)
+				n.stop()
+			}
+		}(n)
+	}
+	wg.Wait()
+}
+
+func TestMocknetClusterAgreesOnEveryHead(t *testing.T) {
+	c := newCluster(t, 1, 4, 5, 40)
+	for _, n := range c.nodes {
+		n.cfg.Lease.MinGroup = 4 // lease only once every trainer is up, so all four contribute
+	}
+	c.startAll()
+	c.waitDone(2 * time.Minute)
+	ref := c.nodes[0].n.Status()
+	require.Equal(t, uint64(5), ref.Round)
+	for _, n := range c.nodes {
+		st := n.n.Status()
+		require.Equal(t, ref.Head, st.Head, "%s holds another head", n.name)
+		stores, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		ids, heads, err := stores.Heads.Chain(mustDecode(t, st.Head))
+		require.NoError(t, err, n.name)
+		require.Len(t, ids, 6)
+		for i, h := range heads {
+			require.Equal(t, uint64(i), h.Round, "%s: rounds are consecutive", n.name)
+		}
+		refIDs, _, _ := func() ([]string, int, error) {
+			s, _ := OpenStores(c.nodes[0].cfg)
+			x, _, err := s.Heads.Chain(mustDecode(t, ref.Head))
+			out := make([]string, len(x))
+			for i, id := range x {
+				out[i] = id.String()
+			}
+			return out, 0, err
+		}()
+		for i, id := range ids {
+			require.Equal(t, refIDs[i], id.String(), "%s: head chains differ at round %d", n.name, i)
+		}
+	}
+	// Every trainer contributed, and the validator merged everyone in most rounds.
+	stores, _ := OpenStores(c.nodes[0].cfg)
+	_, heads, _ := stores.Heads.Chain(mustDecode(t, ref.Head))
+	contributors := map[string]bool{}
+	for _, h := range heads[1:] {
+		for _, ct := range h.Contributions {
+			contributors[ct.Peer] = true
+		}
+	}
+	require.Len(t, contributors, 4)
+	rep, err := stores.Audit(mustDecode(t, ref.Head))
+	require.NoError(t, err)
+	require.Zero(t, rep.Duplicated)
+}
+
+// kill stops a node abruptly: its loops end and its connections drop (its store stays).
+func (c *cluster) kill(n *clusterNode) {
+	c.t.Helper()
+	n.stop()
+	<-n.err
+	for _, o := range c.nodes {
+		if o != n {
+			_ = c.mn.UnlinkPeers(n.host.ID(), o.host.ID())
+			_ = c.mn.DisconnectPeers(n.host.ID(), o.host.ID())
+		}
+	}
+}
+
+// restart brings a killed node back on the same host and store.
+func (c *cluster) restart(n *clusterNode) {
+	c.t.Helper()
+	for _, o := range c.nodes {
+		if o != n {
+			_, _ = c.mn.LinkPeers(n.host.ID(), o.host.ID())
+		}
+	}
+	lr, delay := n.rt.LR, n.rt.Delay
+	n.rt = synth.New(n.rt.ScratchDir())
+	n.rt.LR, n.rt.Delay = lr, delay
+	c.start(n)
+}
+
+// partition cuts every link between the two sides.
+func (c *cluster) partition(a, b []*clusterNode) {
+	for _, x := range a {
+		for _, y := range b {
+			_ = c.mn.UnlinkPeers(x.host.ID(), y.host.ID())
+			_ = c.mn.DisconnectPeers(x.host.ID(), y.host.ID())
+		}
+	}
+}
+
+// heal links and connects everyone again.
+func (c *cluster) heal() {
+	require.NoError(c.t, c.mn.LinkAll())
+	require.NoError(c.t, c.mn.ConnectAllButSelf())
+}
+
+func leadersFor(validators []string, head cid.Cid) []string { return lease.Leaders(validators, head) }

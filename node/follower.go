@@ -1,0 +1,201 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+// Failover timing: a follower expects leases within leaseWait of a new head, and a
+// proposal within leaseGrace after the leases' deadline; the k-th validator in the order
+// takes over (k-1) × takeoverStep after that, so they do not all jump in at once.
+const (
+	leaseWait    = 3 * time.Second
+	leaseGrace   = time.Second
+	takeoverStep = time.Second
+)
+
+// errLocked means this validator signed another validator's proposal for the round it was
+// leading: it follows that proposal instead of making its own.
+var errLocked = errors.New("signed another proposal for this round")
+
+// follow is a validator's round when it is not the leader: it verifies and attests
+// proposals, and takes the round over when the validators ahead of it stay silent.
+func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) error {
+	r := base.Round + 1
+	if l, locked := v.locks[r]; locked {
+		return v.awaitQuorum(ctx, in, r, l)
+	}
+	changed := v.tips.Changed()
+	expect := time.Now().Add(leaseWait) // when a validator ahead must have shown progress by
+	takeoverAt := func() time.Time { return expect.Add(time.Duration(rank-1) * takeoverStep) }
+	timer := time.NewTimer(time.Until(takeoverAt()))
+	defer timer.Stop()
+	reset := func() {
+		timer.Stop()
+		timer = time.NewTimer(time.Until(takeoverAt()))
+	}
+	ahead := order[:rank]
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+			return errHeadMoved
+		case a := <-in.Announces:
+			v.trainers.seen(a.From, a.Msg)
+		case <-in.Contributions:
+		case l := <-in.Leases:
+			if l.Msg.Round == r && slices.Equal(l.Msg.Base, baseID.Bytes()) && slices.Contains(ahead, l.From) {
+				if d := time.UnixMilli(l.Msg.Deadline).Add(leaseGrace); d.After(expect) {
+					expect = d
+					reset()
+				}
+			}
+		case h := <-in.Heads:
+			v.verifyAndAttest(ctx, h.From, h.Msg)
+			if l, locked := v.locks[r]; locked {
+				return v.awaitQuorum(ctx, in, r, l)
+			}
+		case <-timer.C:
+			if len(v.trainers.live()) == 0 {
+				expect = time.Now().Add(leaseWait) // nothing to lead without trainers
+				reset()
+				continue
+			}
+			v.log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0])
+			v.status.event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
+			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
+		}
+	}
+}
+
+// verifyAndAttest checks another validator's proposal for the round after the canonical
+// head by recomputing it, and signs it when it matches and this validator has signed no
+// other head for that round.
+func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.Head) {
+	if m.Proposal == nil || from == v.self || !v.isValidator(from) {
+		return
+	}
+	h, err := m.Signed.Decode()
+	if err != nil {
+		return
+	}
+	baseID, base := v.tips.Current()
+	id := m.Signed.ID()
+	if h.Round == 0 {
+		if base == nil {
+			v.attestGenesis(ctx, from, m, h, id)
+		}
+		return
+	}
+	if base == nil || h.Round != base.Round+1 || !slices.Equal(h.Parent, baseID.Bytes()) {
+		return // not for the open round; head sync deals with heads of other rounds
+	}
+	if l, locked := v.locks[h.Round]; locked {
+		if !l.id.Equals(id) {
+			v.log.Info("not attesting a second head for the round", "round", h.Round, "proposer", from, "signed", l.id.String())
+		}
+		return
+	}
+	vctx, cancel := context.WithTimeout(ctx, v.cfg.Lease.RoundTimeout)
+	defer cancel()
+	if err := v.verifyProposal(vctx, from, baseID, base, m, id); err != nil {
+		v.log.Warn("proposal failed verification; not attesting", "round", h.Round, "proposer", from, "head", id.String(), "err", err)
+		v.status.event("verify", "round %d: proposal %s by %s failed verification: %v", h.Round, shortCID(id.String()), from, err)
+		v.metrics.rejected("bad_proposal")
+		return
+	}
+	v.signAndAttest(ctx, from, m, h, id)
+}
+
+// attestGenesis signs the genesis proposed by the validator that makes it, after checking
+// what can be checked without the workload: the policy, the dataset plan and an empty
+// ledger. (The initial parameters are the maker's choice, like a model's seed.)
+func (v *validator) attestGenesis(ctx context.Context, from string, m *gossip.Head, h *chain.Head, id cid.Cid) {
+	vs := slices.Clone(v.validators)
+	slices.Sort(vs)
+	want := round.GenesisLedger(v.data.planID, len(v.data.plan.Shards))
+	switch {
+	case from != vs[0]:
+		v.log.Warn("genesis from a validator that does not make it; ignoring", "from", from, "maker", vs[0])
+		return
+	case h.Policy != v.merger.Policy.Record():
+		v.log.Warn("genesis with another merge policy; not attesting", "from", from, "policy", h.Policy)
+		return
+	case h.Ledger.Plan != want.Plan || h.Ledger.Shards != want.Shards || lease.Count(h.Ledger) != 0 || h.Ledger.Epoch != 0:
+		v.log.Warn("genesis for another dataset plan; not attesting", "from", from, "plan", h.Ledger.Plan, "want", want.Plan)
+		return
+	}
+	if _, locked := v.locks[0]; locked {
+		return
+	}
+	v.signAndAttest(ctx, from, m, h, id)
+}
+
+// signAndAttest signs a verified head, locks this validator to it for its round, stores it
+// and publishes the attestation.
+func (v *validator) signAndAttest(ctx context.Context, from string, m *gossip.Head, h *chain.Head, id cid.Cid) {
+	hint, _ := peer.Decode(from)
+	if err := v.fetchHeadArtifacts(ctx, h, hint); err != nil {
+		v.log.Warn("cannot fetch the proposed head's artifacts; not attesting", "round", h.Round, "proposer", from, "err", err)
+		return
+	}
+	sig, err := chain.Sign(v.key, id)
+	if err != nil {
+		v.log.Error("sign attestation", "err", err)
+		return
+	}
+	signed := chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
+	signed.Add(sig)
+	v.locks[h.Round] = lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Metrics: m.Metrics, Proposal: m.Proposal}}
+	v.tips.SetMetrics(id, m.Metrics)
+	if _, err := v.tips.Offer(&signed); err != nil {
+		v.log.Warn("store attested head", "round", h.Round, "err", err)
+	}
+	v.log.Info("attested head", "round", h.Round, "head", id.String(), "proposer", from)
+	if err := v.bus.Publish(ctx, &gossip.Attestation{Experiment: v.cfg.Experiment.ID, Head: id.Bytes(), Round: h.Round, Sig: sig}); err != nil {
+		v.log.Warn("publish attestation", "round", h.Round, "err", err)
+	}
+}
+
+// verifyProposal recomputes a proposal: leases granted by the proposer on the right base,
+// no replayed deltas, and the same merge result.
+func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.Cid, base *chain.Head, m *gossip.Head, id cid.Cid) error {
+	for _, l := range m.Proposal.Leases {
+		if l.Issuer != from {
+			return fmt.Errorf("%w: a lease for %s was issued by %s, not the proposer", lease.ErrInvalid, l.Trainer, l.Issuer)
+		}
+	}
+	recent := v.recentDeltas(baseID)
+	cands := make([]round.Candidate, 0, len(m.Proposal.Candidates))
+	for _, c := range m.Proposal.Candidates {
+		delta, err := cid.Cast(c.Delta)
+		if err != nil {
+			return err
+		}
+		lid, err := cid.Cast(c.Lease)
+		if err != nil {
+			return err
+		}
+		if recent[delta] {
+			return fmt.Errorf("delta %s of %s was merged in an earlier round", delta, c.Peer)
+		}
+		hint, _ := peer.Decode(c.Peer)
+		if err := v.bus.Fetch(ctx, delta, hint); err != nil {
+			return fmt.Errorf("fetch delta %s of %s: %w", delta, c.Peer, err)
+		}
+		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss})
+	}
+	return v.merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
+}

@@ -1,0 +1,318 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/atomicfile"
+)
+
+// headSync accepts heads from the bus: it checks who signed them, fetches what the node is
+// missing (ancestors from the sender, parameters from holders) and makes them canonical
+// through tips. It also catches up when a peer announces a newer round than ours: late
+// joiners and nodes back from a partition ask that peer for its tip.
+type headSync struct {
+	*env
+	asked map[peer.ID]time.Time
+	// pending holds attestations that arrived before the head they sign.
+	pending map[cid.Cid][]chain.Signature
+}
+
+const maxPending = 256
+
+const catchUpEvery = 5 * time.Second
+
+func (s *headSync) run(ctx context.Context) error {
+	in := s.bus.Subscribe()
+	defer in.Close()
+	s.asked = map[peer.ID]time.Time{}
+	s.pending = map[cid.Cid][]chain.Signature{}
+	for _, p := range s.host.Network().Peers() {
+		s.catchUp(ctx, p, 0)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case h := <-in.Heads:
+			if err := s.offer(ctx, h.From, h.Msg); err != nil && ctx.Err() == nil {
+				s.log.Warn("head not accepted", "from", h.From, "err", err)
+			}
+		case a := <-in.Attestations:
+			s.attest(a.From, a.Msg)
+		case a := <-in.Announces:
+			s.peers.seen(a.From, a.Msg)
+			if p, err := peer.Decode(a.From); err == nil && len(a.Msg.Head) > 0 {
+				s.catchUp(ctx, p, a.Msg.Round)
+			}
+		}
+	}
+}
+
+func (s *headSync) offer(ctx context.Context, from string, m *gossip.Head) error {
+	if !s.isValidator(from) {
+		return fmt.Errorf("head from %s, which is not a configured validator", from)
+	}
+	id := m.Signed.ID()
+	h, err := m.Signed.Decode()
+	if err != nil {
+		return err
+	}
+	if cur, ch := s.tips.Current(); ch != nil && (cur.Equals(id) || h.Round <= ch.Round) {
+		return nil
+	}
+	p, err := peer.Decode(from)
+	if err != nil {
+		return err
+	}
+	if err := s.fetchAncestors(ctx, p, h); err != nil {
+		return err
+	}
+	if err := s.fetchHeadArtifacts(ctx, h, p); err != nil {
+		return err
+	}
+	s.tips.SetMetrics(id, m.Metrics)
+	signed := m.Signed
+	if sigs, ok := s.pending[id]; ok {
+		signed = chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
+		for _, sig := range sigs {
+			signed.Add(sig)
+		}
+		delete(s.pending, id)
+	}
+	_, err = s.tips.Offer(&signed)
+	return err
+}
+
+// attest adds a validator's signature to the head it signs; the head becomes canonical
+// once it has a quorum. Attestations for heads not seen yet wait in pending.
+func (s *headSync) attest(from string, a *gossip.Attestation) {
+	if !s.isValidator(from) || a.Sig.Peer != from {
+		return
+	}
+	id, err := cid.Cast(a.Head)
+	if err != nil {
+		return
+	}
+	if chain.VerifySignature(id, a.Sig) != nil {
+		return
+	}
+	sh, _, err := s.heads.Get(id)
+	if err != nil {
+		if len(s.pending) < maxPending {
+			s.pending[id] = append(s.pending[id], a.Sig)
+		}
+		return
+	}
+	sh.Add(a.Sig)
+	if _, err := s.tips.Offer(sh); err != nil {
+		s.log.Debug("attested head not accepted", "head", id.String(), "err", err)
+	}
+}
+
+// catchUp asks p for its canonical head when p claims a round newer than ours (round 0:
+// always ask, at start-up), at most once per catchUpEvery per peer.
+func (s *headSync) catchUp(ctx context.Context, p peer.ID, round uint64) {
+	if p == s.host.ID() {
+		return
+	}
+	_, cur := s.tips.Current()
+	if cur != nil && round <= cur.Round && round != 0 {
+		return
+	}
+	if time.Since(s.asked[p]) < catchUpEvery {
+		return
+	}
+	s.asked[p] = time.Now()
+	sh, h, err := chain.RequestTip(ctx, s.host, p)
+	if err != nil {
+		s.log.Debug("catch-up: no tip from peer", "peer", p.String(), "err", err)
+		return
+	}
+	if cur != nil && h.Round <= cur.Round {
+		return
+	}
+	if err := s.fetchAncestors(ctx, p, h); err != nil {
+		s.log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
+		return
+	}
+	if err := s.fetchHeadArtifacts(ctx, h, p); err != nil {
+		s.log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
+		return
+	}
+	ok, err := s.tips.Offer(sh)
+	if err != nil {
+		s.log.Warn("catch-up: head refused", "peer", p.String(), "round", h.Round, "err", err)
+		return
+	}
+	if ok {
+		s.log.Info("caught up", "peer", p.String(), "round", h.Round, "head", sh.ID().String())
+	}
+}
+
+// fetchAncestors gets the heads between h and the newest ancestor this node holds from p
+// (heads are linked by hash, so the tip's signatures vouch for all of them).
+func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) error {
+	var missing []*chain.SignedHead
+	for {
+		parent, err := h.ParentID()
+		if err != nil {
+			return err
+		}
+		if !parent.Defined() || s.heads.Has(parent) {
+			break
+		}
+		sh, ph, err := chain.RequestHead(ctx, s.host, p, parent)
+		if err != nil {
+			return fmt.Errorf("fetch ancestor %s of round %d: %w", parent, h.Round, err)
+		}
+		if ph.Round+1 != h.Round {
+			return fmt.Errorf("ancestor %s claims round %d under round %d", parent, ph.Round, h.Round)
+		}
+		missing = append(missing, sh)
+		h = ph
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if _, err := s.heads.Put(missing[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// announcer publishes this node's presence, roles, capacity and head every few seconds.
+type announcer struct {
+	*env
+	capacity *capacity
+}
+
+func (a *announcer) run(ctx context.Context) error {
+	t := time.NewTicker(announceEvery)
+	defer t.Stop()
+	for {
+		a.announce(ctx)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (a *announcer) announce(ctx context.Context) {
+	id, h := a.tips.Current()
+	msg := &gossip.Announce{Experiment: a.cfg.Experiment.ID, Peer: a.self, Roles: a.cfg.Experiment.Roles,
+		Capacity: a.capacity.get(), Version: Version, Time: time.Now().UnixMilli()}
+	if h != nil {
+		msg.Head, msg.Round = id.Bytes(), h.Round
+	}
+	if err := a.bus.Publish(ctx, msg); err != nil && ctx.Err() == nil {
+		a.log.Debug("announce failed", "err", err)
+	}
+}
+
+// watcher follows the canonical head: it checkpoints, prints progress, updates status and
+// ends the run when the round limit is reached.
+type watcher struct {
+	*env
+	stop func()
+}
+
+func (w *watcher) run(ctx context.Context) error {
+	last := time.Now()
+	var lastRound uint64 = math.MaxUint64
+	for {
+		changed := w.tips.Changed()
+		id, h := w.tips.Current()
+		if h != nil && h.Round != lastRound {
+			took := time.Since(last)
+			if lastRound == math.MaxUint64 {
+				took = 0
+			}
+			last, lastRound = time.Now(), h.Round
+			w.onHead(ctx, id, h, took)
+			if w.done() {
+				w.log.Info("round limit reached", "rounds", w.cfg.Experiment.Rounds, "head", id.String())
+				w.linger(ctx, h.Round)
+				if err := w.keeper.ck.Flush(ctx); err != nil {
+					return fmt.Errorf("final checkpoint: %w", err)
+				}
+				w.stop()
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// finalGrace is how long a validator keeps serving after the last round, so that every
+// peer can fetch the final head before it goes away.
+const finalGrace = 30 * time.Second
+
+// linger keeps a validator up after the last round until the peers it hears from announce
+// the final round (or finalGrace passes).
+func (w *watcher) linger(ctx context.Context, final uint64) {
+	if !w.cfg.Experiment.HasRole(config.RoleValidator) {
+		return
+	}
+	deadline := time.After(finalGrace)
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if w.peers.allAt(final) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline:
+			w.log.Info("stopping although some peers have not announced the final round")
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took time.Duration) {
+	metrics := w.tips.Metrics(id)
+	w.status.update(func(s *Status) {
+		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, metrics
+		s.History = append(s.History, RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, HeldOut: metrics,
+			Merged: len(h.Contributions), Seconds: took.Seconds()})
+		if len(s.History) > maxHistory {
+			s.History = s.History[len(s.History)-maxHistory:]
+		}
+	})
+	w.metrics.head(h.Round, metrics)
+	if err := atomicfile.Write(filepath.Join(w.cfg.Node.StoreDir, TipFile), []byte(id.String()+"\n"), 0o644); err != nil {
+		w.log.Warn("could not record the tip", "err", err)
+	}
+	if every := uint64(w.cfg.Export.EveryRounds); w.exporter != nil && (h.Round%every == 0 || w.done()) {
+		w.exporter.SubmitHead(id)
+	}
+	if err := w.keeper.headChanged(id, h); err != nil {
+		w.log.Error("checkpoint failed", "round", h.Round, "err", err)
+		w.status.event("checkpoint", "round %d: %v", h.Round, err)
+	}
+	if w.progress != nil {
+		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, took)
+	}
+}
+
+// errStopped is returned by loops that ended because the experiment is over.
+var errStopped = errors.New("stopped")

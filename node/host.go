@@ -1,0 +1,148 @@
+package node
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/metrics"
+	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/fx"
+
+	"github.com/p2pnode/p2pnode/config"
+)
+
+// Connection manager watermarks: a training swarm is small and its peers matter, so trim
+// late and keep new connections for a minute.
+const (
+	connLow   = 64
+	connHigh  = 256
+	connGrace = time.Minute
+)
+
+// hostModule provides the libp2p host: TCP and QUIC, Noise, yamux, identify, ping,
+// AutoNAT service, circuit relay v2 client (and server on bootstrap nodes), hole punching,
+// the resource manager with scaled default limits, a connection manager and, when
+// node.psk is set, a private network.
+func hostModule(cfg *config.Config, opts Options) fx.Option {
+	if opts.Host != nil {
+		return fx.Module("host",
+			fx.Provide(func() host.Host { return opts.Host }),
+			fx.Provide(func() *metrics.BandwidthCounter { return nil }),
+		)
+	}
+	return fx.Module("host",
+		fx.Provide(
+			metrics.NewBandwidthCounter,
+			fx.Annotate(
+				func(key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
+					return newHost(cfg, key, bw, reg, log)
+				},
+				fx.OnStop(func(_ context.Context, h host.Host) error { return h.Close() }),
+			),
+		),
+		fx.Invoke(func(bw *metrics.BandwidthCounter, reg prometheus.Registerer) {
+			reg.MustRegister(newBandwidthCollector(bw))
+		}),
+		fx.Invoke(func(h host.Host, log *slog.Logger) {
+			addrs := make([]string, 0, len(h.Addrs()))
+			for _, a := range h.Addrs() {
+				addrs = append(addrs, a.String()+"/p2p/"+h.ID().String())
+			}
+			log.With("pkg", "host").Info("listening", "peer", h.ID().String(), "addrs", strings.Join(addrs, " "))
+		}),
+	)
+}
+
+func newHost(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()))
+	if err != nil {
+		return nil, fmt.Errorf("resource manager: %w", err)
+	}
+	cm, err := connmgr.NewConnManager(connLow, connHigh, connmgr.WithGracePeriod(connGrace))
+	if err != nil {
+		return nil, fmt.Errorf("connection manager: %w", err)
+	}
+	listen := cfg.Node.Listen
+	opts := []libp2p.Option{
+		libp2p.Identity(key),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.ResourceManager(rm),
+		libp2p.ConnectionManager(cm),
+		libp2p.EnableNATService(),
+		libp2p.EnableHolePunching(),
+		libp2p.EnableRelay(),
+		libp2p.BandwidthReporter(bw),
+		libp2p.PrometheusRegisterer(reg),
+		libp2p.UserAgent(Version),
+		libp2p.Ping(true),
+	}
+	if cfg.Node.PSK != "" {
+		psk, err := parsePSK(cfg.Node.PSK)
+		if err != nil {
+			return nil, err
+		}
+		// QUIC has its own handshake and cannot run inside a private network.
+		var tcpOnly []string
+		for _, a := range listen {
+			if !strings.Contains(a, "/quic") {
+				tcpOnly = append(tcpOnly, a)
+			}
+		}
+		if len(tcpOnly) == 0 {
+			return nil, fmt.Errorf("node.psk: a private network runs over TCP only, but node.listen has no TCP address")
+		}
+		if len(tcpOnly) < len(listen) {
+			log.Warn("node.psk is set: not listening on QUIC (private networks are TCP only)")
+		}
+		listen = tcpOnly
+		opts = append(opts, libp2p.PrivateNetwork(psk))
+	} else {
+		opts = append(opts, libp2p.Transport(libp2pquic.NewTransport))
+	}
+	if cfg.Node.Relay || cfg.Experiment.HasRole(config.RoleBootstrap) {
+		opts = append(opts, libp2p.EnableRelayService())
+	}
+	opts = append(opts, libp2p.ListenAddrStrings(listen...))
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("node.listen: start libp2p host: %w", err)
+	}
+	return h, nil
+}
+
+// parsePSK reads node.psk: 64 hex characters (32 bytes).
+func parsePSK(s string) (pnet.PSK, error) {
+	b, err := hex.DecodeString(strings.TrimSpace(s))
+	if err != nil || len(b) != 32 {
+		return nil, fmt.Errorf("node.psk: must be 64 hex characters (32 bytes)")
+	}
+	return pnet.PSK(b), nil
+}
+
+// hostAddrs are the host's addresses with its peer id, for status and for others to dial.
+func hostAddrs(h host.Host) []string {
+	out := make([]string, 0, len(h.Addrs()))
+	for _, a := range h.Addrs() {
+		out = append(out, a.Encapsulate(ma.StringCast("/p2p/"+h.ID().String())).String())
+	}
+	return out
+}

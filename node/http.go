@@ -1,0 +1,80 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/p2pnode/p2pnode/internal/atomicfile"
+)
+
+// HTTPAddrFile is written in the store directory with the bound HTTP address, so that
+// `p2pnode status --config` finds a node listening on a random port.
+const HTTPAddrFile = "http.addr"
+
+// httpServer serves /status (JSON) and /metrics (Prometheus), on 127.0.0.1 by default.
+type httpServer struct {
+	srv      *http.Server
+	addrFile string
+	ln       net.Listener
+	log      *slog.Logger
+	addr     string
+}
+
+func newHTTPServer(addr, addrFile string, board *statusBoard, reg *prometheus.Registry, log *slog.Logger) *httpServer {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(board.Snapshot())
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(dashboardHTML)
+	})
+	return &httpServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, log: log, addr: addr, addrFile: addrFile}
+}
+
+func (h *httpServer) start(context.Context) error {
+	ln, err := net.Listen("tcp", h.addr)
+	if err != nil {
+		return fmt.Errorf("node.http: listen on %s: %w", h.addr, err)
+	}
+	h.ln = ln
+	h.log.Info("status on http://" + ln.Addr().String() + "/status")
+	if h.addrFile != "" {
+		if err := atomicfile.Write(h.addrFile, []byte(ln.Addr().String()+"\n"), 0o644); err != nil {
+			h.log.Warn("could not record the HTTP address", "err", err)
+		}
+	}
+	go func() {
+		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			h.log.Error("http server", "err", err)
+		}
+	}()
+	return nil
+}
+
+func (h *httpServer) stop(ctx context.Context) error { return h.srv.Shutdown(ctx) }
+
+// Addr is the bound address (after start).
+func (h *httpServer) Addr() string {
+	if h.ln == nil {
+		return ""
+	}
+	return h.ln.Addr().String()
+}

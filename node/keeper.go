@@ -1,0 +1,119 @@
+package node
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/pack"
+)
+
+// Names in a node checkpoint: the trainer's large state (blobs in the checkpoint's own
+// store) and references to the head's artifacts (in the shared store), so that loading
+// verifies them too and falls back to an older generation when they are damaged.
+const (
+	blobInnerOpt  = "inner_opt"
+	blobResidual  = "ef_residual"
+	refHeadParams = "head_params"
+	refHeadOuter  = "head_outer"
+)
+
+// keeper turns the node's state into checkpoint snapshots: the canonical head, the
+// trainer's inner-optimizer state and error-feedback residual. Writes happen in the
+// checkpoint's background writer; the loops only hand over copies.
+type keeper struct {
+	ck *checkpoint.Checkpointer
+
+	mu       sync.Mutex
+	optPath  string // newest inner-optimizer state file
+	residual []float32
+}
+
+func newKeeper(ck *checkpoint.Checkpointer) *keeper { return &keeper{ck: ck} }
+
+// resumed is what a checkpoint gives back to the roles.
+type resumed struct {
+	state    *checkpoint.State
+	optPath  string
+	residual []float32
+}
+
+// restore loads the newest good checkpoint (checkpoint.ErrNoState when there is none).
+func (k *keeper) restore() (*resumed, error) {
+	st, err := k.ck.Load()
+	if err != nil {
+		return nil, err
+	}
+	r := &resumed{state: st}
+	if _, ok := st.Blobs[blobInnerOpt]; ok {
+		if r.optPath, err = k.ck.BlobPath(st, blobInnerOpt); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := st.Blobs[blobResidual]; ok {
+		b, err := k.ck.OpenBlob(st, blobResidual)
+		if err != nil {
+			return nil, err
+		}
+		v, err := pack.Float32s(b.Bytes())
+		if err == nil {
+			r.residual = slices.Clone(v)
+		}
+		b.Close()
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", blobResidual, err)
+		}
+	}
+	k.trained(r.optPath, r.residual)
+	return r, nil
+}
+
+// trained records the trainer's state after a window.
+func (k *keeper) trained(optPath string, residual []float32) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if optPath != "" {
+		k.optPath = optPath
+	}
+	if residual != nil {
+		k.residual = slices.Clone(residual)
+	}
+}
+
+// headChanged checkpoints the node at a new canonical head, in the background.
+func (k *keeper) headChanged(id cid.Cid, h *chain.Head) error {
+	snap, err := k.snapshot(id, h)
+	if err != nil {
+		return err
+	}
+	k.ck.SaveAsync(snap)
+	return nil
+}
+
+func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	snap := checkpoint.Snapshot{Round: h.Round, Head: id.String(), Large: map[string][]byte{}, Keep: map[string]cid.Cid{}}
+	if p, err := h.ParamsID(); err == nil {
+		snap.Keep[refHeadParams] = p
+	}
+	if o, err := h.OuterStateID(); err == nil && o.Defined() {
+		snap.Keep[refHeadOuter] = o
+	}
+	if k.optPath != "" {
+		b, err := os.ReadFile(k.optPath)
+		if err != nil {
+			return snap, fmt.Errorf("checkpoint inner optimizer state %s: %w", k.optPath, err)
+		}
+		snap.Large[blobInnerOpt] = b
+	}
+	if k.residual != nil {
+		snap.Large[blobResidual] = slices.Clone(pack.Float32Bytes(k.residual))
+	}
+	return snap, nil
+}

@@ -1,0 +1,73 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+// netBus is the Bus of a node on the network: messages travel on GossipSub, artifacts over
+// the artifact protocol. It remembers who holds which artifact from what peers announce,
+// so fetches go straight to holders.
+type netBus struct {
+	g   *gossip.Gossip
+	x   *artifact.Exchange
+	log *slog.Logger
+	fanout
+}
+
+func newNetBus(g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) *netBus {
+	return &netBus{g: g, x: x, log: log}
+}
+
+// run dispatches validated gossip to the inboxes until ctx ends.
+func (b *netBus) run(ctx context.Context) {
+	msgs := b.g.Messages()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			b.learnHolders(m.From, m.Msg)
+			b.deliver(m.From.String(), m.Msg)
+		}
+	}
+}
+
+// learnHolders records the artifacts a message says its author holds.
+func (b *netBus) learnHolders(from peer.ID, msg any) {
+	add := func(raw []byte) {
+		if c, err := cid.Cast(raw); err == nil {
+			b.x.AddHolder(c, from)
+		}
+	}
+	switch m := msg.(type) {
+	case *gossip.Contribution:
+		add(m.Delta)
+	case *gossip.Head:
+		if h, err := m.Signed.Decode(); err == nil {
+			add(h.Params)
+			add(h.OuterState)
+		}
+	case *gossip.Announce:
+		for _, a := range m.Artifacts {
+			add(a)
+		}
+	}
+}
+
+func (b *netBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
+
+func (b *netBus) Subscribe() *Inbox { return b.subscribe() }
+
+func (b *netBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
+	return b.x.Fetch(ctx, id, hints...)
+}

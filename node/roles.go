@@ -1,0 +1,267 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/fx"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/export"
+	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+func rolesModule(cfg *config.Config) fx.Option {
+	return fx.Module("roles",
+		fx.Provide(
+			func(self peer.ID) *statusBoard {
+				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
+					Experiment: cfg.Experiment.ID, Started: time.Now()}}
+			},
+			func(heads *chain.Store, self peer.ID) *tips {
+				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
+			},
+			func(ck *checkpoint.Checkpointer) *keeper { return newKeeper(ck) },
+			newEnv,
+		),
+		fx.Invoke(startLoops),
+	)
+}
+
+// validatorSet is the configured validators, or this node alone when none are configured
+// and it is a validator itself.
+func validatorSet(cfg *config.Config, self peer.ID) []string {
+	if len(cfg.Experiment.Validators) > 0 {
+		return cfg.Experiment.Validators
+	}
+	return []string{self.String()}
+}
+
+type envParams struct {
+	fx.In
+	Cfg     *config.Config
+	Opts    Options
+	Log     *slog.Logger
+	Self    peer.ID
+	Key     crypto.PrivKey
+	Host    host.Host
+	Bus     Bus
+	Tips    *tips
+	Store   *artifact.Store
+	Heads   *chain.Store
+	Runtime pyruntime.Runtime
+	Status  *statusBoard
+	Keeper  *keeper
+	Metrics *nodeMetrics
+	Export  *export.Writer
+}
+
+func newEnv(p envParams) *env {
+	if p.Runtime != nil {
+		p.Status.worker = func() any { return p.Runtime.Status() }
+	}
+	p.Status.conns = func() (peers, addrs []string) {
+		for _, id := range p.Host.Network().Peers() {
+			peers = append(peers, id.String())
+		}
+		return peers, hostAddrs(p.Host)
+	}
+	return &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
+		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
+		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export}
+}
+
+// startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
+// background, on a context that lives as long as the app.
+func startLoops(lc fx.Lifecycle, sd fx.Shutdowner, e *env, errs *loopErrors) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	lc.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
+					e.log.Error("node failed", "err", err)
+					errs.set(err)
+					_ = sd.Shutdown(fx.ExitCode(1))
+				}
+			}()
+			return nil
+		},
+		OnStop: func(context.Context) error {
+			cancel()
+			wg.Wait()
+			return nil
+		},
+	})
+}
+
+// runRoles does the long start-up work and runs the loops until one fails or the run ends.
+func runRoles(ctx context.Context, e *env, stop func()) error {
+	cfg := e.cfg
+	capac := &capacity{}
+	if e.rt != nil {
+		e.log.Info("starting workload", "factory", cfg.Workload.Factory, "interpreter", cfg.Workload.Interpreter)
+		info, err := e.rt.Start(ctx)
+		if err != nil {
+			return fmt.Errorf("start workload: %w", err)
+		}
+		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "params", info.ParamCount)
+	}
+	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.log), e.store, busFetcher{e.bus}, e.log)
+	if err != nil {
+		return err
+	}
+	e.data = data
+	policy, err := mergePolicy(cfg)
+	if err != nil {
+		return err
+	}
+	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
+		Int8Block: cfg.Protocol.Int8Block}
+	if err := restore(e, work); err != nil {
+		return err
+	}
+	if e.poison != "" {
+		e.log.Warn("POISONED TRAINER: this node sends corrupted updates on purpose", "mode", e.poison)
+		work.Poison, _ = poisonDelta(e.poison, uint64(cfg.Experiment.Seed))
+	}
+
+	loops := map[string]func(context.Context) error{
+		"heads":    (&headSync{env: e}).run,
+		"announce": (&announcer{env: e, capacity: capac}).run,
+		"watch":    (&watcher{env: e, stop: stop}).run,
+	}
+	if cfg.Experiment.HasRole(config.RoleValidator) {
+		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy}).run
+	}
+	if cfg.Experiment.HasRole(config.RoleTrainer) {
+		loops["trainer"] = (&trainer{env: e, work: work, capacity: capac}).run
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(loops))
+	for name, loop := range loops {
+		go func() {
+			err := loop(ctx)
+			if err != nil && !errors.Is(err, context.Canceled) {
+				err = fmt.Errorf("%s: %w", name, err)
+			}
+			errc <- err
+		}()
+	}
+	var first error
+	for range loops {
+		err := <-errc
+		if err != nil && !errors.Is(err, context.Canceled) && first == nil {
+			first = err
+		}
+		cancel()
+	}
+	return first
+}
+
+// restore resumes from the newest good checkpoint, if any.
+func restore(e *env, work *round.Trainer) error {
+	r, err := e.keeper.restore()
+	if errors.Is(err, checkpoint.ErrNoState) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load checkpoint: %w", err)
+	}
+	id, err := cid.Decode(r.state.Head)
+	if err != nil {
+		return fmt.Errorf("checkpoint head %q: %w", r.state.Head, err)
+	}
+	_, h, err := e.heads.Get(id)
+	if err != nil {
+		return fmt.Errorf("checkpoint head: %w", err)
+	}
+	work.OptState, work.Residual = r.optPath, r.residual
+	if tid, th, ok := newerTip(e, id, h); ok {
+		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
+		id, h = tid, th
+	}
+	e.tips.Restore(id, h)
+	e.log.Info("resumed", "round", h.Round, "head", id.String(), "checkpoint_generation", r.state.Seq)
+	return nil
+}
+
+// newerTip returns the head recorded in the tip file when it descends from the
+// checkpointed head and its artifacts verify: a node killed between making a head
+// canonical and checkpointing it resumes at that head, not one round earlier.
+func newerTip(e *env, ckID cid.Cid, ck *chain.Head) (cid.Cid, *chain.Head, bool) {
+	stores := &Stores{Artifacts: e.store, Heads: e.heads, dir: e.cfg.Node.StoreDir}
+	tid, err := stores.ResolveHead("latest")
+	if err != nil || tid.Equals(ckID) {
+		return cid.Undef, nil, false
+	}
+	_, th, err := e.heads.Get(tid)
+	if err != nil || th.Round <= ck.Round {
+		return cid.Undef, nil, false
+	}
+	descends := false
+	_ = e.heads.Walk(tid, func(id cid.Cid, h *chain.Head) error {
+		if h.Round <= ck.Round {
+			descends = id.Equals(ckID)
+			return errStopped
+		}
+		return nil
+	})
+	if !descends {
+		return cid.Undef, nil, false
+	}
+	for _, get := range []func() (cid.Cid, error){th.ParamsID, th.OuterStateID} {
+		a, err := get()
+		if err != nil || (a.Defined() && e.store.Verify(a) != nil) {
+			return cid.Undef, nil, false
+		}
+	}
+	return tid, th, true
+}
+
+// mergePolicy maps the protocol and merge config to the validator's policy.
+func mergePolicy(cfg *config.Config) (round.Policy, error) {
+	codec, err := diloco.ParseCodec(cfg.Protocol.Codec)
+	if err != nil {
+		return round.Policy{}, fmt.Errorf("protocol.codec: %w", err)
+	}
+	agg, err := merge.ParseAggregator(cfg.Merge.Aggregator)
+	if err != nil {
+		return round.Policy{}, fmt.Errorf("merge.aggregator: %w", err)
+	}
+	p := round.Policy{
+		Kind:       cfg.Protocol.MergePolicy,
+		Outer:      diloco.OuterConfig{LR: cfg.Protocol.DiLoCo.OuterLR, Momentum: cfg.Protocol.DiLoCo.Momentum, Nesterov: cfg.Protocol.DiLoCo.Nesterov},
+		Decay:      cfg.Protocol.EMA.Decay,
+		Aggregator: agg,
+		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
+		Screen:     merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio},
+		Codec:      codec,
+	}
+	if mc := cfg.Merge.Screen.MinCosine; mc != nil {
+		p.Screen.MinCosine = mc
+	}
+	return p, nil
+}
+
+// busFetcher lets the dataset's shard store get files through the bus.
+type busFetcher struct{ bus Bus }
+
+func (f busFetcher) Fetch(ctx context.Context, id cid.Cid) error { return f.bus.Fetch(ctx, id) }

@@ -1,0 +1,132 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/pack"
+)
+
+// syncBuffer is a goroutine-safe progress sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// synthDataset writes a synthetic dataset and its manifest under dir.
+func synthDataset(t *testing.T, dir string, files int) {
+	t.Helper()
+	require.NoError(t, synth.WriteDataset(dir, files, 1))
+	m, err := dataset.Build(dir, "synth", 1<<20)
+	require.NoError(t, err)
+	require.NoError(t, m.Write(filepath.Join(dir, dataset.ManifestFile)))
+}
+
+// soloConfig is one validator+trainer node on the synthetic workload.
+func soloConfig(t *testing.T, dir string, rounds int) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Node.StoreDir = filepath.Join(dir, "store")
+	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
+	cfg.Node.HTTP = "127.0.0.1:0"
+	cfg.Node.DHT = false
+	cfg.Experiment.ID = "synth"
+	cfg.Experiment.Rounds = rounds
+	cfg.Dataset.Root = filepath.Join(dir, "data")
+	cfg.Dataset.Manifest = filepath.Join(dir, "data", dataset.ManifestFile)
+	cfg.Dataset.Prepare = false
+	cfg.Dataset.MicroshardBytes = 256
+	cfg.Protocol.InnerSteps = 10
+	cfg.Protocol.DiLoCo = config.DiLoCo{OuterLR: 1, Momentum: 0.5, Nesterov: true}
+	cfg.Lease.MicroshardsPerTrainer = 2
+	cfg.Lease.RoundTimeout = 30 * time.Second
+	require.NoError(t, cfg.Validate())
+	return cfg
+}
+
+func runNode(t *testing.T, cfg *config.Config, progress *syncBuffer) *Node {
+	t.Helper()
+	n, err := New(cfg, Options{Progress: progress, Runtime: synth.New(t.TempDir())})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, n.Run(ctx))
+	return n
+}
+
+func TestSoloNodeTrainsAndResumes(t *testing.T) {
+	dir := t.TempDir()
+	synthDataset(t, filepath.Join(dir, "data"), 10)
+	cfg := soloConfig(t, dir, 6)
+	cfg.Export.Dir = filepath.Join(dir, "model")
+	cfg.Export.EveryRounds = 4
+
+	var out syncBuffer
+	n := runNode(t, cfg, &out)
+	st := n.Status()
+	require.Equal(t, uint64(6), st.Round)
+	require.Len(t, st.History, 7, "genesis and six rounds")
+	first, last := st.History[0].HeldOut["mse"], st.History[6].HeldOut["mse"]
+	require.Less(t, last, first/2, "held-out error must fall: %v -> %v", first, last)
+	require.Contains(t, out.String(), "round   6/6")
+
+	stores, err := OpenStores(cfg)
+	require.NoError(t, err)
+	tip, err := stores.ResolveHead("latest")
+	require.NoError(t, err)
+	require.Equal(t, st.Head, tip.String())
+
+	// The export cadence kept a model directory current: the final head is exported.
+	exported, err := pack.Open(filepath.Join(cfg.Export.Dir, "model.safetensors"))
+	require.NoError(t, err)
+	require.Equal(t, st.Head, strings.TrimSpace(exported.Header.Metadata["head"]))
+	exported.Close()
+	rep, err := stores.Audit(tip)
+	require.NoError(t, err)
+	require.Equal(t, 7, rep.Heads)
+	require.Equal(t, uint64(12), rep.MicroshardsMerged, "2 microshards a round")
+	require.Equal(t, uint64(1), rep.EpochsCompleted, "10 microshards: one epoch done")
+
+	// Started again with a higher limit, it resumes at round 6 rather than starting over.
+	cfg.Experiment.Rounds = 9
+	out = syncBuffer{}
+	n = runNode(t, cfg, &out)
+	st = n.Status()
+	require.Equal(t, uint64(9), st.Round)
+	require.Equal(t, uint64(6), st.History[0].Round, "resumed at the last round")
+	require.NotContains(t, out.String(), "genesis")
+	rep, err = stores.Audit(mustDecode(t, st.Head))
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.Heads)
+	require.True(t, strings.HasPrefix(out.String(), "round   6/9"), out.String())
+}
+
+func mustDecode(t *testing.T, s string) cid.Cid {
+	t.Helper()
+	c, err := cid.Decode(s)
+	require.NoError(t, err)
+	return c
+}

@@ -1,0 +1,122 @@
+package node
+
+import (
+	"sync"
+	"time"
+)
+
+// Status is what /status reports and `p2pnode status` prints.
+type Status struct {
+	Peer        string             `json:"peer"`
+	Addrs       []string           `json:"addrs"`
+	Roles       []string           `json:"roles"`
+	Network     string             `json:"network"`
+	Experiment  string             `json:"experiment"`
+	Connected   []string           `json:"connected_peers"`
+	Head        string             `json:"head"`
+	Round       uint64             `json:"round"`
+	Epoch       uint64             `json:"epoch"`
+	HeadMetrics map[string]float64 `json:"head_metrics,omitempty"`
+	TrainLoss   float64            `json:"train_loss"`
+	Leases      []LeaseStatus      `json:"leases_held"`
+	Last        *ContributionInfo  `json:"last_contribution,omitempty"`
+	Worker      any                `json:"worker,omitempty"`
+	Validator   *ValidatorStatus   `json:"validator,omitempty"`
+	Events      []Event            `json:"events"`
+	History     []RoundPoint       `json:"history"`
+	Started     time.Time          `json:"started"`
+}
+
+// LeaseStatus is a lease this node holds.
+type LeaseStatus struct {
+	Round       uint64    `json:"round"`
+	Lease       string    `json:"lease"`
+	Microshards []uint32  `json:"microshards"`
+	Expiry      time.Time `json:"expiry"`
+}
+
+// ContributionInfo is the last contribution this node published.
+type ContributionInfo struct {
+	Round   uint64    `json:"round"`
+	Delta   string    `json:"delta"`
+	Samples uint64    `json:"samples"`
+	Loss    float64   `json:"loss"`
+	Seconds float64   `json:"seconds"`
+	At      time.Time `json:"at"`
+}
+
+// ValidatorStatus is the leader's view of the open round.
+type ValidatorStatus struct {
+	Round       uint64            `json:"round"`
+	Attempt     uint64            `json:"attempt"`
+	Leased      map[string]int    `json:"leased"`
+	Received    []string          `json:"received"`
+	Deadline    time.Time         `json:"deadline"`
+	Trainers    int               `json:"live_trainers"`
+	Rejected    map[string]string `json:"rejected_last_round,omitempty"`
+	Quarantined map[string]uint64 `json:"quarantined,omitempty"`
+}
+
+// RoundPoint is one canonical head in the status history (for the dashboard's plot).
+type RoundPoint struct {
+	Round     uint64             `json:"round"`
+	Head      string             `json:"head"`
+	TrainLoss float64            `json:"train_loss"`
+	HeldOut   map[string]float64 `json:"held_out,omitempty"`
+	Merged    int                `json:"merged"`
+	Seconds   float64            `json:"seconds"`
+}
+
+const maxHistory = 1000
+
+// Event is something notable that happened (a worker restart, a rejected contribution, a
+// re-leased round), newest last.
+type Event struct {
+	At   time.Time `json:"at"`
+	Kind string    `json:"kind"`
+	Text string    `json:"text"`
+}
+
+const maxEvents = 50
+
+// statusBoard is the node's shared status, updated by the loops.
+type statusBoard struct {
+	mu sync.Mutex
+	s  Status
+	// worker reports the Python runtime's state when there is one.
+	worker func() any
+	// conns reports connected peers and our addresses when there is a host.
+	conns func() (peers, addrs []string)
+}
+
+func (b *statusBoard) update(fn func(s *Status)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fn(&b.s)
+}
+
+func (b *statusBoard) event(kind, format string, args ...any) {
+	b.update(func(s *Status) {
+		s.Events = append(s.Events, Event{At: time.Now(), Kind: kind, Text: sprintf(format, args...)})
+		if len(s.Events) > maxEvents {
+			s.Events = s.Events[len(s.Events)-maxEvents:]
+		}
+	})
+}
+
+// Snapshot returns a copy of the status.
+func (b *statusBoard) Snapshot() Status {
+	b.mu.Lock()
+	s := b.s
+	s.Events = append([]Event(nil), b.s.Events...)
+	s.Leases = append([]LeaseStatus(nil), b.s.Leases...)
+	s.History = append([]RoundPoint(nil), b.s.History...)
+	b.mu.Unlock()
+	if b.worker != nil {
+		s.Worker = b.worker()
+	}
+	if b.conns != nil {
+		s.Connected, s.Addrs = b.conns()
+	}
+	return s
+}

@@ -1,0 +1,108 @@
+package node
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+)
+
+// tips tracks this node's canonical head: the newest head, signed by a quorum of the
+// configured validators, whose parent chain the node holds.
+type tips struct {
+	heads      *chain.Store
+	validators []string // allowed signers; empty = this node alone
+	quorum     int
+
+	mu      sync.Mutex
+	id      cid.Cid
+	head    *chain.Head
+	metrics map[cid.Cid]map[string]float64
+	changed chan struct{} // closed and replaced on every change
+}
+
+func newTips(heads *chain.Store, validators []string, quorum int) *tips {
+	return &tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), metrics: map[cid.Cid]map[string]float64{}}
+}
+
+// Current returns the canonical head (cid.Undef before genesis).
+func (t *tips) Current() (cid.Cid, *chain.Head) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.id, t.head
+}
+
+// Changed returns a channel closed at the next change of the canonical head.
+func (t *tips) Changed() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.changed
+}
+
+// Metrics returns the held-out metrics announced with a head, if any.
+func (t *tips) Metrics(id cid.Cid) map[string]float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.metrics[id]
+}
+
+// SetMetrics records held-out metrics announced for a head.
+func (t *tips) SetMetrics(id cid.Cid, m map[string]float64) {
+	if len(m) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.metrics[id] = m
+	if len(t.metrics) > 256 {
+		for k := range t.metrics {
+			if !k.Equals(t.id) {
+				delete(t.metrics, k)
+				break
+			}
+		}
+	}
+}
+
+// Offer stores a signed head and makes it canonical if it has quorum, its parent is known
+// (or it is genesis) and it is newer than the current head. It returns whether the head
+// became canonical.
+func (t *tips) Offer(sh *chain.SignedHead) (bool, error) {
+	h, err := sh.Decode()
+	if err != nil {
+		return false, err
+	}
+	id := sh.ID()
+	parent, err := h.ParentID()
+	if err != nil {
+		return false, err
+	}
+	if parent.Defined() && !t.heads.Has(parent) {
+		return false, fmt.Errorf("head %s (round %d): parent %s: %w", id, h.Round, parent, chain.ErrNotFound)
+	}
+	merged, err := t.heads.Put(sh)
+	if err != nil {
+		return false, err
+	}
+	if _, err := merged.Quorum(t.validators, t.quorum); err != nil {
+		return false, nil // stored; may reach quorum with more attestations
+	}
+	return t.set(id, h), nil
+}
+
+// Restore sets the canonical head from local state at start-up (already verified).
+func (t *tips) Restore(id cid.Cid, h *chain.Head) { t.set(id, h) }
+
+func (t *tips) set(id cid.Cid, h *chain.Head) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head != nil && h.Round <= t.head.Round {
+		return false
+	}
+	t.id, t.head = id, h
+	close(t.changed)
+	t.changed = make(chan struct{})
+	return true
+}

@@ -1,0 +1,157 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+// trainer is the trainer role: it trains the leases granted to it and announces the
+// contributions.
+type trainer struct {
+	*env
+	work *round.Trainer
+	// capacity is the measured training speed (samples per second), announced to validators.
+	capacity *capacity
+}
+
+func (t *trainer) run(ctx context.Context) error {
+	in := t.bus.Subscribe()
+	defer in.Close()
+	for {
+		if t.done() { // the watcher ends the run once it has recorded the last head
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.tips.Changed():
+		case l := <-in.Leases:
+			if err := t.onLeases(ctx, l.From, l.Msg); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				t.log.Error("lease failed", "round", l.Msg.Round, "err", err)
+				t.status.event("train", "round %d: %v", l.Msg.Round, err)
+			}
+		}
+	}
+}
+
+func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) error {
+	if !t.isValidator(from) || m.Issuer != from {
+		return nil // only configured validators grant leases
+	}
+	var mine *int
+	for i := range m.Leases {
+		if m.Leases[i].Trainer == t.self {
+			mine = &i
+			break
+		}
+	}
+	if mine == nil {
+		return nil
+	}
+	l := m.Leases[*mine]
+	if time.Now().UnixMilli() > l.Expiry {
+		return nil // expired while queued
+	}
+	baseID, err := cid.Cast(l.Base)
+	if err != nil {
+		return err
+	}
+	base, err := t.baseHead(ctx, baseID)
+	if err != nil {
+		return fmt.Errorf("lease on head %s: %w", baseID, err)
+	}
+	if err := l.Check(baseID, base); err != nil {
+		return err
+	}
+	leaseID := l.ID()
+	t.status.update(func(s *Status) {
+		s.Leases = []LeaseStatus{{Round: l.Round, Lease: leaseID.String(), Microshards: l.Microshards, Expiry: time.UnixMilli(l.Expiry)}}
+	})
+	defer t.status.update(func(s *Status) { s.Leases = nil })
+	paramsID, err := base.ParamsID()
+	if err != nil {
+		return err
+	}
+	if err := t.bus.Fetch(ctx, paramsID); err != nil {
+		return fmt.Errorf("fetch params %s of round %d: %w", paramsID, base.Round, err)
+	}
+	wctx, cancel := context.WithDeadline(ctx, time.UnixMilli(l.Expiry))
+	defer cancel()
+	steps := int(l.Steps)
+	if steps == 0 {
+		steps = t.cfg.Protocol.InnerSteps
+	}
+	res, err := t.work.Train(wctx, base, l.Microshards, steps, t.seed(l.Round, m.Attempt))
+	if err != nil {
+		if errors.Is(wctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			return fmt.Errorf("lease for round %d expired before training finished: %w", l.Round, err)
+		}
+		return err
+	}
+	t.capacity.observe(float64(res.Samples), res.TrainSeconds)
+	t.keeper.trained(res.OptState, t.work.Residual)
+	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
+		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds}
+	switch t.poison {
+	case PoisonReplay:
+		// Announce an update that was already merged (the base head's first) as this round's.
+		if len(base.Contributions) == 0 {
+			return nil
+		}
+		c.Delta = base.Contributions[0].Artifact
+	case PoisonNoLease:
+		c.Lease = artifact.RecordCID([]byte(fmt.Sprintf("no such lease %d", l.Round))).Bytes()
+	}
+
+	t.status.update(func(s *Status) {
+		s.Last = &ContributionInfo{Round: l.Round, Delta: res.Delta.String(), Samples: res.Samples, Loss: res.Loss, Seconds: res.Seconds, At: time.Now()}
+	})
+	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds))
+	return t.bus.Publish(ctx, c)
+}
+
+// baseHead returns the lease's base head, which must be (or become shortly) this node's
+// canonical head: leases on a head we have not accepted are not trained.
+func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error) {
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		cur, h := t.tips.Current()
+		if cur.Equals(id) {
+			return h, nil
+		}
+		if h != nil {
+			if _, bh, err := t.heads.Get(id); err == nil && bh.Round < h.Round {
+				return nil, fmt.Errorf("stale lease: base round %d, canonical round %d", bh.Round, h.Round)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.tips.Changed():
+		case <-deadline.C:
+			return nil, fmt.Errorf("base head is not canonical here: %w", chain.ErrNotFound)
+		}
+	}
+}
+
+// seed makes the worker's batch order depend on the experiment, round and attempt only.
+func (t *trainer) seed(round, attempt uint64) int64 {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], round<<8|attempt&0xff)
+	return t.cfg.Experiment.Seed ^ int64(binary.BigEndian.Uint64(b[:]))
+}

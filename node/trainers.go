@@ -1,0 +1,94 @@
+package node
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/lease"
+)
+
+// announceEvery is how often a node announces itself; a trainer not heard from for
+// liveFor is no longer leased to.
+const (
+	announceEvery = 2 * time.Second
+	liveFor       = 3 * announceEvery
+)
+
+// trainerSet is the validator's view of the live trainers and their capacity.
+type trainerSet struct {
+	mu    sync.Mutex
+	peers map[string]trainerSeen
+	now   func() time.Time
+}
+
+type trainerSeen struct {
+	capacity float64
+	at       time.Time
+}
+
+func newTrainerSet() *trainerSet {
+	return &trainerSet{peers: map[string]trainerSeen{}, now: time.Now}
+}
+
+func (t *trainerSet) seen(from string, a *gossip.Announce) {
+	if a.Peer != from || !slices.Contains(a.Roles, config.RoleTrainer) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.peers[from] = trainerSeen{capacity: a.Capacity, at: t.now()}
+}
+
+// live returns the trainers heard from recently, in peer order.
+func (t *trainerSet) live() []lease.Trainer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	var out []lease.Trainer
+	for p, s := range t.peers {
+		if now.Sub(s.at) <= liveFor {
+			out = append(out, lease.Trainer{Peer: p, Capacity: s.capacity})
+		}
+	}
+	slices.SortFunc(out, func(a, b lease.Trainer) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
+
+// peerRounds remembers the round each peer last announced.
+type peerRounds struct {
+	mu     sync.Mutex
+	rounds map[string]announced
+}
+
+type announced struct {
+	round uint64
+	at    time.Time
+}
+
+func (p *peerRounds) seen(from string, a *gossip.Announce) {
+	if a.Peer != from {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rounds == nil {
+		p.rounds = map[string]announced{}
+	}
+	p.rounds[from] = announced{round: a.Round, at: time.Now()}
+}
+
+// allAt reports whether every peer heard from recently has announced at least round.
+func (p *peerRounds) allAt(round uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.rounds {
+		if time.Since(a.at) <= liveFor && a.round < round {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,286 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+// validator is the validator role. Every round has a leader, chosen among the validators
+// in an order every node computes from the base head (lease.Leaders): the leader grants
+// leases, collects and screens contributions, merges and proposes the next head; the other
+// validators recompute the proposal bit for bit and attest it, and a head is canonical
+// with a quorum of signatures. A validator that sees the validators ahead of it stay
+// silent takes the round over (follower.go).
+type validator struct {
+	*env
+	merger     *round.Merger
+	trainers   *trainerSet
+	quarantine *lease.Quarantine
+	paces      *paces
+	// locks records, per round, the head this validator signed (proposed or attested): it
+	// never signs two heads for one round, so two heads of a round cannot both reach a
+	// majority quorum.
+	locks map[uint64]lockedHead
+	// rejects rate-limits rejection logs to one per peer and reason a minute.
+	rejects *rateLog
+	// started is when this validator started: it leases nothing before it has had one
+	// announce interval to hear from the fleet, so a (re)started leader does not hand the
+	// whole round to the first trainers it happens to hear.
+	started time.Time
+}
+
+type lockedHead struct {
+	id  cid.Cid
+	msg *gossip.Head // the proposal, re-published until the round ends
+}
+
+func newValidator(e *env, merger *round.Merger) *validator {
+	return &validator{env: e, merger: merger, trainers: newTrainerSet(),
+		quarantine: lease.NewQuarantine(2, 10, uint64(e.cfg.Lease.QuarantineRounds)),
+		paces:      &paces{m: map[string]float64{}}, locks: map[uint64]lockedHead{}, rejects: newRateLog(time.Minute),
+		started: time.Now()}
+}
+
+func (v *validator) run(ctx context.Context) error {
+	in := v.bus.Subscribe()
+	defer in.Close()
+	if err := v.ensureGenesis(ctx); err != nil {
+		return err
+	}
+	for {
+		if v.done() { // the watcher ends the run once it has recorded the last head
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		id, head := v.tips.Current()
+		var err error
+		if head == nil {
+			if l, locked := v.locks[0]; locked {
+				err = v.awaitQuorum(ctx, in, 0, l) // our genesis, waiting for attestations
+			} else {
+				err = v.waitForHead(ctx, in)
+			}
+		} else {
+			err = v.round(ctx, in, id, head)
+		}
+		switch {
+		case err == nil, errors.Is(err, errHeadMoved):
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			v.log.Error("round failed", "round", roundOf(head), "err", err)
+			v.status.event("round", "round %d failed: %v", roundOf(head), err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func roundOf(h *chain.Head) uint64 {
+	if h == nil {
+		return 0
+	}
+	return h.Round + 1
+}
+
+// waitForHead processes messages until there is a canonical head (genesis from another
+// validator).
+func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
+	changed := v.tips.Changed()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+			return nil
+		case a := <-in.Announces:
+			v.trainers.seen(a.From, a.Msg)
+		case <-in.Contributions:
+		case <-in.Leases:
+		case h := <-in.Heads:
+			v.verifyAndAttest(ctx, h.From, h.Msg)
+		}
+	}
+}
+
+// round runs this validator's part in the round after base: it leads when it is first in
+// the order, and follows (verifying, attesting, ready to take over) otherwise.
+func (v *validator) round(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head) error {
+	v.pruneLocks(base.Round)
+	order := lease.Leaders(v.validators, baseID)
+	rank := slices.Index(order, v.self)
+	if rank == 0 {
+		return v.lead(ctx, in, baseID, base, 0)
+	}
+	return v.follow(ctx, in, baseID, base, rank, order)
+}
+
+func (v *validator) pruneLocks(below uint64) {
+	for r := range v.locks {
+		if r <= below {
+			delete(v.locks, r)
+		}
+	}
+}
+
+// ensureGenesis makes round 0 when no head exists yet and this node is the validator that
+// makes it (the first in peer order); the others wait for it on the bus.
+func (v *validator) ensureGenesis(ctx context.Context) error {
+	if id, _ := v.tips.Current(); id.Defined() {
+		return nil
+	}
+	vs := slices.Clone(v.validators)
+	slices.Sort(vs)
+	if vs[0] != v.self {
+		return nil
+	}
+	if v.rt == nil {
+		return fmt.Errorf("genesis: this node makes round 0 but has no workload to initialise the model (set workload.*)")
+	}
+	out := filepath.Join(v.rt.ScratchDir(), "genesis.safetensors")
+	if err := v.rt.Init(ctx, v.cfg.Experiment.Seed, out); err != nil {
+		return fmt.Errorf("genesis: %w", err)
+	}
+	h, id, err := round.Genesis(v.store, out, v.cfg.Experiment.Network, v.cfg.Experiment.ID, v.data.planID, len(v.data.plan.Shards), v.merger.Policy)
+	if err != nil {
+		return err
+	}
+	// Genesis needs no recomputation (it is the starting point the experiment's owner
+	// chose); with several validators it is canonical once the others have signed it too.
+	sh, err := v.sign(h)
+	if err != nil {
+		return err
+	}
+	metrics := v.evaluate(ctx, h)
+	v.tips.SetMetrics(id, metrics)
+	if _, err := v.tips.Offer(sh); err != nil {
+		return fmt.Errorf("genesis: %w", err)
+	}
+	v.log.Info("made genesis", "head", id.String(), "layout", h.LayoutHash[:12])
+	v.locks[0] = lockedHead{id: id, msg: &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Metrics: metrics, Proposal: &gossip.Proposal{}}}
+	return v.bus.Publish(ctx, v.locks[0].msg)
+}
+
+func (v *validator) sign(h *chain.Head) (*chain.SignedHead, error) {
+	b, err := h.Encode()
+	if err != nil {
+		return nil, err
+	}
+	id, err := h.ID()
+	if err != nil {
+		return nil, err
+	}
+	sig, err := chain.Sign(v.key, id)
+	if err != nil {
+		return nil, err
+	}
+	return &chain.SignedHead{Head: b, Sigs: []chain.Signature{sig}}, nil
+}
+
+// evaluate measures held-out metrics of a head's parameters when this node has a workload
+// and evaluation is due; failures are reported, not fatal.
+func (v *validator) evaluate(ctx context.Context, h *chain.Head) map[string]float64 {
+	every := v.cfg.Experiment.EvalEvery
+	if v.rt == nil || every <= 0 || (h.Round%uint64(every) != 0 && !(v.cfg.Experiment.Rounds > 0 && h.Round == uint64(v.cfg.Experiment.Rounds))) {
+		return nil
+	}
+	id, err := h.ParamsID()
+	if err != nil {
+		return nil
+	}
+	m, err := v.rt.Evaluate(ctx, v.store.BlobPath(id))
+	if err != nil {
+		v.log.Warn("evaluate head failed", "round", h.Round, "err", err)
+		v.status.event("evaluate", "round %d: %v", h.Round, err)
+		return nil
+	}
+	return m
+}
+
+// rejected counts a rejected contribution, logs it once per peer and reason a minute,
+// and quarantines repeat offenders.
+func (v *validator) rejected(peer string, round uint64, reason, detail string) {
+	v.metrics.rejected(reason)
+	if v.rejects.allow(peer + "/" + reason) {
+		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "detail", detail)
+	}
+	if reason == "late" {
+		return
+	}
+	if v.quarantine.Reject(peer, round) {
+		v.log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.cfg.Lease.QuarantineRounds)
+		v.status.event("quarantine", "%s quarantined for %d rounds after repeated rejections (%s)", peer, v.cfg.Lease.QuarantineRounds, reason)
+	}
+	v.status.update(func(s *Status) {
+		if s.Validator == nil {
+			s.Validator = &ValidatorStatus{}
+		}
+		s.Validator.Quarantined = v.quarantine.List(round)
+	})
+}
+
+// paces keeps each trainer's observed seconds per inner step (an EMA over its windows).
+type paces struct {
+	mu sync.Mutex
+	m  map[string]float64
+}
+
+func (p *paces) observe(peer string, seconds float64, steps int) {
+	if seconds <= 0 || steps <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	x := seconds / float64(steps)
+	if old, ok := p.m[peer]; ok {
+		x = 0.7*old + 0.3*x
+	}
+	p.m[peer] = x
+}
+
+func (p *paces) get(peer string) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[peer]
+}
+
+// rateLog allows one log line per key per period.
+type rateLog struct {
+	mu     sync.Mutex
+	period time.Duration
+	last   map[string]time.Time
+}
+
+func newRateLog(period time.Duration) *rateLog {
+	return &rateLog{period: period, last: map[string]time.Time{}}
+}
+
+func (r *rateLog) allow(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.last[key]; ok && time.Since(t) < r.period {
+		return false
+	}
+	if len(r.last) > 4096 {
+		clear(r.last)
+	}
+	r.last[key] = time.Now()
+	return true
+}
+
+var errHeadMoved = errors.New("canonical head moved on")
