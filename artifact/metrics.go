@@ -1,7 +1,6 @@
 package artifact
 
 import (
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/p2pnode/p2pnode/internal/promreg"

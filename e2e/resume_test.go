@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/testenv"
 )
 
 // requirePython skips when the interpreter cannot import torch (run `make setup`).
 func requirePython(t *testing.T, interp string) {
 	t.Helper()
 	if err := exec.Command(interp, "-c", "import torch, numpy, sklearn").Run(); err != nil {
-		t.Skipf("%s cannot import torch, numpy and sklearn (run `make setup`): %v", interp, err)
+		testenv.Missing(t, "%s cannot import torch, numpy and sklearn (run `make setup`): %v", interp, err)
 	}
 }
 

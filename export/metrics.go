@@ -1,7 +1,6 @@
 package export
 
 import (
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/p2pnode/p2pnode/internal/promreg"

@@ -12,6 +12,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/internal/testenv"
 )
 
 // readerScript parses safetensors with json + numpy only: an independent reader.
@@ -24,7 +26,7 @@ func python(t *testing.T) string {
 		py = "/usr/bin/python3" // the interpreter the Makefile and Debian's numpy use
 	}
 	if _, err := exec.LookPath(py); err != nil {
-		t.Skipf("independent reader: no Python at %s (set P2PNODE_PYTHON): %v", py, err)
+		testenv.Missing(t, "independent reader: no Python at %s (set P2PNODE_PYTHON): %v", py, err)
 	}
 	return py
 }
@@ -52,7 +54,7 @@ func TestIndependentReader(t *testing.T) {
 		out, err := exec.Command(py, readerScript, dir, st.arts.BlobPath(src.Meta.Params), string(meta)).CombinedOutput()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && ee.ExitCode() == 3 {
-			t.Skipf("independent reader skipped: %s", strings.TrimSpace(string(out)))
+			testenv.Missing(t, "independent reader skipped: %s", strings.TrimSpace(string(out)))
 		}
 		require.NoError(t, err, "%s", out)
 		t.Logf("shard size %d: %s", norm(shard), strings.TrimSpace(string(out)))

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/p2pnode/p2pnode/internal/testenv"
 )
 
 // The tests run Python from P2P_PYTHON, or Debian's /usr/bin/python3 (which has torch;
@@ -41,7 +43,7 @@ func requireModules(t testing.TB, modules string) {
 	}
 	probeMu.Unlock()
 	if err != nil {
-		t.Skipf("%s cannot import %s: %v; set P2P_PYTHON to an interpreter with torch (Debian: apt-get install python3-torch python3-numpy python3-sklearn)", testInterpreter(), modules, err)
+		testenv.Missing(t, "%s cannot import %s: %v; set P2P_PYTHON to an interpreter with torch (Debian: apt-get install python3-torch python3-numpy python3-sklearn)", testInterpreter(), modules, err)
 	}
 }
 
