@@ -222,16 +222,31 @@ func (c *composeFleet) saveLogs() {
 		c.t.Logf("save logs: %v", err)
 		return
 	}
-	for svc, id := range c.containers() {
-		logs, _ := exec.Command("docker", "logs", "--timestamps", id).CombinedOutput()
-		_ = os.WriteFile(filepath.Join(dir, svc+".log"), logs, 0o644)
+	ctrs := c.containers()
+	var running []string
+	for svc, id := range ctrs {
 		state, _ := exec.Command("docker", "inspect", "-f", "{{json .State}}", id).Output()
 		_ = os.WriteFile(filepath.Join(dir, svc+".state.json"), state, 0o644)
 		if st, err := c.statusRaw(svc); err == nil {
 			_ = os.WriteFile(filepath.Join(dir, svc+".status.json"), st, 0o644)
 		}
+		if bytes.Contains(state, []byte(`"Running":true`)) {
+			running = append(running, id)
+		}
 	}
-	c.t.Logf("container logs saved in %s", dir)
+	// SIGQUIT makes each node that still runs print every goroutine's stack to its log and
+	// exit: what a hung node was waiting for is then in its log.
+	if len(running) > 0 {
+		_ = exec.Command("docker", append([]string{"kill", "-s", "QUIT"}, running...)...).Run()
+		wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = exec.CommandContext(wctx, "docker", append([]string{"wait"}, running...)...).Run()
+		cancel()
+	}
+	for svc, id := range ctrs {
+		logs, _ := exec.Command("docker", "logs", "--timestamps", id).CombinedOutput()
+		_ = os.WriteFile(filepath.Join(dir, svc+".log"), logs, 0o644)
+	}
+	c.t.Logf("container logs (with goroutine dumps of the nodes still running) saved in %s", dir)
 }
 
 // id is the container of a service (stable across docker stop/start/kill).

@@ -80,10 +80,12 @@ func keepConnected(ctx context.Context, h host.Host, peers []peer.AddrInfo, log 
 	next := map[peer.ID]time.Time{}
 	for {
 		var wg sync.WaitGroup
+		var dialed []peer.ID
 		for _, ai := range peers {
 			if ai.ID == h.ID() || h.Network().Connectedness(ai.ID) == network.Connected || time.Now().Before(next[ai.ID]) {
 				continue
 			}
+			dialed = append(dialed, ai.ID)
 			wg.Add(1)
 			go func(ai peer.AddrInfo) {
 				defer wg.Done()
@@ -97,13 +99,20 @@ func keepConnected(ctx context.Context, h host.Host, peers []peer.AddrInfo, log 
 			}(ai)
 		}
 		wg.Wait()
-		for _, ai := range peers {
-			if h.Network().Connectedness(ai.ID) == network.Connected {
-				backoff[ai.ID] = 0
+		// Back off only from peers this pass dialed in vain: moving the next attempt of a
+		// peer that is waiting out its backoff would postpone it forever.
+		for _, id := range dialed {
+			if h.Network().Connectedness(id) == network.Connected {
+				backoff[id] = 0
 				continue
 			}
-			b := min(max(2*backoff[ai.ID], time.Second), 30*time.Second)
-			backoff[ai.ID], next[ai.ID] = b, time.Now().Add(b)
+			b := min(max(2*backoff[id], time.Second), 30*time.Second)
+			backoff[id], next[id] = b, time.Now().Add(b)
+		}
+		for _, ai := range peers {
+			if h.Network().Connectedness(ai.ID) == network.Connected {
+				backoff[ai.ID] = 0 // a dropped connection is redialled at once
+			}
 		}
 		select {
 		case <-ctx.Done():
