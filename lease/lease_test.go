@@ -193,13 +193,63 @@ func TestDeadlineFollowsObservedPace(t *testing.T) {
 
 func TestQuarantine(t *testing.T) {
 	q := NewQuarantine(2, 5, 3)
-	require.False(t, q.Reject("bad", 1))
-	require.True(t, q.Reject("bad", 3), "second rejection within the window")
+	require.False(t, q.Reject("bad", 1, false))
+	require.True(t, q.Reject("bad", 3, false), "second rejection within the window")
 	require.True(t, q.Quarantined("bad", 4))
 	require.True(t, q.Quarantined("bad", 6))
 	require.False(t, q.Quarantined("bad", 7), "served its rounds")
 	require.Equal(t, map[string]uint64{"bad": 6}, q.List(5))
-	require.False(t, q.Reject("slow", 1))
-	require.False(t, q.Reject("slow", 10), "rejections far apart do not add up")
-	require.False(t, NewQuarantine(1, 5, 0).Reject("x", 1), "rounds 0 disables it")
+	require.False(t, q.Reject("slow", 1, false))
+	require.False(t, q.Reject("slow", 10, false), "rejections far apart do not add up")
+	require.False(t, NewQuarantine(1, 5, 0).Reject("x", 1, false), "rounds 0 disables it")
+
+	// Soft rejections count half: four within the window, or two and a hard one.
+	for r := uint64(1); r <= 3; r++ {
+		require.False(t, q.Reject("odd", r, true), "soft rejection %d", r)
+	}
+	require.True(t, q.Reject("odd", 4, true), "fourth soft rejection")
+	require.False(t, q.Reject("mixed", 1, true))
+	require.False(t, q.Reject("mixed", 2, true))
+	require.True(t, q.Reject("mixed", 3, false))
+	require.False(t, q.Reject("rare", 1, true))
+	require.False(t, q.Reject("rare", 4, true))
+	require.False(t, q.Reject("rare", 7, true), "the first has left the window")
+	require.False(t, q.Reject("rare", 10, true))
+}
+
+func TestQuarantineNeverStallsTheRound(t *testing.T) {
+	q := NewQuarantine(1, 5, 10)
+	q.Reject("a", 1, false)
+	q.Reject("b", 1, false)
+	all := []Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 1}, {Peer: "c", Capacity: 1}}
+	peers := func(ts []Trainer) []string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.Peer)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name      string
+		available []Trainer
+		have, min int
+		want      []string
+		relaxed   bool
+	}{
+		{"quarantined peers are left out", all, 0, 1, []string{"c"}, false},
+		{"enough with what was received", all, 1, 2, []string{"c"}, false},
+		{"too few for the minimum group", all, 0, 2, []string{"a", "b", "c"}, true},
+		{"nobody outside quarantine", all[:2], 0, 1, []string{"a", "b"}, true},
+		{"nobody in quarantine", all[2:], 0, 3, []string{"c"}, false},
+		{"nobody at all", nil, 0, 1, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, relaxed := q.Eligible(tc.available, 2, tc.have, tc.min)
+			require.Equal(t, tc.want, peers(got))
+			require.Equal(t, tc.relaxed, relaxed)
+		})
+	}
+	got, relaxed := q.Eligible(all, 12, 0, 3)
+	require.Len(t, got, 3, "served their rounds")
+	require.False(t, relaxed)
 }

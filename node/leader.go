@@ -35,6 +35,8 @@ type openRound struct {
 	received map[string]received     // by trainer, across attempts
 	deadline time.Time
 	merged   map[cid.Cid]bool // deltas merged in recent rounds: a replay is rejected
+	// unbenched: quarantined trainers were leased to this round (too few others).
+	unbenched bool
 }
 
 type received struct {
@@ -118,13 +120,21 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 				avail = append(avail, s)
 			}
 		}
-		var cands []lease.Trainer
+		var open []lease.Trainer
 		for _, t := range v.trainers.live() {
-			if _, done := r.received[t.Peer]; !done && !v.quarantine.Quarantined(t.Peer, r.round) {
-				cands = append(cands, t)
+			if _, done := r.received[t.Peer]; !done {
+				open = append(open, t)
 			}
 		}
+		cands, relaxed := v.quarantine.Eligible(open, r.round, len(r.received), v.cfg.Lease.MinGroup)
 		heard := time.Since(v.started) > announceEvery+250*time.Millisecond
+		if relaxed && heard && !r.unbenched {
+			r.unbenched = true
+			q := len(v.quarantine.List(r.round))
+			v.log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
+				"available", len(open), "quarantined", q, "min_group", v.cfg.Lease.MinGroup)
+			v.status.event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
+		}
 		if heard && len(cands) > 0 && len(avail) > 0 && len(cands)+len(r.received) >= v.cfg.Lease.MinGroup {
 			return v.grant(ctx, r, avail, cands)
 		}

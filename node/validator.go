@@ -14,6 +14,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/round"
 )
 
@@ -222,7 +223,7 @@ func (v *validator) rejected(peer string, round uint64, reason, detail string) {
 	if reason == "late" {
 		return
 	}
-	if v.quarantine.Reject(peer, round) {
+	if v.quarantine.Reject(peer, round, reason == string(merge.ReasonLowCosine)) {
 		v.log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.cfg.Lease.QuarantineRounds)
 		v.status.event("quarantine", "%s quarantined for %d rounds after repeated rejections (%s)", peer, v.cfg.Lease.QuarantineRounds, reason)
 	}
