@@ -76,7 +76,8 @@ func (s *headSync) offer(ctx context.Context, from string, m *gossip.Head) error
 	if err != nil {
 		return err
 	}
-	if err := s.fetchAncestors(ctx, p, h); err != nil {
+	fetched, err := s.fetchAncestors(ctx, p, h)
+	if err != nil {
 		return err
 	}
 	if err := s.fetchHeadArtifacts(ctx, h, p); err != nil {
@@ -91,7 +92,10 @@ func (s *headSync) offer(ctx context.Context, from string, m *gossip.Head) error
 		}
 		delete(s.pending, id)
 	}
-	_, err = s.tips.Offer(&signed)
+	ok, err := s.tips.Offer(&signed)
+	if ok && fetched > 0 {
+		s.log.Info("caught up", "peer", from, "round", h.Round, "head", id.String(), "heads_fetched", fetched)
+	}
 	return err
 }
 
@@ -143,7 +147,7 @@ func (s *headSync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 	if cur != nil && h.Round <= cur.Round {
 		return
 	}
-	if err := s.fetchAncestors(ctx, p, h); err != nil {
+	if _, err := s.fetchAncestors(ctx, p, h); err != nil {
 		s.log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
 		return
 	}
@@ -162,33 +166,34 @@ func (s *headSync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 }
 
 // fetchAncestors gets the heads between h and the newest ancestor this node holds from p
-// (heads are linked by hash, so the tip's signatures vouch for all of them).
-func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) error {
+// (heads are linked by hash, so the tip's signatures vouch for all of them) and says how
+// many it fetched.
+func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (int, error) {
 	var missing []*chain.SignedHead
 	for {
 		parent, err := h.ParentID()
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if !parent.Defined() || s.heads.Has(parent) {
 			break
 		}
 		sh, ph, err := chain.RequestHead(ctx, s.host, p, parent)
 		if err != nil {
-			return fmt.Errorf("fetch ancestor %s of round %d: %w", parent, h.Round, err)
+			return 0, fmt.Errorf("fetch ancestor %s of round %d: %w", parent, h.Round, err)
 		}
 		if ph.Round+1 != h.Round {
-			return fmt.Errorf("ancestor %s claims round %d under round %d", parent, ph.Round, h.Round)
+			return 0, fmt.Errorf("ancestor %s claims round %d under round %d", parent, ph.Round, h.Round)
 		}
 		missing = append(missing, sh)
 		h = ph
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
 		if _, err := s.heads.Put(missing[i]); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return len(missing), nil
 }
 
 // announcer publishes this node's presence, roles, capacity and head every few seconds.
