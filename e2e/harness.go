@@ -52,6 +52,8 @@ type Proc struct {
 	Dir    string
 	Config string
 	Cfg    *config.Config
+	// Args are appended to `p2pnode run --config FILE` (e.g. --poison MODE).
+	Args []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -91,7 +93,7 @@ func (p *Proc) Start() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cmd := exec.Command(bin, "run", "--config", p.Config, "--log-format", "text")
+	cmd := exec.Command(bin, append([]string{"run", "--config", p.Config, "--log-format", "text"}, p.Args...)...)
 	cmd.Dir = p.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, _ := cmd.StdoutPipe()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,8 +18,9 @@ import (
 
 // The process-harness versions of the docker-compose scenarios (compose_test.go, build tag
 // e2e): real p2pnode processes on loopback, so they also run where no Docker engine
-// answers. The partition scenario has no counterpart here: cutting one process off
-// loopback needs network namespaces (root), which is what the Docker version has.
+// answers. Cutting one process off loopback would need network namespaces (root), so the
+// partition scenario freezes the trainer (SIGSTOP on its process group) instead: to the
+// swarm it is a peer that went silent for two rounds; the Docker version disconnects it.
 
 // Stop sends SIGTERM to the node, as `docker stop` does, and waits for it to exit; after
 // timeout it kills the process group.
@@ -39,6 +41,17 @@ func (p *Proc) Stop(timeout time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.exit
+}
+
+// Signal sends sig to the node's process group (the node and its Python worker).
+func (p *Proc) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return fmt.Errorf("%s is not running", p.Name)
+	}
+	return syscall.Kill(-cmd.Process.Pid, sig)
 }
 
 // lastRound is the last round a process printed (-1 before any).
@@ -203,4 +216,98 @@ func TestSwarmScale(t *testing.T) {
 	}
 	tip := sameTips(t, procs)
 	t.Logf("9 nodes ended on %s after 5 rounds in %s", tip, time.Since(start).Round(time.Second))
+}
+
+// TestSwarmFrozenTrainerCatchesUp freezes a trainer for two rounds (the process version of
+// the partition scenario) and lets it go: it catches up to the canonical head and
+// contributes again, and the audit finds no microshard lost or trained twice.
+func TestSwarmFrozenTrainerCatchesUp(t *testing.T) {
+	dir := t.TempDir()
+	procs := swarm(t, dir, 3, 16, func(_ string, c *config.Config) {
+		c.Protocol.InnerSteps = 400
+		c.Lease.RoundTimeout = 10 * time.Second
+	})
+	requirePython(t, procs[0].Cfg.Workload.Interpreter)
+	startSwarm(t, procs)
+	v, frozen := procs[0], procs[3]
+	waitRound(t, v, 2, 2*time.Minute)
+	if err := frozen.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cut := lastRound(v)
+	waitRound(t, v, cut+2, time.Minute)
+	if s := statusOf(v); s != nil && len(frozen.Rounds()) > 0 && lastRound(frozen) >= int(s.Round) {
+		t.Fatalf("the frozen trainer printed round %d, the validator is at %d", lastRound(frozen), s.Round)
+	}
+	if err := frozen.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("trainer-3 frozen from round %d to %d", cut, lastRound(v))
+	Eventually(t, 2*time.Minute, "trainer-3 to contribute after the freeze", func() bool {
+		s := statusOf(frozen)
+		return s != nil && s.Last != nil && s.Last.Round > uint64(cut+2)
+	})
+	waitAll(t, procs, 3*time.Minute)
+	tip := sameTips(t, procs)
+	out, err := exec.Command(mustBinary(t), "audit", "--config", v.Config).CombinedOutput()
+	if err != nil {
+		t.Fatalf("audit after the freeze: %v\n%s", err, out)
+	}
+	t.Logf("all on %s; audit:\n%s", tip, out)
+}
+
+// TestSwarmPoisonedTrainerIsQuarantined adds a trainer that sends its update scaled by
+// 1000 (`p2pnode run --poison scale`) to a training swarm: none of its contributions is
+// merged, the validator quarantines it, and the honest swarm still reaches 90 %.
+func TestSwarmPoisonedTrainerIsQuarantined(t *testing.T) {
+	dir := t.TempDir()
+	procs := swarm(t, dir, 4, 40, func(_ string, c *config.Config) {
+		c.Protocol.InnerSteps = 400
+		c.Lease.RoundTimeout = 10 * time.Second
+	})
+	requirePython(t, procs[0].Cfg.Workload.Interpreter)
+	attacker := procs[4]
+	attacker.Args = []string{"--poison", "scale"}
+	// The honest swarm first: an attacker alone in a round has no cohort to be screened
+	// against (min_group is 1).
+	startSwarm(t, procs[:4])
+	v := procs[0]
+	waitRound(t, v, 2, 2*time.Minute)
+	attacker.Start()
+	Eventually(t, time.Minute, "the attacker's peer id", func() bool { return strings.HasPrefix(attacker.Output(), "p2pnode ") })
+	id := attacker.peerID(t)
+	Eventually(t, 2*time.Minute, "the attacker to be quarantined", func() bool {
+		s := statusOf(v)
+		if s == nil || s.Validator == nil {
+			return false
+		}
+		_, ok := s.Validator.Quarantined[id]
+		return ok
+	})
+	t.Logf("attacker quarantined at round %d", lastRound(v))
+	waitAll(t, procs, 3*time.Minute)
+	tip := sameTips(t, procs[:4])
+	st, err := node.OpenStores(v.Cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, heads, err := st.Heads.Chain(cid.MustParse(tip))
+	if err != nil {
+		t.Fatal(err)
+	}
+	honest := 0
+	for _, h := range heads {
+		for _, c := range h.Contributions {
+			if c.Peer == id {
+				t.Errorf("round %d merged a contribution of the attacker", h.Round)
+			} else {
+				honest++
+			}
+		}
+	}
+	acc, ok := v.LastAccuracy()
+	if !ok || acc < 0.90 {
+		t.Fatalf("final held-out accuracy %.3f (reported: %v), want >= 0.90", acc, ok)
+	}
+	t.Logf("%d heads merging %d honest contributions, final accuracy %.3f", len(heads), honest, acc)
 }

@@ -234,11 +234,48 @@ func (c *cluster) restart(n *clusterNode) {
 
 // partition cuts every link between the two sides.
 func (c *cluster) partition(a, b []*clusterNode) {
+	// cut resets every stream between x and y before closing their connections: closing a
+	// mocknet connection does not always end the streams on it, and a long-lived pubsub
+	// stream that survives would carry gossip across the partition.
+	cut := func(x, y *clusterNode) bool {
+		found := false
+		for _, pair := range [][2]*clusterNode{{x, y}, {y, x}} {
+			for _, conn := range pair[0].host.Network().ConnsToPeer(pair[1].host.ID()) {
+				found = true
+				for _, st := range conn.GetStreams() {
+					_ = st.Reset()
+				}
+				_ = conn.Close()
+			}
+		}
+		_ = c.mn.DisconnectPeers(x.host.ID(), y.host.ID())
+		return found
+	}
 	for _, x := range a {
 		for _, y := range b {
 			_ = c.mn.UnlinkPeers(x.host.ID(), y.host.ID())
-			_ = c.mn.DisconnectPeers(x.host.ID(), y.host.ID())
+			cut(x, y)
 		}
+	}
+	// A dial that passed mocknet's link check just before the unlink (a stream opened to
+	// fetch an artifact, say) can still complete: cut such connections until none is
+	// left, so that the two sides really are cut off from each other.
+	crossed := func() bool {
+		any := false
+		for _, x := range a {
+			for _, y := range b {
+				any = cut(x, y) || any
+			}
+		}
+		return any
+	}
+	for quiet := 0; quiet < 10; {
+		if crossed() {
+			quiet = 0
+		} else {
+			quiet++
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
