@@ -113,6 +113,7 @@ type fleetOptions struct {
 	Trainers     int // trainer configs written (the compose files decide how many run)
 	InnerSteps   int
 	RoundTimeout time.Duration
+	MinGroup     int
 	Overlays     []string // e.g. "compose.scale.yaml"
 	Env          []string // extra compose variables, e.g. P2PNODE_POISON=nan
 }
@@ -138,7 +139,7 @@ func newFleet(t *testing.T, o fleetOptions) *composeFleet {
 		o.Trainers = 8
 	}
 	f, err := dfleet.Write(dfleet.Options{Dir: filepath.Join(t.TempDir(), "fleet"), Trainers: o.Trainers,
-		InnerSteps: o.InnerSteps, RoundTimeout: o.RoundTimeout, Attacker: true})
+		InnerSteps: o.InnerSteps, RoundTimeout: o.RoundTimeout, MinGroup: o.MinGroup, Attacker: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -168,10 +168,12 @@ func TestComposePoison(t *testing.T) {
 }
 
 func poisonScenario(t *testing.T, mode string) {
-	f := newFleet(t, fleetOptions{InnerSteps: 400, RoundTimeout: 20 * time.Second,
+	// min_group 3: a round closes with at least three updates, so that screening always has
+	// a cohort to compare each one with (with two, neither can tell which one is odd, and
+	// a ×1000 update in a round leased to it and one honest trainer would be merged).
+	f := newFleet(t, fleetOptions{InnerSteps: 400, RoundTimeout: 20 * time.Second, MinGroup: 3,
 		Overlays: []string{"compose.poison.yaml"}, Env: []string{"P2PNODE_POISON=" + mode}})
-	// The honest fleet first: an attacker alone in a round has no cohort to be screened
-	// against (min_group is 1), which no aggregation rule can tell from an honest trainer.
+	// The honest fleet first: with fewer trainers than min_group no round would start.
 	f.up(fleet3...)
 	f.waitRound("validator", 2, 3*time.Minute)
 	f.up("attacker")

@@ -264,12 +264,15 @@ func TestSwarmPoisonedTrainerIsQuarantined(t *testing.T) {
 	procs := swarm(t, dir, 4, 40, func(_ string, c *config.Config) {
 		c.Protocol.InnerSteps = 400
 		c.Lease.RoundTimeout = 10 * time.Second
+		// Rounds close with at least three updates, so that screening always has a cohort
+		// to compare each one with: with two, neither can tell which one is odd, and a
+		// ×1000 update in a round leased to it and one honest trainer would be merged.
+		c.Lease.MinGroup = 3
 	})
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	attacker := procs[4]
 	attacker.Args = []string{"--poison", "scale"}
-	// The honest swarm first: an attacker alone in a round has no cohort to be screened
-	// against (min_group is 1).
+	// The honest swarm first.
 	startSwarm(t, procs[:4])
 	v := procs[0]
 	waitRound(t, v, 2, 2*time.Minute)

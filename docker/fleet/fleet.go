@@ -52,6 +52,9 @@ type Options struct {
 	InnerSteps int    // protocol.inner_steps (0: the demo's)
 	// RoundTimeout bounds a round whose leased trainer vanished (0: the demo's).
 	RoundTimeout time.Duration
+	// MinGroup is lease.min_group (0: the demo's 1). With poisoning peers about, 3 or more
+	// lets screening compare every update with others.
+	MinGroup int
 	// Attacker also writes attacker.yaml: one more trainer, for the poisoning overlay.
 	Attacker bool
 }
@@ -125,6 +128,9 @@ func Write(o Options) (*Fleet, error) {
 		}
 		if o.RoundTimeout > 0 {
 			c.Lease.RoundTimeout = o.RoundTimeout
+		}
+		if o.MinGroup > 0 {
+			c.Lease.MinGroup = o.MinGroup
 		}
 	}
 	for i, c := range cfgs {
