@@ -114,6 +114,7 @@ type fleetOptions struct {
 	InnerSteps   int
 	RoundTimeout time.Duration
 	MinGroup     int
+	MaxNorm      float64
 	Overlays     []string // e.g. "compose.scale.yaml"
 	Env          []string // extra compose variables, e.g. P2PNODE_POISON=nan
 }
@@ -139,7 +140,7 @@ func newFleet(t *testing.T, o fleetOptions) *composeFleet {
 		o.Trainers = 8
 	}
 	f, err := dfleet.Write(dfleet.Options{Dir: filepath.Join(t.TempDir(), "fleet"), Trainers: o.Trainers,
-		InnerSteps: o.InnerSteps, RoundTimeout: o.RoundTimeout, MinGroup: o.MinGroup, Attacker: true})
+		InnerSteps: o.InnerSteps, RoundTimeout: o.RoundTimeout, MinGroup: o.MinGroup, MaxNorm: o.MaxNorm, Attacker: true})
 	if err != nil {
 		t.Fatal(err)
 	}

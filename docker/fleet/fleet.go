@@ -55,6 +55,9 @@ type Options struct {
 	// MinGroup is lease.min_group (0: the demo's 1). With poisoning peers about, 3 or more
 	// lets screening compare every update with others.
 	MinGroup int
+	// MaxNorm is merge.screen.max_norm (0: none), the bound that holds whatever the
+	// cohort's size.
+	MaxNorm float64
 	// Attacker also writes attacker.yaml: one more trainer, for the poisoning overlay.
 	Attacker bool
 }
@@ -131,6 +134,9 @@ func Write(o Options) (*Fleet, error) {
 		}
 		if o.MinGroup > 0 {
 			c.Lease.MinGroup = o.MinGroup
+		}
+		if o.MaxNorm > 0 {
+			c.Merge.Screen.MaxNorm = o.MaxNorm
 		}
 	}
 	for i, c := range cfgs {
