@@ -32,19 +32,13 @@ type Command struct {
 	program string
 	args    []string
 
-	mu          sync.Mutex
-	state       State
-	started     bool
-	closed      bool
-	jobSeq      int
-	pid         int
-	calls       int64
-	failures    int64
-	lastCall    string
-	lastCallAt  time.Time
-	lastCallDur time.Duration
-	lastErr     error
-	lastErrAt   time.Time
+	mu      sync.Mutex
+	state   State
+	started bool
+	closed  bool
+	jobSeq  int
+	pid     int
+	callLog
 }
 
 // jobManifest is the JSON the command reads.
@@ -102,7 +96,8 @@ func (c *Command) Start(ctx context.Context) (Info, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		c.state, c.lastErr, c.lastErrAt = StateFailed, err, time.Now()
+		c.state = StateFailed
+		c.fail(err)
 		return Info{}, err
 	}
 	c.state = StateReady
@@ -276,12 +271,7 @@ func (c *Command) run(ctx context.Context, job *jobManifest, timeout time.Durati
 		c.log.Warn("checkpoint command failed", "job", job.JobID, "err", err)
 	}
 	c.mu.Lock()
-	c.calls++
-	c.lastCall, c.lastCallAt, c.lastCallDur = job.Kind, start, time.Since(start)
-	if err != nil {
-		c.failures++
-		c.lastErr, c.lastErrAt = err, time.Now()
-	}
+	c.recordCall(job.Kind, start, err)
 	c.mu.Unlock()
 	return raw, err
 }
@@ -402,7 +392,7 @@ func (c *Command) noteErr(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.failures++
-	c.lastErr, c.lastErrAt = err, time.Now()
+	c.fail(err)
 }
 
 // ScratchDir is the directory for packs and job manifests.
@@ -412,13 +402,8 @@ func (c *Command) ScratchDir() string { return c.scratch }
 func (c *Command) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := Status{
-		Backend: BackendCommand, State: c.state, PID: c.pid, Calls: c.calls, Failures: c.failures,
-		LastCall: c.lastCall, LastCallAt: c.lastCallAt, LastCallDuration: c.lastCallDur, LastErrorAt: c.lastErrAt,
-	}
-	if c.lastErr != nil {
-		s.LastError = c.lastErr.Error()
-	}
+	s := Status{Backend: BackendCommand, State: c.state, PID: c.pid}
+	c.fill(&s)
 	return s
 }
 

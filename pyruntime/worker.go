@@ -41,13 +41,7 @@ type Worker struct {
 	gen            int // incremented for every worker process that passed hello
 	loadedGen      int // gen of the process that last ran Load
 	nextID         int64
-	calls          int64
-	failures       int64
-	lastCall       string
-	lastCallAt     time.Time
-	lastCallDur    time.Duration
-	lastErr        error
-	lastErrAt      time.Time
+	callLog
 }
 
 type workerProc struct {
@@ -124,7 +118,7 @@ func (w *Worker) Start(ctx context.Context) (Info, error) {
 	defer w.mu.Unlock()
 	if err != nil {
 		w.state = StateFailed
-		w.lastErr, w.lastErrAt = err, time.Now()
+		w.fail(err)
 		return Info{}, err
 	}
 	return info, nil
@@ -311,7 +305,7 @@ func (w *Worker) respawn(ctx context.Context) (*workerProc, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.failedRestarts++
-	w.lastErr, w.lastErrAt = err, time.Now()
+	w.fail(err)
 	if w.failedRestarts >= w.opts.MaxRestarts {
 		w.state = StateFailed
 		w.log.Error("python worker keeps failing to start; giving up", "attempts", w.failedRestarts, "err", err)
@@ -414,12 +408,7 @@ func (w *Worker) call(ctx context.Context, method string, params, out any, timeo
 func (w *Worker) record(method string, start time.Time, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.calls++
-	w.lastCall, w.lastCallAt, w.lastCallDur = method, start, time.Since(start)
-	if err != nil {
-		w.failures++
-		w.lastErr, w.lastErrAt = err, time.Now()
-	}
+	w.recordCall(method, start, err)
 }
 
 // roundTrip sends one request and waits for its response. fatal reports that the worker
@@ -668,15 +657,10 @@ func (w *Worker) ScratchDir() string { return w.scratch }
 func (w *Worker) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Status{
-		Backend: BackendWorker, State: w.state, Restarts: w.restarts, Calls: w.calls, Failures: w.failures,
-		LastCall: w.lastCall, LastCallAt: w.lastCallAt, LastCallDuration: w.lastCallDur, LastErrorAt: w.lastErrAt,
-	}
+	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts}
+	w.fill(&s)
 	if w.proc != nil {
 		s.PID = w.proc.pid
-	}
-	if w.lastErr != nil {
-		s.LastError = w.lastErr.Error()
 	}
 	return s
 }

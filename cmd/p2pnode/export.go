@@ -10,7 +10,6 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/export"
-	"github.com/p2pnode/p2pnode/node"
 )
 
 func newExportCmd(g *globalFlags) *cobra.Command {
@@ -60,11 +59,7 @@ Other files in DIR are left alone; stale model files of an earlier export are re
 			if shardBytes <= 0 {
 				return fmt.Errorf("--shard-bytes: %d must be positive", shardBytes)
 			}
-			st, err := node.OpenStores(cfg)
-			if err != nil {
-				return err
-			}
-			id, err := st.ResolveHead(head)
+			st, id, err := openHead(cfg, head)
 			if err != nil {
 				return err
 			}
@@ -120,11 +115,7 @@ Prints OK lines, or what is wrong and exits non-zero.`,
 			if err != nil {
 				return err
 			}
-			st, err := node.OpenStores(cfg)
-			if err != nil {
-				return err
-			}
-			id, err := st.ResolveHead(head)
+			st, id, err := openHead(cfg, head)
 			if err != nil {
 				return err
 			}

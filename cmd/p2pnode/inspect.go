@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ipfs/go-cid"
 	"github.com/spf13/cobra"
 
 	"github.com/p2pnode/p2pnode/config"
@@ -108,11 +109,7 @@ report as JSON; exits non-zero on the first violation.`,
 			if err != nil {
 				return err
 			}
-			st, err := node.OpenStores(cfg)
-			if err != nil {
-				return err
-			}
-			id, err := st.ResolveHead(head)
+			st, id, err := openHead(cfg, head)
 			if err != nil {
 				return err
 			}
@@ -139,4 +136,17 @@ func newVersionCmd() *cobra.Command {
 			fmt.Fprintln(cmd.OutOrStdout(), node.Version)
 		},
 	}
+}
+
+// openHead opens the node's stores from cfg and resolves head (a CID or "latest").
+func openHead(cfg *config.Config, head string) (*node.Stores, cid.Cid, error) {
+	st, err := node.OpenStores(cfg)
+	if err != nil {
+		return nil, cid.Undef, err
+	}
+	id, err := st.ResolveHead(head)
+	if err != nil {
+		return nil, cid.Undef, err
+	}
+	return st, id, nil
 }
