@@ -2,12 +2,9 @@ package artifact
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,9 +14,12 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
-// verifyBudget bounds the memory of chunks received and waiting to be verified and
-// written, per download.
-const verifyBudget = 64 << 20
+// Verified chunks wait for the disk in a queue of writeQueue chunks and at most
+// writeBudget bytes, per download.
+const (
+	writeQueue  = 8
+	writeBudget = 64 << 20
+)
 
 // download is one fetch of one artifact, shared by every Fetch call for it.
 type download struct {
@@ -40,13 +40,13 @@ type download struct {
 	peersCh chan struct{}     // a new holder may be available
 
 	// Set once the manifest is known.
-	m        *Manifest
-	pt       *partial
-	part     atomic.Pointer[partial] // pt while chunks are being fetched, for serving them
-	q        *chunkQueue
-	window   int
-	verifyCh chan verifyJob
-	fatalCh  chan error
+	m       *Manifest
+	pt      *partial
+	part    atomic.Pointer[partial] // pt while chunks are being fetched, for serving them
+	q       *chunkQueue
+	window  int
+	writeCh chan writeJob // verified chunks, to be written
+	fatalCh chan error
 }
 
 func newDownload(x *Exchange, id cid.Cid, hints []peer.ID, prev *download) *download {
@@ -228,25 +228,22 @@ func (d *download) fetch() error {
 	return nil
 }
 
-// fetchChunks runs holders and verifiers until every chunk is written, the context
+// fetchChunks runs holders and the writer until every chunk is written, the context
 // ends, or no holder is left.
 func (d *download) fetchChunks() error {
-	// Verifiers hash (CPU) and then write (a blocking O_DIRECT write), so a few more
-	// than there are cores keep both busy. Each job holds a chunk buffer: the queue and
-	// workers together stay within verifyBudget bytes even for 16 MiB chunks.
-	chunks := max(4, verifyBudget/int(d.m.ChunkSize))
-	workers := min(runtime.GOMAXPROCS(0)+2, 16, chunks/2)
-	d.verifyCh = make(chan verifyJob, min(2*workers, chunks-workers))
-	var verifiers sync.WaitGroup
-	for range workers {
-		verifiers.Add(1)
-		go func() {
-			defer verifiers.Done()
-			for j := range d.verifyCh {
-				d.verify(j)
-			}
-		}()
-	}
+	// Sessions verify each chunk as it arrives; one writer puts the verified chunks on
+	// disk. Several O_DIRECT writers made fetches slower, not faster: concurrent writes
+	// into a sparse file contend for its allocation and reach the disk out of order,
+	// while one sequential writer keeps up with the device. The queue holds at most
+	// writeBudget bytes of chunks, and at least one.
+	d.writeCh = make(chan writeJob, max(1, min(writeQueue, writeBudget/int(d.m.ChunkSize))))
+	writing := make(chan struct{})
+	go func() {
+		defer close(writing)
+		for j := range d.writeCh {
+			d.write(j)
+		}
+	}()
 	var holders sync.WaitGroup
 	active := make(map[peer.ID]*peerRun)
 	knownActive := 0
@@ -256,15 +253,16 @@ func (d *download) fetchChunks() error {
 		for _, pr := range active {
 			pr.cancel()
 		}
-		// Drain exits so every holder goroutine can finish, then the verifiers.
+		// Drain exits so every holder goroutine can finish; then no session sends
+		// to the writer, which finishes what is queued.
 		go func() {
 			holders.Wait()
 			close(exits)
 		}()
 		for range exits {
 		}
-		close(d.verifyCh)
-		verifiers.Wait()
+		close(d.writeCh)
+		<-writing
 	}
 	for {
 		for len(active) < d.x.opts.MaxPeers {
@@ -323,30 +321,18 @@ func (d *download) noHoldersLeft() error {
 	return fmt.Errorf("no holder could serve the last %d of %d chunks: %w", left, len(d.m.Chunks), errors.Join(errs...))
 }
 
-// verifyJob is a received chunk waiting to be hashed and written.
-type verifyJob struct {
+// writeJob is a verified chunk waiting to be written.
+type writeJob struct {
 	index int
 	buf   *[]byte
 	n     int
-	from  *peerRun
 }
 
-func (d *download) verify(j verifyJob) {
+// write puts a verified chunk at its offset. A failed write ends the download: the
+// disk, not a holder, is at fault.
+func (d *download) write(j writeJob) {
 	defer buffers.put(j.buf)
-	data := (*j.buf)[:j.n]
-	if j.from.penalised.Load() {
-		// Sent by a peer already caught lying: not worth hashing, fetch it elsewhere.
-		d.q.giveBack(j.index)
-		return
-	}
-	if got := sha256.Sum256(data); got != d.pt.digests[j.index] {
-		d.x.m.badChunks.Inc()
-		j.from.fail(fmt.Errorf("%w: chunk %d hashes to sha2-256 %s…, manifest says %s: %w",
-			errBadChunk, j.index, hex.EncodeToString(got[:8]), d.m.Chunks[j.index], ErrCorrupt))
-		d.q.giveBack(j.index)
-		return
-	}
-	if err := d.pt.writeChunk(j.index, data); err != nil {
+	if err := d.pt.writeChunk(j.index, (*j.buf)[:j.n]); err != nil {
 		d.q.giveBack(j.index)
 		select {
 		case d.fatalCh <- err:

@@ -209,7 +209,7 @@ func TestFetchRejectsNonArtifactCIDs(t *testing.T) {
 }
 
 func TestFetchNoHolder(t *testing.T) {
-	missing := (&Manifest{Version: 1, Size: 10, ChunkSize: testChunk, Chunks: []cid.Cid{RawCID([]byte("0123456789"))}}).ID()
+	missing := (&Manifest{Version: ManifestVersion, Size: 10, ChunkSize: testChunk, Chunks: []cid.Cid{ChunkCID([]byte("0123456789"))}}).ID()
 	t.Run("connected peers lack it", func(t *testing.T) {
 		c := newCluster(t, 3, mocknet.LinkOptions{}, ExchangeOptions{})
 		start := time.Now()

@@ -39,14 +39,14 @@ func (h *Hasher) Write(p []byte) (int, error) {
 		take := min(len(p), int(h.chunkSize)-len(h.chunk))
 		// A whole chunk available in p is hashed in place rather than copied.
 		if len(h.chunk) == 0 && take == int(h.chunkSize) {
-			h.chunks = append(h.chunks, RawCID(p[:take]))
+			h.chunks = append(h.chunks, ChunkCID(p[:take]))
 		} else {
 			if h.chunk == nil {
 				h.chunk = make([]byte, 0, h.chunkSize)
 			}
 			h.chunk = append(h.chunk, p[:take]...)
 			if len(h.chunk) == int(h.chunkSize) {
-				h.chunks = append(h.chunks, RawCID(h.chunk))
+				h.chunks = append(h.chunks, ChunkCID(h.chunk))
 				h.chunk = h.chunk[:0]
 			}
 		}
@@ -61,9 +61,9 @@ func (h *Hasher) Manifest() *Manifest {
 	chunks := make([]cid.Cid, len(h.chunks), len(h.chunks)+1)
 	copy(chunks, h.chunks)
 	if len(h.chunk) > 0 {
-		chunks = append(chunks, RawCID(h.chunk))
+		chunks = append(chunks, ChunkCID(h.chunk))
 	}
-	return &Manifest{Version: 1, Size: h.size, ChunkSize: h.chunkSize, Chunks: chunks}
+	return &Manifest{Version: ManifestVersion, Size: h.size, ChunkSize: h.chunkSize, Chunks: chunks}
 }
 
 // ManifestOf reads r to the end and returns the manifest its bytes would have as an

@@ -185,7 +185,7 @@ func TestNumChunksNoOverflow(t *testing.T) {
 			t.Errorf("NumChunks(%d, %d) = %d, want %d", tt.size, tt.cs, got, tt.want)
 		}
 	}
-	m := &Manifest{Version: 1, Size: ^uint64(0), ChunkSize: 1 << 20}
+	m := &Manifest{Version: ManifestVersion, Size: ^uint64(0), ChunkSize: 1 << 20}
 	if m.Validate() == nil {
 		t.Fatal("a manifest claiming 2^64-1 bytes in no chunks validated")
 	}

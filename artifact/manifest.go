@@ -21,6 +21,10 @@ const (
 // ErrCorrupt is returned when bytes do not match their CID.
 var ErrCorrupt = errors.New("artifact corrupt")
 
+// ManifestVersion is the manifest format we write and accept: 2 names chunks by
+// blake3-256 (version 1 used sha2-256).
+const ManifestVersion = 2
+
 // Manifest describes an artifact: its length, chunk size and the CID of every chunk.
 type Manifest struct {
 	Version   uint64    `cbor:"1,keyasint"`
@@ -92,8 +96,8 @@ func (m *Manifest) ID() cid.Cid { return RecordCID(m.Encode()) }
 
 // Validate checks the manifest is internally consistent.
 func (m *Manifest) Validate() error {
-	if m.Version != 1 {
-		return fmt.Errorf("manifest version %d unsupported (want 1)", m.Version)
+	if m.Version != ManifestVersion {
+		return fmt.Errorf("manifest version %d unsupported (want %d)", m.Version, ManifestVersion)
 	}
 	if m.ChunkSize < MinChunkSize || m.ChunkSize > MaxChunkSize {
 		return fmt.Errorf("manifest chunk size %d outside [%d, %d]", m.ChunkSize, MinChunkSize, MaxChunkSize)
@@ -102,7 +106,7 @@ func (m *Manifest) Validate() error {
 		return fmt.Errorf("manifest lists %d chunks, size %d at chunk size %d needs %d", len(m.Chunks), m.Size, m.ChunkSize, want)
 	}
 	for i, c := range m.Chunks {
-		if err := CheckCID(c, cid.Raw); err != nil {
+		if err := CheckChunkCID(c); err != nil {
 			return fmt.Errorf("manifest chunk %d: %w", i, err)
 		}
 	}

@@ -2,7 +2,6 @@ package artifact
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"sync/atomic"
 
 	"github.com/ipfs/go-cid"
-	mh "github.com/multiformats/go-multihash"
 
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 )
@@ -44,7 +42,7 @@ type partial struct {
 	id       cid.Cid
 	m        *Manifest
 	manifest []byte
-	digests  [][sha256.Size]byte
+	digests  [][DigestSize]byte
 	data     *os.File
 	haveFile *os.File
 	// direct writes whole aligned chunks past the page cache: on a small machine the
@@ -83,19 +81,16 @@ func (s *Store) loadPartialManifest(id cid.Cid) ([]byte, *Manifest, bool) {
 	return b, m, true
 }
 
-// chunkDigests extracts the sha2-256 digest of every chunk, so verifying a chunk is one
-// hash and a compare, without building CIDs.
-func chunkDigests(m *Manifest) ([][sha256.Size]byte, error) {
-	out := make([][sha256.Size]byte, len(m.Chunks))
+// chunkDigests extracts the digest of every chunk, so verifying a chunk is one hash and
+// a compare, without building CIDs.
+func chunkDigests(m *Manifest) ([][DigestSize]byte, error) {
+	out := make([][DigestSize]byte, len(m.Chunks))
 	for i, c := range m.Chunks {
-		d, err := mh.Decode(c.Hash())
+		d, err := ChunkDigest(c)
 		if err != nil {
 			return nil, fmt.Errorf("manifest chunk %d: %w", i, err)
 		}
-		if d.Code != mh.SHA2_256 || len(d.Digest) != sha256.Size {
-			return nil, fmt.Errorf("manifest chunk %d: %w: not sha2-256", i, ErrBadCID)
-		}
-		copy(out[i][:], d.Digest)
+		out[i] = d
 	}
 	return out, nil
 }
@@ -177,7 +172,7 @@ func (p *partial) recheck() (int64, error) {
 			if _, err := p.data.ReadAt(b, begin); err != nil {
 				continue
 			}
-			if sha256.Sum256(b) != p.digests[i] {
+			if chunkSum(b) != p.digests[i] {
 				continue
 			}
 			p.bits[i/8] |= 1 << (i % 8)

@@ -59,7 +59,7 @@ type peerRun struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	penalised atomic.Bool  // set on the first bad chunk; its later chunks are discarded
+	penalised atomic.Bool  // set when first caught sending bad data, so it is penalised once
 	nlacks    atomic.Int32 // len(lacks), read without the lock on every take
 
 	mu    sync.Mutex

@@ -3,6 +3,7 @@ package artifact
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,10 @@ const lackRetry = time.Second
 // the next request, so we never write into a stream the holder may have dropped for
 // idleness (holders wait at least holderIdle). A variable so tests can shorten it.
 var idleReopen = 30 * time.Second
+
+// hashPiece is how much of a chunk is read from the stream before it is hashed: small
+// enough that the hash reads it from the cache the copy just filled.
+const hashPiece = 128 << 10
 
 // errIdleStream ends a stream that was idle for idleReopen; the session opens another.
 var errIdleStream = errors.New("stream idle")
@@ -81,6 +86,7 @@ func (pr *peerRun) stream(window int) (err error) {
 	}()
 
 	br := bufio.NewReaderSize(s, 32<<10)
+	hs := newChunkHasher()
 	take := make([]int, 0, window)
 	var idleSince time.Time // when the stream last ran out of work; zero while busy
 	maxFrame := int(d.m.ChunkSize) + maxChunkHeader
@@ -146,20 +152,33 @@ func (pr *peerRun) stream(window int) (err error) {
 				return fmt.Errorf("%w: chunk %d is %d bytes, manifest says %d", errBadChunk, resp.index, resp.dataLen, end-begin)
 			}
 			buf := buffers.get(int(d.m.ChunkSize))
-			if _, err := io.ReadFull(br, (*buf)[:resp.dataLen]); err != nil {
-				buffers.put(buf)
-				return classifyReadErr(noEOF(err), wd.fired())
+			data := (*buf)[:resp.dataLen]
+			hs.reset()
+			for off := 0; off < len(data); {
+				k := min(hashPiece, len(data)-off)
+				if _, err := io.ReadFull(br, data[off:off+k]); err != nil {
+					buffers.put(buf)
+					return classifyReadErr(noEOF(err), wd.fired())
+				}
+				hs.write(data[off : off+k])
+				off += k
 			}
 			d.x.m.bytesReceived.Add(float64(resp.dataLen))
+			if got := hs.sum(); got != d.pt.digests[resp.index] {
+				buffers.put(buf)
+				d.x.m.badChunks.Inc()
+				return fmt.Errorf("%w: chunk %d hashes to blake3 %s…, manifest says %s: %w",
+					errBadChunk, resp.index, hex.EncodeToString(got[:8]), d.m.Chunks[resp.index], ErrCorrupt)
+			}
 			inflight = inflight[1:]
-			job := verifyJob{index: resp.index, buf: buf, n: resp.dataLen, from: pr}
+			job := writeJob{index: resp.index, buf: buf, n: resp.dataLen}
 			select {
-			case d.verifyCh <- job:
+			case d.writeCh <- job:
 			default:
-				// Our disk or CPU is behind; that is no reason to call the holder stalled.
+				// Our disk is behind; that is no reason to call the holder stalled.
 				wd.stop()
 				select {
-				case d.verifyCh <- job:
+				case d.writeCh <- job:
 				case <-pr.ctx.Done():
 					buffers.put(buf)
 					d.q.giveBack(resp.index)

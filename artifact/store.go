@@ -301,7 +301,7 @@ func VerifyBytes(m *Manifest, data []byte) error {
 	}
 	for i, c := range m.Chunks {
 		b, e := m.ChunkRange(i)
-		if err := VerifyRaw(c, data[b:e]); err != nil {
+		if err := VerifyChunk(c, data[b:e]); err != nil {
 			return fmt.Errorf("chunk %d: %w", i, err)
 		}
 	}

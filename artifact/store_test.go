@@ -91,7 +91,7 @@ func TestOpenStoreRejectsBadChunkSize(t *testing.T) {
 }
 
 func TestParseAcceptsOnlyArtifactIDs(t *testing.T) {
-	m := &Manifest{Version: 1, Size: 0, ChunkSize: 1024}
+	m := &Manifest{Version: ManifestVersion, Size: 0, ChunkSize: 1024}
 	_, err := Parse(m.ID().String())
 	require.NoError(t, err)
 	_, err = Parse(RawCID([]byte("x")).String())
@@ -101,7 +101,7 @@ func TestParseAcceptsOnlyArtifactIDs(t *testing.T) {
 }
 
 func FuzzDecodeManifest(f *testing.F) {
-	m := &Manifest{Version: 1, Size: 3000, ChunkSize: 1024, Chunks: []cid.Cid{RawCID([]byte("a")), RawCID([]byte("b")), RawCID([]byte("c"))}}
+	m := &Manifest{Version: ManifestVersion, Size: 3000, ChunkSize: 1024, Chunks: []cid.Cid{ChunkCID([]byte("a")), ChunkCID([]byte("b")), ChunkCID([]byte("c"))}}
 	f.Add(m.Encode())
 	f.Add([]byte{0xa0})
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -11,7 +11,7 @@ import (
 )
 
 func testID() cid.Cid {
-	return (&Manifest{Version: 1, Size: 3, ChunkSize: MinChunkSize, Chunks: []cid.Cid{RawCID([]byte("abc"))}}).ID()
+	return (&Manifest{Version: ManifestVersion, Size: 3, ChunkSize: MinChunkSize, Chunks: []cid.Cid{ChunkCID([]byte("abc"))}}).ID()
 }
 
 func TestRequestRoundTrip(t *testing.T) {
