@@ -52,6 +52,11 @@ type ExchangeOptions struct {
 	Logger          *slog.Logger
 	// Registerer receives the p2ptrain_artifact_* metrics (default: a private registry).
 	Registerer prometheus.Registerer
+
+	// Idle stream timeouts, shortened by tests (per exchange, so that a test's streams
+	// never see another test's settings).
+	idleReopen time.Duration // fetcher: reopen a stream idle this long (default 30 s)
+	holderIdle time.Duration // holder: drop a stream idle this long (default max(4 × RequestTimeout, 1 min))
 }
 
 func (o ExchangeOptions) withDefaults() ExchangeOptions {
@@ -66,6 +71,14 @@ func (o ExchangeOptions) withDefaults() ExchangeOptions {
 	}
 	if o.PenaltyDuration <= 0 {
 		o.PenaltyDuration = DefaultPenaltyDuration
+	}
+	if o.idleReopen <= 0 {
+		o.idleReopen = defaultIdleReopen
+	}
+	if o.holderIdle <= 0 {
+		// Fetchers keep streams open while they wait for chunks to re-request, so a
+		// holder waits well beyond the request timeout and the fetcher's idleReopen.
+		o.holderIdle = max(4*o.RequestTimeout, time.Minute)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -346,10 +346,11 @@ func TestFetchResumesAfterCancel(t *testing.T) {
 
 	require.NoError(t, fetcher.x.Fetch(fetchCtx(t, 20*time.Second), id, holder.id()))
 	requireStored(t, fetcher, id, data)
+	// What was received but not yet written when the first attempt stopped (a window
+	// per stream, and the write queue) is not resumed and may come twice.
+	slack := float64((4*2 + writeQueue) * testChunk)
 	resumed := fetcher.metric(t, "p2ptrain_artifact_resumed_bytes_total")
-	require.GreaterOrEqual(t, resumed, float64(len(data)/2))
-	// What was received but not yet written when the first attempt stopped may come twice.
-	slack := float64(4 * 2 * testChunk)
+	require.GreaterOrEqual(t, resumed, float64(len(data)/2)-slack)
 	require.LessOrEqual(t, fetcher.metric(t, "p2ptrain_artifact_received_bytes_total"), float64(len(data))+slack)
 }
 

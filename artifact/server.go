@@ -130,13 +130,6 @@ func (sv *server) release() {
 	}
 }
 
-// holderIdle bounds the wait for a fetcher's next request. Fetchers keep streams open
-// while they wait for chunks to re-request, so it is well above the request timeout and
-// above the fetcher's idleReopen. A variable so tests can shorten it.
-var holderIdle = func(requestTimeout time.Duration) time.Duration {
-	return max(4*requestTimeout, time.Minute)
-}
-
 // serveGuarded runs serve, turning a fault while reading a mapped blob (its file
 // truncated behind the store's back) into an error for this stream, not a crash.
 func (sv *server) serveGuarded() (err error) {
@@ -157,7 +150,7 @@ func (sv *server) serve() error {
 	req := buffers.get(maxRequestFrame)
 	defer buffers.put(req)
 	for {
-		sv.s.SetReadDeadline(time.Now().Add(holderIdle(sv.x.opts.RequestTimeout)))
+		sv.s.SetReadDeadline(time.Now().Add(sv.x.opts.holderIdle))
 		payload, err := readFrame(sv.br, *req, maxRequestFrame)
 		if err == io.EOF {
 			return nil

@@ -14,16 +14,16 @@ import (
 // chunks it said it lacked.
 const lackRetry = time.Second
 
-// idleReopen: a stream that sat idle this long is closed and a fresh one opened before
-// the next request, so we never write into a stream the holder may have dropped for
-// idleness (holders wait at least holderIdle). A variable so tests can shorten it.
-var idleReopen = 30 * time.Second
+// defaultIdleReopen: a stream that sat idle this long is closed and a fresh one opened
+// before the next request, so we never write into a stream the holder may have dropped
+// for idleness (holders wait at least a minute).
+const defaultIdleReopen = 30 * time.Second
 
 // hashPiece is how much of a chunk is read from the stream before it is hashed: small
 // enough that the hash reads it from the cache the copy just filled.
 const hashPiece = 128 << 10
 
-// errIdleStream ends a stream that was idle for idleReopen; the session opens another.
+// errIdleStream ends a stream that was idle too long; the session opens another.
 var errIdleStream = errors.New("stream idle")
 
 // session fetches chunks from the holder, keeping up to window chunks requested, until
@@ -99,7 +99,7 @@ func (pr *peerRun) stream(window int) (err error) {
 			}
 			take, wait = d.q.take(take, window-len(inflight), skip)
 			switch {
-			case len(take) > 0 && !idleSince.IsZero() && time.Since(idleSince) > idleReopen:
+			case len(take) > 0 && !idleSince.IsZero() && time.Since(idleSince) > d.x.opts.idleReopen:
 				d.q.giveBack(take...)
 				s.Close()
 				return errIdleStream

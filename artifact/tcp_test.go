@@ -41,16 +41,12 @@ func TestFetchOverTCP(t *testing.T) {
 // A holder drops a stream that sat idle (real deadlines, so TCP): a fetcher whose
 // stream waited long for work opens a fresh one instead of losing a good holder.
 func TestIdleStreamIsReopened(t *testing.T) {
-	defer func(r time.Duration, h func(time.Duration) time.Duration) { idleReopen, holderIdle = r, h }(idleReopen, holderIdle)
-	idleReopen = 50 * time.Millisecond
-	holderIdle = func(time.Duration) time.Duration { return 150 * time.Millisecond }
-
 	fh, good, bad := newTCPHost(t), newTCPHost(t), newTCPHost(t)
 	connectTCP(t, fh, good)
 	connectTCP(t, fh, bad)
-	opts := ExchangeOptions{RequestTimeout: 500 * time.Millisecond, Window: 4, StreamsPerPeer: 1}
+	opts := ExchangeOptions{RequestTimeout: 500 * time.Millisecond, Window: 4, StreamsPerPeer: 1, idleReopen: 50 * time.Millisecond}
 	fetcher := newTestNode(t, fh, t.TempDir(), opts)
-	goodNode := newTestNode(t, good, t.TempDir(), ExchangeOptions{})
+	goodNode := newTestNode(t, good, t.TempDir(), ExchangeOptions{holderIdle: 150 * time.Millisecond})
 	badNode := newTestNode(t, bad, t.TempDir(), ExchangeOptions{})
 	data := randomBytes(41, 64*testChunk)
 	id := seed(t, data, goodNode, badNode)
