@@ -17,7 +17,8 @@ run() { # package benchmark-regexp benchtime
 }
 run ./merge/ 'Merge8x25M$' 5x
 run ./pyruntime/ 'PackRoundTrip$' 1x
-run ./artifact/ 'ArtifactFetch|SwarmFetch' 1x
+run ./artifact/ 'ArtifactFetch' 3x
+run ./artifact/ 'SwarmFetch' 1x
 run ./gossip/ 'Gossip' 1x
 if ls export/*_test.go >/dev/null 2>&1 && grep -qh '^func Benchmark' export/*_test.go; then
   run ./export/ '.' 1x
