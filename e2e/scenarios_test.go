@@ -116,19 +116,36 @@ func waitAll(t *testing.T, procs []*Proc, timeout time.Duration) {
 	}
 }
 
-// TestSwarmTrainerCrashCatchesUp kills a trainer (SIGKILL, with its worker) while it holds
-// a lease: the round closes at its deadline without it, rounds keep closing, and the
-// restarted trainer catches up to the canonical head and contributes again.
-func TestSwarmTrainerCrashCatchesUp(t *testing.T) {
-	dir := t.TempDir()
-	procs := swarm(t, dir, 3, 20, func(_ string, c *config.Config) {
+// runningSwarm starts a validator and trainers that train 400 inner steps per round with
+// a 10 s round timeout, and returns once the validator has closed round 2.
+func runningSwarm(t *testing.T, dir string, trainers, rounds int) []*Proc {
+	t.Helper()
+	procs := swarm(t, dir, trainers, rounds, func(_ string, c *config.Config) {
 		c.Protocol.InnerSteps = 400
 		c.Lease.RoundTimeout = 10 * time.Second
 	})
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	startSwarm(t, procs)
+	waitRound(t, procs[0], 2, 2*time.Minute)
+	return procs
+}
+
+// waitContribution waits until p's last contribution is to a round after round.
+func waitContribution(t *testing.T, p *Proc, round int) {
+	t.Helper()
+	Eventually(t, 2*time.Minute, fmt.Sprintf("%s to contribute after round %d", p.Name, round), func() bool {
+		s := statusOf(p)
+		return s != nil && s.Last != nil && s.Last.Round > uint64(round)
+	})
+}
+
+// TestSwarmTrainerCrashCatchesUp kills a trainer (SIGKILL, with its worker) while it holds
+// a lease: the round closes at its deadline without it, rounds keep closing, and the
+// restarted trainer catches up to the canonical head and contributes again.
+func TestSwarmTrainerCrashCatchesUp(t *testing.T) {
+	dir := t.TempDir()
+	procs := runningSwarm(t, dir, 3, 20)
 	v, victim := procs[0], procs[2]
-	waitRound(t, v, 2, 2*time.Minute)
 	Eventually(t, time.Minute, "trainer-2 to hold a lease", func() bool {
 		s := statusOf(victim)
 		return s != nil && len(s.Leases) > 0
@@ -141,10 +158,7 @@ func TestSwarmTrainerCrashCatchesUp(t *testing.T) {
 	restarted := NewProc(t, dir, victim.Name, victim.Cfg)
 	DumpOnFailure(t, restarted)
 	restarted.Start()
-	Eventually(t, 2*time.Minute, "the restarted trainer to contribute", func() bool {
-		s := statusOf(restarted)
-		return s != nil && s.Last != nil && s.Last.Round > uint64(killed+2)
-	})
+	waitContribution(t, restarted, killed+2)
 	t.Logf("restarted trainer-2 contributed to round %d", statusOf(restarted).Last.Round)
 	procs[2] = restarted
 	waitAll(t, procs, 3*time.Minute)
@@ -223,14 +237,8 @@ func TestSwarmScale(t *testing.T) {
 // contributes again, and the audit finds no microshard lost or trained twice.
 func TestSwarmFrozenTrainerCatchesUp(t *testing.T) {
 	dir := t.TempDir()
-	procs := swarm(t, dir, 3, 16, func(_ string, c *config.Config) {
-		c.Protocol.InnerSteps = 400
-		c.Lease.RoundTimeout = 10 * time.Second
-	})
-	requirePython(t, procs[0].Cfg.Workload.Interpreter)
-	startSwarm(t, procs)
+	procs := runningSwarm(t, dir, 3, 16)
 	v, frozen := procs[0], procs[3]
-	waitRound(t, v, 2, 2*time.Minute)
 	if err := frozen.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -243,10 +251,7 @@ func TestSwarmFrozenTrainerCatchesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("trainer-3 frozen from round %d to %d", cut, lastRound(v))
-	Eventually(t, 2*time.Minute, "trainer-3 to contribute after the freeze", func() bool {
-		s := statusOf(frozen)
-		return s != nil && s.Last != nil && s.Last.Round > uint64(cut+2)
-	})
+	waitContribution(t, frozen, cut+2)
 	waitAll(t, procs, 3*time.Minute)
 	tip := sameTips(t, procs)
 	out, err := exec.Command(mustBinary(t), "audit", "--config", v.Config).CombinedOutput()
