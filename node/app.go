@@ -195,7 +195,7 @@ func busModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			fx.Annotate(
 				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
-					return artifact.NewExchange(h, store, artifact.ExchangeOptions{Logger: log.With("pkg", "artifact"), Registerer: reg})
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"), Registerer: reg})
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),
@@ -226,7 +226,7 @@ func busModule(cfg *config.Config) fx.Option {
 		),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
-			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"))
+			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
 			lc.Append(fx.StopHook(svc.Close))
 		}),
 	)
