@@ -112,6 +112,8 @@ type Protocol struct {
 	InnerSteps  int    `yaml:"inner_steps"`
 	Codec       string `yaml:"codec"`
 	Int8Block   int    `yaml:"int8_block"`
+	SparseBlock int    `yaml:"sparse_block"`
+	SparseTopK  int    `yaml:"sparse_topk"`
 	DiLoCo      DiLoCo `yaml:"diloco"`
 	EMA         EMA    `yaml:"ema"`
 }

@@ -42,6 +42,8 @@ func Default() *Config {
 			InnerSteps:  20,
 			Codec:       "fp32",
 			Int8Block:   256,
+			SparseBlock: 4096,
+			SparseTopK:  64,
 			DiLoCo:      DiLoCo{OuterLR: 0.7, Momentum: 0.9, Nesterov: true},
 			EMA:         EMA{Decay: 0.5},
 		},
