@@ -96,3 +96,39 @@ func FuzzDecodeSparse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeRangeSparse: arbitrary sparse encodings and ranges never panic; a range that
+// decodes agrees with the full decode whenever every record is well formed (CheckRecords),
+// and CheckRecords agrees with Decode.
+func FuzzDecodeRangeSparse(f *testing.F) {
+	good, _ := EncodeSparse(randVec(9, 1000), nil, 64, 4, 1)
+	f.Add(good.N, good.BlockSize, good.TopK, good.Data, scalesBytes(good.Scales), good.Index, 128, 200)
+	f.Add(good.N, good.BlockSize, good.TopK, good.Data, scalesBytes(good.Scales), good.Index, 960, 40)
+	f.Fuzz(func(t *testing.T, n, block, topK int, data, scales, index []byte, lo, m int) {
+		e := Encoded{Codec: Sparse, N: n, BlockSize: block, TopK: topK, Data: data, Index: index}
+		for i := 0; i+4 <= len(scales); i += 4 {
+			e.Scales = append(e.Scales, math.Float32frombits(binary.LittleEndian.Uint32(scales[i:])))
+		}
+		if m < 0 || m > 1<<16 {
+			m = 0
+		}
+		dst := make([]float32, m)
+		rangeErr := DecodeRange(e, lo, dst, 2)
+		if e.N < 0 || e.N > 1<<20 {
+			return
+		}
+		full := make([]float32, e.N)
+		fullErr := Decode(e, full, 1)
+		if (fullErr == nil) != (e.CheckRecords(2) == nil) {
+			t.Fatalf("Decode says %v, CheckRecords disagrees", fullErr)
+		}
+		if rangeErr != nil || fullErr != nil {
+			return
+		}
+		for i := range dst {
+			if math.Float32bits(dst[i]) != math.Float32bits(full[lo+i]) {
+				t.Fatalf("element %d: range %v, full %v", lo+i, dst[i], full[lo+i])
+			}
+		}
+	})
+}

@@ -467,3 +467,59 @@ func decodeSparse(e Encoded, dst []float32, b0, b1, workers int) error {
 	})
 	return nil
 }
+
+// sparseSpan is Span for the sparse codec: whole blocks [lo/B, ⌈hi/B⌉).
+func (e Encoded) sparseSpan(lo, hi int) (Span, error) {
+	if err := checkSparseParams(e.BlockSize, e.TopK); err != nil {
+		return Span{}, fmt.Errorf("span: %w: %w", ErrMalformed, err)
+	}
+	if e.N < 0 || e.N > maxSparseN || lo < 0 || hi < lo || hi > e.N {
+		return Span{}, fmt.Errorf("span: %w: range [%d, %d) of %d values", ErrLengthMismatch, lo, hi, e.N)
+	}
+	B := e.BlockSize
+	if lo%B != 0 || (hi%B != 0 && hi != e.N) {
+		return Span{}, fmt.Errorf("span: %w: sparse range [%d, %d) must start on a block boundary (block size %d) and end on one or at n = %d", ErrBadConfig, lo, hi, B, e.N)
+	}
+	s := layoutOf(e.N, B, e.TopK)
+	b0, b1 := lo/B, parallel.NumChunks(hi, B)
+	sp := Span{Lo: lo, Hi: hi, ScaleBegin: 2 * b0, ScaleEnd: 2 * b1,
+		DataBegin: s.dataOff(b0), DataEnd: s.dataOff(b1), IndexBegin: s.indexOff(b0), IndexEnd: s.indexOff(b1)}
+	if b1 == s.blocks {
+		sp.DataEnd, sp.IndexEnd = s.dataLen(), s.indexLen()
+	}
+	if lo == hi {
+		sp.DataEnd, sp.IndexEnd, sp.ScaleEnd = sp.DataBegin, sp.IndexBegin, sp.ScaleBegin
+	}
+	return sp, nil
+}
+
+// CheckRecords checks every record of a sparse encoding (positions and padding) without
+// decoding it, so that a reader that decodes it range by range (DecodeRange, Slice) learns
+// before it merges anything whether the whole contribution is well formed. Validate alone
+// checks only sizes and scales. For the other codecs it is Validate.
+func (e Encoded) CheckRecords(workers int) error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	if e.Codec != Sparse {
+		return nil
+	}
+	s := layoutOf(e.N, e.BlockSize, e.TopK)
+	blocksPerChunk := max(1, parallel.ChunkLen/e.BlockSize)
+	errs := make([]error, parallel.NumChunks(s.blocks, blocksPerChunk))
+	parallel.ForChunks(s.blocks, blocksPerChunk, workers, func(c, lo, hi int) {
+		pos := make([]uint32, s.full.k)
+		for b := lo; b < hi; b++ {
+			if err := e.sparsePositions(s, b, pos[:s.geom(b).k]); err != nil {
+				errs[c] = fmt.Errorf("encoded delta: %w", err)
+				return
+			}
+		}
+	})
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -331,3 +331,55 @@ func TestSelectLargest(t *testing.T) {
 		}
 	}
 }
+
+// A streaming reader's way through a sparse file: Span from the header fields alone, then
+// only the spanned bytes of the three tensors, decoded like the full encoding; CheckRecords
+// first to know the whole contribution is well formed.
+func TestSparseSpanViewFromBytes(t *testing.T) {
+	const n = 1000
+	e, err := EncodeSparse(randVec(3, n), nil, 64, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CheckRecords(2); err != nil {
+		t.Fatal(err)
+	}
+	full := make([]float32, n)
+	if err := Decode(e, full, 1); err != nil {
+		t.Fatal(err)
+	}
+	hdr := Encoded{Codec: e.Codec, N: e.N, BlockSize: e.BlockSize, TopK: e.TopK}
+	if hdr.Align() != 64 {
+		t.Fatalf("Align = %d", hdr.Align())
+	}
+	for lo := 0; lo < n; lo += 192 {
+		hi := min(lo+192, n)
+		s, err := hdr.Span(lo, hi)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := append([]byte(nil), e.Data[s.DataBegin:s.DataEnd]...)
+		index := append([]byte(nil), e.Index[s.IndexBegin:s.IndexEnd]...)
+		scales := append([]float32(nil), e.Scales[s.ScaleBegin:s.ScaleEnd]...)
+		dst := make([]float32, hi-lo)
+		if err := Decode(s.View(hdr, data, scales, index), dst, 1); err != nil {
+			t.Fatal(err)
+		}
+		requireBits32(t, "view", dst, full[lo:hi])
+	}
+	for _, r := range [][2]int{{10, 64}, {0, 100}, {64, 1001}} {
+		if _, err := hdr.Span(r[0], r[1]); err == nil {
+			t.Errorf("Span(%d, %d) of a sparse encoding: no error", r[0], r[1])
+		}
+	}
+	// A bad record in a block outside the range: the range decodes, CheckRecords objects.
+	bad := e
+	bad.Index = slices.Clone(e.Index)
+	bad.Index[len(bad.Index)-1] ^= 0xff
+	if err := DecodeRange(bad, 0, make([]float32, 64), 1); err != nil {
+		t.Fatalf("range before the bad block: %v", err)
+	}
+	if err := bad.CheckRecords(2); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("CheckRecords = %v, want ErrMalformed", err)
+	}
+}
