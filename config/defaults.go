@@ -50,7 +50,7 @@ func Default() *Config {
 		Merge: Merge{
 			Aggregator:   "mean",
 			TrimFraction: 0.2,
-			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0)},
+			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4},
 		},
 		Lease: Lease{
 			MicroshardsPerTrainer: 4,

@@ -189,6 +189,7 @@ func (c *Config) validateMerge(v *validator) {
 	}
 	v.check(finite(m.Screen.MaxNorm) && m.Screen.MaxNorm >= 0, "merge.screen.max_norm", "must be >= 0 (0 = off), got %v", m.Screen.MaxNorm)
 	v.check(finite(m.Screen.MaxNormRatio) && (m.Screen.MaxNormRatio == 0 || m.Screen.MaxNormRatio > 1), "merge.screen.max_norm_ratio", "must be 0 (off) or > 1, got %v", m.Screen.MaxNormRatio)
+	v.check(finite(m.Screen.CosineTolerance) && m.Screen.CosineTolerance >= 0, "merge.screen.cosine_tolerance", "must be >= 0 (0 = fixed min_cosine bar), got %v", m.Screen.CosineTolerance)
 	if mc := m.Screen.MinCosine; mc != nil {
 		v.check(finite(*mc) && *mc >= -1 && *mc <= 1, "merge.screen.min_cosine", "must be in [-1, 1], got %v", *mc)
 	}

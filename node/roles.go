@@ -255,8 +255,9 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 		Decay:      cfg.Protocol.EMA.Decay,
 		Aggregator: agg,
 		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
-		Screen:     merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio},
-		Codec:      codec,
+		Screen: merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio,
+			CosineTolerance: cfg.Merge.Screen.CosineTolerance},
+		Codec: codec,
 	}
 	if mc := cfg.Merge.Screen.MinCosine; mc != nil {
 		p.Screen.MinCosine = mc
