@@ -43,13 +43,15 @@ func Default() *Config {
 			InnerSteps:  20,
 			Codec:       "fp32",
 			Int8Block:   256,
+			SparseBlock: 4096,
+			SparseTopK:  64,
 			DiLoCo:      DiLoCo{OuterLR: 0.7, Momentum: 0.9, Nesterov: true},
 			EMA:         EMA{Decay: 0.5},
 		},
 		Merge: Merge{
 			Aggregator:   "mean",
 			TrimFraction: 0.2,
-			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0)},
+			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4},
 		},
 		Lease: Lease{
 			MicroshardsPerTrainer: 4,

@@ -52,6 +52,7 @@ type Node struct {
 	http   *httpServer
 	errs   *loopErrors
 	self   peer.ID
+	reg    *prometheus.Registry
 }
 
 // New assembles a node from the config. It does no long work: the dataset, the Python worker
@@ -71,7 +72,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			return l
 		}),
 		Module(cfg, opts),
-		fx.Populate(&n.status, &n.http, &n.errs, &n.self),
+		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
 	)
 	if err := app.Err(); err != nil {
 		return nil, fmt.Errorf("assemble node: %w", dig.RootCause(err))
@@ -86,7 +87,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		fx.Supply(cfg, opts),
 		fx.Provide(
 			func(o Options) *slog.Logger { return o.Logger },
-			prometheus.NewRegistry,
+			newRegistry,
 			func(r *prometheus.Registry) prometheus.Registerer { return r },
 			newNodeMetrics,
 			func() *loopErrors { return &loopErrors{} },
@@ -100,6 +101,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		rolesModule(cfg),
 		exportModule(cfg),
 		httpModule(cfg),
+		fx.Invoke(registerPeersGauge),
 	)
 }
 
