@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -27,14 +26,6 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
-)
-
-// Connection manager watermarks: a training swarm is small and its peers matter, so trim
-// late and keep new connections for a minute.
-const (
-	connLow   = 64
-	connHigh  = 256
-	connGrace = time.Minute
 )
 
 // Streams one peer may hold open on each of our protocols. A fetcher opens
@@ -97,11 +88,19 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 
 func newHost(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
 	limits := resourceLimits()
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()))
+	return newHostWithLimits(cfg, key, bw, reg, log, limits.AutoScale())
+}
+
+// newHostWithLimits is newHost with the resource manager's limits given (scaled to this
+// machine in newHost, fixed in tests); the connection manager's watermarks follow them.
+func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger,
+	concrete rcmgr.ConcreteLimitConfig) (host.Host, error) {
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
 	}
-	cm, err := connmgr.NewConnManager(connLow, connHigh, connmgr.WithGracePeriod(connGrace))
+	low, high := connWatermarks(concrete)
+	cm, err := connmgr.NewConnManager(low, high, connmgr.WithGracePeriod(connGrace), connmgr.WithSilencePeriod(connSilence))
 	if err != nil {
 		return nil, fmt.Errorf("connection manager: %w", err)
 	}
