@@ -1,15 +1,17 @@
 """Print a workload's model config as JSON.
 
-    python -m p2ptrain.modelconfig --factory module:attr [--config JSON]
+    python -m p2ptrain.modelconfig --factory module:attr [--config JSON] [--out FILE]
 
 Constructs the workload (no model is built, no data read) and prints what its optional
 ``model_config()`` method returns: a JSON object with the hyperparameters needed to rebuild
 the model (``p2pnode export`` writes it as ``config.json`` beside the safetensors), or
-``null`` when the workload has no such method.
+``null`` when the workload has no such method. With ``--out`` the JSON goes to FILE
+(written atomically) instead of stdout, which user code may print on.
 """
 
 import argparse
 import json
+import os
 import sys
 
 from . import workload
@@ -40,6 +42,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m p2ptrain.modelconfig", description="Print a workload's model config as JSON.")
     ap.add_argument("--factory", required=True, help="workload factory, module:attr")
     ap.add_argument("--config", default="{}", help="workload config as JSON")
+    ap.add_argument("--out", help="write the JSON to this file instead of stdout")
     args = ap.parse_args(argv)
     try:
         config = json.loads(args.config)
@@ -52,7 +55,14 @@ def main(argv=None):
     except P2PTrainError as e:
         print(f"p2ptrain.modelconfig: {e.type}: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(cfg, sort_keys=True, indent=2))
+    text = json.dumps(cfg, sort_keys=True, indent=2) + "\n"
+    if args.out:
+        tmp = f"{args.out}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, args.out)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
