@@ -52,6 +52,7 @@ type Node struct {
 	http   *httpServer
 	errs   *loopErrors
 	self   peer.ID
+	reg    *prometheus.Registry
 }
 
 // New assembles a node from the config. It does no long work: the dataset, the Python worker
@@ -71,7 +72,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			return l
 		}),
 		Module(cfg, opts),
-		fx.Populate(&n.status, &n.http, &n.errs, &n.self),
+		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
 	)
 	if err := app.Err(); err != nil {
 		return nil, fmt.Errorf("assemble node: %w", dig.RootCause(err))
@@ -86,7 +87,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		fx.Supply(cfg, opts),
 		fx.Provide(
 			func(o Options) *slog.Logger { return o.Logger },
-			prometheus.NewRegistry,
+			newRegistry,
 			func(r *prometheus.Registry) prometheus.Registerer { return r },
 			newNodeMetrics,
 			func() *loopErrors { return &loopErrors{} },
@@ -100,6 +101,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		rolesModule(cfg),
 		exportModule(cfg),
 		httpModule(cfg),
+		fx.Invoke(registerPeersGauge),
 	)
 }
 
@@ -196,7 +198,7 @@ func busModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			fx.Annotate(
 				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
-					return artifact.NewExchange(h, store, artifact.ExchangeOptions{Logger: log.With("pkg", "artifact"), Registerer: reg})
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"), Registerer: reg})
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),
@@ -227,7 +229,7 @@ func busModule(cfg *config.Config) fx.Option {
 		),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
-			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"))
+			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
 			lc.Append(fx.StopHook(svc.Close))
 		}),
 	)

@@ -106,9 +106,11 @@ func (c *Command) Start(ctx context.Context) (Info, error) {
 
 func (c *Command) start(ctx context.Context) (Info, error) {
 	var err error
-	if c.pkgDir, err = resolvePackageDir(c.opts.PackageDir); err != nil {
+	src, err := resolvePackage(ctx, c.opts)
+	if err != nil {
 		return Info{}, err
 	}
+	c.pkgDir = src.Dir
 	if c.scratch, c.ownDir, err = makeScratch(c.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}

@@ -185,7 +185,10 @@ func checkFactory(f string) error {
 // package first, thread settings, then Options.Env and extra (later entries win).
 func (o Options) pythonEnv(pkgDir string, extra map[string]string) []string {
 	env := os.Environ()
-	path := []string{pkgDir}
+	var path []string
+	if pkgDir != "" {
+		path = append(path, pkgDir)
+	}
 	path = append(path, o.PythonPath...)
 	if old := os.Getenv("PYTHONPATH"); old != "" {
 		path = append(path, old)

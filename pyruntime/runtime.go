@@ -51,6 +51,9 @@ type Info struct {
 	LayoutHash      string   `json:"layout_hash,omitempty"`
 	ParamCount      int64    `json:"param_count,omitempty"`
 	PID             int      `json:"pid,omitempty"`
+	// P2PTrain says which p2ptrain package the worker runs: installed (version, path) or
+	// the copy embedded in the node.
+	P2PTrain string `json:"p2ptrain,omitempty"`
 }
 
 // TrainJob is one inner loop: load Base, run Steps optimizer steps over batches from

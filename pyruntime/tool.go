@@ -19,10 +19,11 @@ func runTool(ctx context.Context, opts Options, what, task, module string, args 
 	if err := checkFactory(o.Factory); err != nil {
 		return fmt.Errorf("%s: option Factory: %w", what, err)
 	}
-	pkgDir, err := resolvePackageDir(o.PackageDir)
+	src, err := resolvePackage(ctx, o)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	pkgDir := src.Dir
 	cfg, err := json.Marshal(o.Config)
 	if err != nil {
 		return fmt.Errorf("%s: config: %w", what, err)

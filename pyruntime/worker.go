@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -26,6 +27,7 @@ type Worker struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	pkgDir  string
+	src     p2ptrainSource
 	scratch string
 	ownDir  bool
 
@@ -126,9 +128,10 @@ func (w *Worker) Start(ctx context.Context) (Info, error) {
 
 func (w *Worker) start(ctx context.Context) (Info, error) {
 	var err error
-	if w.pkgDir, err = resolvePackageDir(w.opts.PackageDir); err != nil {
+	if w.src, err = resolvePackage(ctx, w.opts); err != nil {
 		return Info{}, err
 	}
+	w.pkgDir = w.src.Dir
 	if w.scratch, w.ownDir, err = makeScratch(w.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}
@@ -146,18 +149,8 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	}
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
-		"device", info.Device, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
+		"device", info.Device, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
 	return info, nil
-}
-
-func resolvePackageDir(dir string) (string, error) {
-	if dir == "" {
-		return PackageDir()
-	}
-	if _, err := os.Stat(dir + "/p2ptrain/__init__.py"); err != nil {
-		return "", fmt.Errorf("pyruntime: option PackageDir %s: no p2ptrain package there: %w", dir, err)
-	}
-	return dir, nil
 }
 
 // spawn starts a worker process and runs hello on it.
@@ -194,12 +187,16 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	}
 	if _, err := w.roundTrip(ctx, p, "hello", params, &hr, o.CallTimeout); err != nil {
 		p.shutdown()
+		var re *RemoteError
+		if errors.As(err, &re) && re.Type == "BadRequest" && strings.Contains(re.Message, "no common protocol version") {
+			err = mismatchError(o, w.src, re)
+		}
 		return nil, Info{}, fmt.Errorf("pyruntime: %s: hello on worker %d: %w", what, c.pid, err)
 	}
 	if !slices.Contains(o.versions, hr.ProtocolVersion) {
 		p.shutdown()
-		return nil, Info{}, fmt.Errorf("pyruntime: %s: %w: worker %d chose protocol version %d, this node speaks %v",
-			what, ErrProtocol, c.pid, hr.ProtocolVersion, o.versions)
+		return nil, Info{}, fmt.Errorf("pyruntime: %s: %w", what,
+			mismatchError(o, w.src, fmt.Errorf("worker %d chose protocol version %d", c.pid, hr.ProtocolVersion)))
 	}
 	for _, capName := range requiredCapabilities {
 		if !slices.Contains(hr.Capabilities, capName) {
@@ -211,7 +208,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	info := Info{
 		Backend: BackendWorker, ProtocolVersion: hr.ProtocolVersion, Capabilities: hr.Capabilities,
 		Workload: hr.Workload, Python: hr.Python, Torch: hr.Torch, Device: hr.Device,
-		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid,
+		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid, P2PTrain: w.src.String(),
 	}
 	return p, info, nil
 }
