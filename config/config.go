@@ -31,6 +31,9 @@ type Node struct {
 	PSK       string   `yaml:"psk"`
 	LogLevel  string   `yaml:"log_level"`
 	ChunkSize int      `yaml:"chunk_size"`
+	// StreamDeadline bounds how long a peer may take to send a request frame it has
+	// started, on every /p2ptrain/* protocol.
+	StreamDeadline time.Duration `yaml:"stream_deadline"`
 }
 
 // Role names.

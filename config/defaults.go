@@ -7,12 +7,13 @@ import "time"
 func Default() *Config {
 	return &Config{
 		Node: Node{
-			StoreDir:  ".p2pnode",
-			Listen:    []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
-			HTTP:      "127.0.0.1:0",
-			DHT:       true,
-			LogLevel:  "info",
-			ChunkSize: 1 << 20,
+			StoreDir:       ".p2pnode",
+			Listen:         []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
+			HTTP:           "127.0.0.1:0",
+			DHT:            true,
+			LogLevel:       "info",
+			ChunkSize:      1 << 20,
+			StreamDeadline: 10 * time.Second,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",

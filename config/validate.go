@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
@@ -75,6 +76,8 @@ func (c *Config) validateNode(v *validator) {
 		v.add("node.log_level", "must be debug, info, warn or error, got %q", n.LogLevel)
 	}
 	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
+	v.check(n.StreamDeadline >= 100*time.Millisecond && n.StreamDeadline <= 10*time.Minute, "node.stream_deadline",
+		"must be between 100ms and 10m, got %v", n.StreamDeadline)
 }
 
 func (c *Config) validateExperiment(v *validator) {

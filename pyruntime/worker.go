@@ -146,6 +146,10 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	if err := w.fitScratch(info.ParamCount); err != nil {
+		p.shutdown()
+		return Info{}, err
+	}
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
 		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
@@ -649,6 +653,23 @@ func (w *Worker) Info() Info {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.info
+}
+
+// fitScratch moves the scratch directory to Options.DiskScratchDir when the packs of the
+// model the worker just built do not fit (see fitScratch in scratchspace.go).
+func (w *Worker) fitScratch(params int64) error {
+	c, err := fitScratch(w.scratch, params, w.opts.DiskScratchDir)
+	if err != nil {
+		return err
+	}
+	logScratch(w.log, w.scratch, c, w.opts.DiskScratchDir != "")
+	if c.switched {
+		if w.ownDir {
+			_ = os.RemoveAll(w.scratch)
+		}
+		w.scratch, w.ownDir = c.dir, c.own
+	}
+	return nil
 }
 
 // ScratchDir is the directory for packs exchanged with the worker.
