@@ -63,6 +63,10 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"several at once", "protocol:\n  inner_steps: 0\nlease:\n  min_group: 0", []string{"protocol.inner_steps: must be >= 1", "lease.min_group: must be >= 1"}},
 		{"export dir", "export:\n  every_rounds: 5", []string{"export.dir: must be set"}},
 		{"not yaml", "node: [unclosed", []string{"invalid config"}},
+		{"device", "workload:\n  device: gpu0", []string{`workload.device: "gpu0" is not auto, cpu, cuda, cuda:N or mps`}},
+		{"device index", "workload:\n  device: cuda:x", []string{`workload.device: "cuda:x"`}},
+		{"precision", "workload:\n  precision: fp8", []string{`workload.precision: must be fp32, bf16 or fp16, got "fp8"`}},
+		{"fp16 on cpu", "workload:\n  device: cpu\n  precision: fp16", []string{"workload.precision: fp16 needs a CUDA device"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

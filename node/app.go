@@ -154,10 +154,11 @@ func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
 	w := cfg.Workload
 	return pyruntime.Options{
 		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
-		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Precision: w.Precision, Threads: w.Threads, Seed: cfg.Experiment.Seed,
 		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
-		Command: pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
-		Logger:  log.With("pkg", "pyruntime"),
+		Command:        pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
+		Logger:         log.With("pkg", "pyruntime"),
+		DiskScratchDir: filepath.Join(cfg.Node.StoreDir, "scratch"),
 	}
 }
 

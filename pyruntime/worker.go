@@ -80,6 +80,9 @@ type helloResult struct {
 	Python          string   `json:"python"`
 	Torch           string   `json:"torch"`
 	Device          string   `json:"device"`
+	DeviceName      string   `json:"device_name"`
+	DeviceMemory    int64    `json:"device_memory_bytes"`
+	Precision       string   `json:"precision"`
 	LayoutHash      string   `json:"layout_hash"`
 	ParamCount      int64    `json:"param_count"`
 }
@@ -143,9 +146,13 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	if err := w.fitScratch(info.ParamCount); err != nil {
+		p.shutdown()
+		return Info{}, err
+	}
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
-		"device", info.Device, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
+		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
 	return info, nil
 }
 
@@ -179,7 +186,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	params := map[string]any{
 		"versions": o.versions, "factory": o.Factory, "config": o.Config,
 		"include": nonNil(o.Include), "exclude": nonNil(o.Exclude),
-		"device": o.Device, "threads": o.Threads, "seed": o.Seed,
+		"device": o.Device, "precision": o.Precision, "threads": o.Threads, "seed": o.Seed,
 	}
 	if _, err := w.roundTrip(ctx, p, "hello", params, &hr, o.CallTimeout); err != nil {
 		p.shutdown()
@@ -204,6 +211,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	info := Info{
 		Backend: BackendWorker, ProtocolVersion: hr.ProtocolVersion, Capabilities: hr.Capabilities,
 		Workload: hr.Workload, Python: hr.Python, Torch: hr.Torch, Device: hr.Device,
+		DeviceName: hr.DeviceName, DeviceMemory: hr.DeviceMemory, Precision: hr.Precision,
 		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid, P2PTrain: w.src.String(),
 	}
 	return p, info, nil
@@ -647,6 +655,23 @@ func (w *Worker) Info() Info {
 	return w.info
 }
 
+// fitScratch moves the scratch directory to Options.DiskScratchDir when the packs of the
+// model the worker just built do not fit (see fitScratch in scratchspace.go).
+func (w *Worker) fitScratch(params int64) error {
+	c, err := fitScratch(w.scratch, params, w.opts.DiskScratchDir)
+	if err != nil {
+		return err
+	}
+	logScratch(w.log, w.scratch, c, w.opts.DiskScratchDir != "")
+	if c.switched {
+		if w.ownDir {
+			_ = os.RemoveAll(w.scratch)
+		}
+		w.scratch, w.ownDir = c.dir, c.own
+	}
+	return nil
+}
+
 // ScratchDir is the directory for packs exchanged with the worker.
 func (w *Worker) ScratchDir() string { return w.scratch }
 
@@ -654,7 +679,8 @@ func (w *Worker) ScratchDir() string { return w.scratch }
 func (w *Worker) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts}
+	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts,
+		Device: w.info.Device, DeviceName: w.info.DeviceName, DeviceMemory: w.info.DeviceMemory, Precision: w.info.Precision}
 	w.fill(&s)
 	if w.proc != nil {
 		s.PID = w.proc.pid
