@@ -7,12 +7,13 @@ import "time"
 func Default() *Config {
 	return &Config{
 		Node: Node{
-			StoreDir:  ".p2pnode",
-			Listen:    []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
-			HTTP:      "127.0.0.1:0",
-			DHT:       true,
-			LogLevel:  "info",
-			ChunkSize: 1 << 20,
+			StoreDir:       ".p2pnode",
+			Listen:         []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
+			HTTP:           "127.0.0.1:0",
+			DHT:            true,
+			LogLevel:       "info",
+			ChunkSize:      1 << 20,
+			StreamDeadline: 10 * time.Second,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",
@@ -32,6 +33,7 @@ func Default() *Config {
 			Interpreter:  "/usr/bin/python3",
 			Factory:      "p2ptrain.workloads.digits:Digits",
 			Device:       "auto",
+			Precision:    PrecisionFP32,
 			Threads:      1,
 			Backend:      BackendWorker,
 			CallTimeout:  2 * time.Minute,

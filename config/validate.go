@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
@@ -75,6 +76,8 @@ func (c *Config) validateNode(v *validator) {
 		v.add("node.log_level", "must be debug, info, warn or error, got %q", n.LogLevel)
 	}
 	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
+	v.check(n.StreamDeadline >= 100*time.Millisecond && n.StreamDeadline <= 10*time.Minute, "node.stream_deadline",
+		"must be between 100ms and 10m, got %v", n.StreamDeadline)
 }
 
 func (c *Config) validateExperiment(v *validator) {
@@ -143,6 +146,16 @@ func (c *Config) validateWorkload(v *validator) {
 		v.check(strings.TrimSpace(g) != "", fmt.Sprintf("workload.exclude[%d]", i), "empty pattern")
 	}
 	v.check(w.Threads >= 0, "workload.threads", "must be >= 0, got %d", w.Threads)
+	deviceOK := validDevice(w.Device)
+	v.check(deviceOK, "workload.device", "%q is not auto, cpu, cuda, cuda:N or mps", w.Device)
+	switch w.Precision {
+	case "", PrecisionFP32, PrecisionBF16:
+	case PrecisionFP16:
+		v.check(!deviceOK || w.Device != "cpu", "workload.precision",
+			"fp16 needs a CUDA device, and workload.device is cpu (use bf16 or fp32 on a CPU)")
+	default:
+		v.add("workload.precision", "must be fp32, bf16 or fp16, got %q", w.Precision)
+	}
 	v.check(w.CallTimeout > 0, "workload.call_timeout", "must be > 0")
 	v.check(w.TrainTimeout > 0, "workload.train_timeout", "must be > 0")
 	switch w.Backend {
@@ -217,4 +230,23 @@ func (c *Config) validateExport(v *validator) {
 	}
 	v.check(e.ShardBytes >= 1<<20, "export.shard_bytes", "must be >= 1048576, got %d", e.ShardBytes)
 	v.check(e.BlockBytes >= 512 && e.BlockBytes <= 64<<20, "export.block_bytes", "must be in [512, 67108864], got %d", e.BlockBytes)
+}
+
+// validDevice accepts the device strings the worker understands: auto, cpu, cuda, cuda:N,
+// mps. Whether the machine has that device is the worker's check at start-up.
+func validDevice(d string) bool {
+	switch d {
+	case "", "auto", "cpu", "cuda", "mps":
+		return true
+	}
+	n, ok := strings.CutPrefix(d, "cuda:")
+	if !ok || n == "" || len(n) > 3 {
+		return false
+	}
+	for _, r := range n {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

@@ -154,10 +154,11 @@ func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
 	w := cfg.Workload
 	return pyruntime.Options{
 		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
-		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Precision: w.Precision, Threads: w.Threads, Seed: cfg.Experiment.Seed,
 		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
-		Command: pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
-		Logger:  log.With("pkg", "pyruntime"),
+		Command:        pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
+		Logger:         log.With("pkg", "pyruntime"),
+		DiskScratchDir: filepath.Join(cfg.Node.StoreDir, "scratch"),
 	}
 }
 
@@ -197,7 +198,7 @@ func busModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			fx.Annotate(
 				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
-					return artifact.NewExchange(h, store, artifact.ExchangeOptions{Logger: log.With("pkg", "artifact"), Registerer: reg})
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"), Registerer: reg})
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),
@@ -212,8 +213,8 @@ func busModule(cfg *config.Config) fx.Option {
 				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
 				return g, nil
 			},
-			func(lc fx.Lifecycle, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
-				b := newNetBus(g, x, log.With("pkg", "bus"))
+			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				lc.Append(fx.Hook{
@@ -228,7 +229,7 @@ func busModule(cfg *config.Config) fx.Option {
 		),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
-			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"))
+			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
 			lc.Append(fx.StopHook(svc.Close))
 		}),
 	)
