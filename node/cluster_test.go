@@ -203,6 +203,17 @@ func TestMocknetClusterAgreesOnEveryHead(t *testing.T) {
 	rep, err := stores.Audit(mustDecode(t, ref.Head))
 	require.NoError(t, err)
 	require.Zero(t, rep.Duplicated)
+
+	// Trainers fetch the parameters they train on, never the validators' outer momentum.
+	outer, err := heads[len(heads)-1].OuterStateID()
+	require.NoError(t, err)
+	require.True(t, outer.Defined())
+	for _, n := range c.nodes {
+		s, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		require.Equal(t, n.cfg.Experiment.HasRole(config.RoleValidator), s.Artifacts.Has(outer),
+			"%s (roles %v) holds the outer state: %v", n.name, n.cfg.Experiment.Roles, s.Artifacts.Has(outer))
+	}
 }
 
 // kill stops a node abruptly: its loops end and its connections drop (its store stays).
