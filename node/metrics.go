@@ -13,6 +13,8 @@ type nodeMetrics struct {
 	rejects   *prometheus.CounterVec
 	round     prometheus.Gauge
 	heldOut   *prometheus.GaugeVec
+	ended     *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -27,12 +29,20 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Round of the canonical head."}),
 		heldOut: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "p2ptrain_node_head_heldout",
 			Help: "Held-out metrics of the canonical head, when measured."}, []string{"metric"}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_leases_failed_total",
+			Help: "Leases this node granted that came to nothing, by how: expired (no report by the deadline) or released (the trainer gave it back)."}, []string{"how"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_metrics_dropped_total",
+			Help: "Held-out metric values dropped because they were not finite (NaN or ±Inf), by metric."}, []string{"metric"}),
 	}
-	reg.MustRegister(m.rounds, m.roundSecs, m.rejects, m.round, m.heldOut)
+	reg.MustRegister(m.rounds, m.roundSecs, m.rejects, m.round, m.heldOut, m.ended, m.dropped)
 	return m
 }
 
 func (m *nodeMetrics) rejected(reason string) { m.rejects.WithLabelValues(reason).Inc() }
+
+func (m *nodeMetrics) leaseEnded(how string) { m.ended.WithLabelValues(how).Inc() }
+
+func (m *nodeMetrics) metricDropped(name string) { m.dropped.WithLabelValues(name).Inc() }
 
 func (m *nodeMetrics) roundClosed(took time.Duration) {
 	m.rounds.Inc()
