@@ -82,5 +82,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.fetches = promreg.Register(reg, m.fetches)
 	m.fetchDuration = promreg.Register(reg, m.fetchDuration)
 	m.served = promreg.Register(reg, m.served)
+	// Start the outcome series at 0, so that a panel of failures shows zeros, not "No data".
+	for _, o := range []string{fetchOK, fetchPresent, fetchNotFound, fetchCanceled, fetchFailed} {
+		m.fetches.WithLabelValues(o)
+	}
+	for _, o := range []string{peerBadChunk, peerBadManifest, peerProtocol, peerStalled, peerGone, peerNotFound, peerRefused} {
+		m.peerDrops.WithLabelValues(o)
+	}
 	return m
 }

@@ -166,3 +166,33 @@ func FuzzDecodeSigned(f *testing.F) {
 		require.NoError(t, err)
 	})
 }
+
+// TestHeadsWithoutScreenStatsStillDecode: heads made before Metrics carried screening
+// statistics (metrics map {1: loss, 2: samples}) decode as "no history" and re-encode to
+// the same bytes, so their CIDs are unchanged; heads with statistics round-trip.
+func TestHeadsWithoutScreenStatsStillDecode(t *testing.T) {
+	type oldMetrics struct {
+		TrainLoss float64 `cbor:"1,keyasint"`
+		Samples   uint64  `cbor:"2,keyasint"`
+	}
+	old := testHead(3, artifact.RecordCID([]byte("parent")).Bytes())
+	old.Metrics = Metrics{TrainLoss: 0.75, Samples: 30}
+	b, err := old.Encode()
+	require.NoError(t, err)
+	m, err := Marshal(oldMetrics{TrainLoss: 0.75, Samples: 30})
+	require.NoError(t, err)
+	require.Contains(t, string(b), string(m), "a head without statistics encodes its metrics as before")
+	d, err := DecodeHead(b)
+	require.NoError(t, err)
+	require.Nil(t, d.Metrics.Screen)
+	again, err := d.Encode()
+	require.NoError(t, err)
+	require.Equal(t, b, again)
+
+	old.Metrics.Screen = &ScreenStats{Rounds: 6, Norm: 1.5, CohortN: 6, CohortMean: 0.2, CohortVar: 0.01, RefN: 5, RefMean: 0.1, RefVar: 0.002}
+	b, err = old.Encode()
+	require.NoError(t, err)
+	d, err = DecodeHead(b)
+	require.NoError(t, err)
+	require.Equal(t, old.Metrics, d.Metrics)
+}

@@ -65,6 +65,23 @@ type Policy struct {
 type Metrics struct {
 	TrainLoss float64 `cbor:"1,keyasint"` // sample-weighted mean of merged contributions
 	Samples   uint64  `cbor:"2,keyasint"`
+	// Screen is the screening history after this round (absent in heads made before it
+	// existed, which decode as "no history").
+	Screen *ScreenStats `cbor:"3,keyasint,omitempty"`
+}
+
+// ScreenStats is the screening history a head carries to the next round: running
+// statistics of the merged contributions' norms and cosines (merge.History), from which the
+// next round's calibrated bars are computed. A function of merged contributions only.
+type ScreenStats struct {
+	Rounds     uint64  `cbor:"1,keyasint"`
+	Norm       float64 `cbor:"2,keyasint"`
+	CohortN    uint64  `cbor:"3,keyasint,omitempty"`
+	CohortMean float64 `cbor:"4,keyasint,omitempty"`
+	CohortVar  float64 `cbor:"5,keyasint,omitempty"`
+	RefN       uint64  `cbor:"6,keyasint,omitempty"`
+	RefMean    float64 `cbor:"7,keyasint,omitempty"`
+	RefVar     float64 `cbor:"8,keyasint,omitempty"`
 }
 
 // Ledger records which microshards of the dataset plan were consumed in the current epoch.

@@ -46,7 +46,9 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"wrong type", "protocol:\n  inner_steps: many", []string{"protocol.inner_steps", "line 2"}},
 		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
 		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},
-		{"codec", "protocol:\n  codec: int4", []string{`protocol.codec: must be fp32, fp16 or int8, got "int4"`}},
+		{"codec", "protocol:\n  codec: int4", []string{`protocol.codec: must be fp32, fp16, int8 or sparse, got "int4"`}},
+		{"sparse block", "protocol:\n  codec: sparse\n  sparse_block: 0", []string{"protocol.sparse_block: must be in [1, 16777216], got 0"}},
+		{"sparse top-k", "protocol:\n  codec: sparse\n  sparse_block: 128\n  sparse_topk: 129", []string{"protocol.sparse_topk: must be in [1, protocol.sparse_block = 128], got 129"}},
 		{"policy", "protocol:\n  merge_policy: sgd", []string{`protocol.merge_policy: must be "diloco" or "ema"`}},
 		{"factory", "workload:\n  factory: nocolon", []string{`workload.factory: must be "module:attr"`}},
 		{"backend", "workload:\n  backend: docker", []string{"workload.backend"}},
@@ -55,11 +57,16 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"quorum", "experiment:\n  validators: [12D3KooWJndsDidjsE4N4W9MaRtLQ8iPPLXypd7k2W1Pb4qTP46D]\n  quorum: 2", []string{"experiment.quorum: 2 exceeds the 1 configured validators"}},
 		{"validator id", "experiment:\n  validators: [not-a-peer]", []string{`experiment.validators[0]: "not-a-peer" is not a peer id`}},
 		{"listen", "node:\n  listen: [not-an-addr]", []string{"node.listen[0]"}},
+		{"stream deadline", "node:\n  stream_deadline: 0s", []string{"node.stream_deadline: must be between 100ms and 10m, got 0s"}},
 		{"bootstrap needs peer id", "node:\n  bootstrap: [/ip4/127.0.0.1/tcp/4001]", []string{"node.bootstrap[0]", "/p2p/<peer id>"}},
 		{"list element unknown", "merge:\n  screen:\n    max_norm_ration: 3", []string{"merge.screen.max_norm_ration: unknown field", `did you mean "max_norm_ratio"`}},
 		{"several at once", "protocol:\n  inner_steps: 0\nlease:\n  min_group: 0", []string{"protocol.inner_steps: must be >= 1", "lease.min_group: must be >= 1"}},
 		{"export dir", "export:\n  every_rounds: 5", []string{"export.dir: must be set"}},
 		{"not yaml", "node: [unclosed", []string{"invalid config"}},
+		{"device", "workload:\n  device: gpu0", []string{`workload.device: "gpu0" is not auto, cpu, cuda, cuda:N or mps`}},
+		{"device index", "workload:\n  device: cuda:x", []string{`workload.device: "cuda:x"`}},
+		{"precision", "workload:\n  precision: fp8", []string{`workload.precision: must be fp32, bf16 or fp16, got "fp8"`}},
+		{"fp16 on cpu", "workload:\n  device: cpu\n  precision: fp16", []string{"workload.precision: fp16 needs a CUDA device"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,12 +7,13 @@ import "time"
 func Default() *Config {
 	return &Config{
 		Node: Node{
-			StoreDir:  ".p2pnode",
-			Listen:    []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
-			HTTP:      "127.0.0.1:0",
-			DHT:       true,
-			LogLevel:  "info",
-			ChunkSize: 1 << 20,
+			StoreDir:       ".p2pnode",
+			Listen:         []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
+			HTTP:           "127.0.0.1:0",
+			DHT:            true,
+			LogLevel:       "info",
+			ChunkSize:      1 << 20,
+			StreamDeadline: 10 * time.Second,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",
@@ -32,6 +33,7 @@ func Default() *Config {
 			Interpreter:  "/usr/bin/python3",
 			Factory:      "p2ptrain.workloads.digits:Digits",
 			Device:       "auto",
+			Precision:    PrecisionFP32,
 			Threads:      1,
 			Backend:      BackendWorker,
 			CallTimeout:  2 * time.Minute,
@@ -42,13 +44,15 @@ func Default() *Config {
 			InnerSteps:  20,
 			Codec:       "fp32",
 			Int8Block:   256,
+			SparseBlock: 4096,
+			SparseTopK:  64,
 			DiLoCo:      DiLoCo{OuterLR: 0.7, Momentum: 0.9, Nesterov: true},
 			EMA:         EMA{Decay: 0.5},
 		},
 		Merge: Merge{
 			Aggregator:   "mean",
 			TrimFraction: 0.2,
-			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0)},
+			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4},
 		},
 		Lease: Lease{
 			MicroshardsPerTrainer: 4,

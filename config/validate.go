@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
@@ -75,6 +76,8 @@ func (c *Config) validateNode(v *validator) {
 		v.add("node.log_level", "must be debug, info, warn or error, got %q", n.LogLevel)
 	}
 	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
+	v.check(n.StreamDeadline >= 100*time.Millisecond && n.StreamDeadline <= 10*time.Minute, "node.stream_deadline",
+		"must be between 100ms and 10m, got %v", n.StreamDeadline)
 }
 
 func (c *Config) validateExperiment(v *validator) {
@@ -143,6 +146,16 @@ func (c *Config) validateWorkload(v *validator) {
 		v.check(strings.TrimSpace(g) != "", fmt.Sprintf("workload.exclude[%d]", i), "empty pattern")
 	}
 	v.check(w.Threads >= 0, "workload.threads", "must be >= 0, got %d", w.Threads)
+	deviceOK := validDevice(w.Device)
+	v.check(deviceOK, "workload.device", "%q is not auto, cpu, cuda, cuda:N or mps", w.Device)
+	switch w.Precision {
+	case "", PrecisionFP32, PrecisionBF16:
+	case PrecisionFP16:
+		v.check(!deviceOK || w.Device != "cpu", "workload.precision",
+			"fp16 needs a CUDA device, and workload.device is cpu (use bf16 or fp32 on a CPU)")
+	default:
+		v.add("workload.precision", "must be fp32, bf16 or fp16, got %q", w.Precision)
+	}
 	v.check(w.CallTimeout > 0, "workload.call_timeout", "must be > 0")
 	v.check(w.TrainTimeout > 0, "workload.train_timeout", "must be > 0")
 	switch w.Backend {
@@ -163,11 +176,13 @@ func (c *Config) validateProtocol(v *validator) {
 	}
 	v.check(p.InnerSteps >= 1, "protocol.inner_steps", "must be >= 1, got %d", p.InnerSteps)
 	switch p.Codec {
-	case "fp32", "fp16", "int8":
+	case "fp32", "fp16", "int8", "sparse":
 	default:
-		v.add("protocol.codec", "must be fp32, fp16 or int8, got %q", p.Codec)
+		v.add("protocol.codec", "must be fp32, fp16, int8 or sparse, got %q", p.Codec)
 	}
 	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
+	v.check(p.SparseBlock >= 1 && p.SparseBlock <= 1<<24, "protocol.sparse_block", "must be in [1, 16777216], got %d", p.SparseBlock)
+	v.check(p.SparseTopK >= 1 && p.SparseTopK <= max(p.SparseBlock, 1), "protocol.sparse_topk", "must be in [1, protocol.sparse_block = %d], got %d", p.SparseBlock, p.SparseTopK)
 	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0, got %v", p.DiLoCo.OuterLR)
 	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)
 	v.check(finite(p.EMA.Decay) && p.EMA.Decay > 0 && p.EMA.Decay <= 1, "protocol.ema.decay", "must be in (0, 1], got %v", p.EMA.Decay)
@@ -187,6 +202,7 @@ func (c *Config) validateMerge(v *validator) {
 	}
 	v.check(finite(m.Screen.MaxNorm) && m.Screen.MaxNorm >= 0, "merge.screen.max_norm", "must be >= 0 (0 = off), got %v", m.Screen.MaxNorm)
 	v.check(finite(m.Screen.MaxNormRatio) && (m.Screen.MaxNormRatio == 0 || m.Screen.MaxNormRatio > 1), "merge.screen.max_norm_ratio", "must be 0 (off) or > 1, got %v", m.Screen.MaxNormRatio)
+	v.check(finite(m.Screen.CosineTolerance) && m.Screen.CosineTolerance >= 0, "merge.screen.cosine_tolerance", "must be >= 0 (0 = fixed min_cosine bar), got %v", m.Screen.CosineTolerance)
 	if mc := m.Screen.MinCosine; mc != nil {
 		v.check(finite(*mc) && *mc >= -1 && *mc <= 1, "merge.screen.min_cosine", "must be in [-1, 1], got %v", *mc)
 	}
@@ -208,4 +224,23 @@ func (c *Config) validateExport(v *validator) {
 	}
 	v.check(e.ShardBytes >= 1<<20, "export.shard_bytes", "must be >= 1048576, got %d", e.ShardBytes)
 	v.check(e.BlockBytes >= 512 && e.BlockBytes <= 64<<20, "export.block_bytes", "must be in [512, 67108864], got %d", e.BlockBytes)
+}
+
+// validDevice accepts the device strings the worker understands: auto, cpu, cuda, cuda:N,
+// mps. Whether the machine has that device is the worker's check at start-up.
+func validDevice(d string) bool {
+	switch d {
+	case "", "auto", "cpu", "cuda", "mps":
+		return true
+	}
+	n, ok := strings.CutPrefix(d, "cuda:")
+	if !ok || n == "" || len(n) > 3 {
+		return false
+	}
+	for _, r := range n {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

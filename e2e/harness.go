@@ -203,6 +203,17 @@ func (p *Proc) AccuracyAt(r int) (float64, bool) {
 	return v / 100, true
 }
 
+// MetricAt returns the held-out metric name (loss, bits_per_byte, ...) printed for round r.
+func (p *Proc) MetricAt(r int, name string) (float64, bool) {
+	re := regexp.MustCompile(fmt.Sprintf(`(?m)^round\s+%d(?:/\d+)?\s.*held-out %s\s+([\d.]+)`, r, regexp.QuoteMeta(name)))
+	m := re.FindStringSubmatch(p.Output())
+	if m == nil {
+		return 0, false
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v, true
+}
+
 // Status reads the node's /status through the address it records in its store.
 func (p *Proc) Status(ctx context.Context) (*node.Status, error) {
 	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, node.HTTPAddrFile))

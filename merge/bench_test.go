@@ -1,6 +1,9 @@
 package merge
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 const (
 	benchInputs = 8
@@ -75,4 +78,23 @@ func BenchmarkRobust8x1M(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkScreenCohort shows how screening (norms, then cosines to the one reference per
+// round) grows with the cohort: time per contribution should stay flat from 3 to 32.
+// 10M values per delta, as in issue 16; -bench 'ScreenCohort/k=(3|32)$' compares the ends.
+func BenchmarkScreenCohort(b *testing.B) {
+	const n = 10_000_000
+	for _, k := range []int{3, 8, 16, 32} {
+		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
+			xs := randVecs(uint64(k), k, n)
+			cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0)}
+			b.SetBytes(int64(k) * n * 4)
+			for b.Loop() {
+				if _, err := Screen(xs, cfg, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

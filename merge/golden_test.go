@@ -89,7 +89,7 @@ func TestGoldenDigests(t *testing.T) {
 			must(err)
 			d.f64(Norm(xs[0], 3), dot, c)
 		}},
-		{"Screen", "79045d184b89bd61", func(d *digest) {
+		{"Screen", "68ea9611ad6f95ac", func(d *digest) {
 			v, err := Screen(xs, ScreenConfig{MaxNormRatio: 2, MinCosine: new(-1.0)}, 3)
 			must(err)
 			for _, x := range v {

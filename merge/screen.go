@@ -3,7 +3,6 @@ package merge
 import (
 	"fmt"
 	"math"
-	"slices"
 )
 
 // Reason says why Screen rejected a delta; it is empty for an accepted one. The values are
@@ -25,6 +24,7 @@ const (
 
 // MinRelativeCohort is the smallest cohort for which the relative checks (norm ratio to the
 // median, cosine to the others) run: with two deltas neither can tell which one is odd.
+// Smaller cohorts are checked against History and the reference vector instead.
 const MinRelativeCohort = 3
 
 // ScreenConfig selects the checks Screen runs on a cohort of deltas. The zero value checks
@@ -40,6 +40,12 @@ type ScreenConfig struct {
 	// deltas is below *MinCosine, in [−1, 1]. A pointer so that 0 ("reject anything
 	// pointing away from the others") is a valid threshold; nil disables the check.
 	MinCosine *float64
+	// CosineTolerance, when > 0, calibrates the cosine bar from history: once the history
+	// holds HistoryWarmup rounds, a delta is rejected when its cosine is below
+	// mean − CosineTolerance × max(spread, MinSpread) of the cosines accepted in recent
+	// rounds (History), instead of below the fixed *MinCosine. 0 keeps the fixed bar. The
+	// cosine checks run only when MinCosine is set.
+	CosineTolerance float64
 }
 
 // Validate reports an out-of-range field, naming it.
@@ -53,102 +59,67 @@ func (c ScreenConfig) Validate() error {
 	if c.MinCosine != nil && !inRange(*c.MinCosine, -1, 1) {
 		return fmt.Errorf("screen config: %w: min cosine %v (want [−1, 1])", ErrBadOption, *c.MinCosine)
 	}
+	if !inRange(c.CosineTolerance, 0, math.MaxFloat64) {
+		return fmt.Errorf("screen config: %w: cosine tolerance %v (want finite and ≥ 0)", ErrBadOption, c.CosineTolerance)
+	}
 	return nil
 }
 
-// Verdict is Screen's finding for one delta.
+// Verdict is the screening finding for one delta.
 type Verdict struct {
 	Accepted bool
 	Reason   Reason
 	// Norm is the delta's Euclidean norm (NaN or +Inf for a non-finite delta).
 	Norm float64
-	// Cosine is the cosine to the coordinate-wise median of the other survivors of the
-	// norm checks; it is 0 when the cosine check did not run for this delta.
+	// Cosine is the cosine to the sum of the other survivors' unit vectors; 0 when the
+	// cohort check did not run for this delta.
 	Cosine float64
-}
+	// RefCosine is the cosine to the reference vector (the recent merged updates); 0 when
+	// there was no reference or the delta did not survive the norm checks.
+	RefCosine float64
+	// Bar is the cosine bar the delta was held to (NaN when no cosine check ran).
+	Bar float64
 
-// Screen checks a cohort of deltas (all the same length) and returns one verdict per delta,
-// in input order. The checks run in stages, each on the survivors of the previous one:
-//
-//  1. non-finite values (ReasonNonFinite);
-//  2. the absolute norm bound (ReasonNormBound);
-//  3. the norm relative to the survivors' median norm, if ≥ MinRelativeCohort survive
-//     (ReasonNormOutlier);
-//  4. the cosine of each survivor to the coordinate-wise median of the OTHER survivors of
-//     stage 3, if ≥ MinRelativeCohort survive (ReasonLowCosine). A median is the reference
-//     because attackers that pass the norm checks (a flipped or a random update of honest
-//     size) pull a mean toward themselves and can push an honest update below the bar; a
-//     median follows the honest majority. The delta itself is left out, or a random update
-//     would correlate with the median wherever it is the middle value. Verdicts are
-//     decided on the same set of survivors, so one rejection never changes another's.
-//
-// No stage depends on the order in which deltas are visited, so permuting the cohort
-// permutes the verdicts. Callers still pass a canonical order so that validators agree to
-// the bit. An empty cohort gives no verdicts.
-func Screen(deltas [][]float32, cfg ScreenConfig, workers int) ([]Verdict, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("screen: %w", err)
-	}
-	for k, d := range deltas {
-		if len(d) != len(deltas[0]) {
-			return nil, fmt.Errorf("screen: %w: delta %d has %d elements, delta 0 has %d", ErrLengthMismatch, k, len(d), len(deltas[0]))
-		}
-	}
-	verdicts := make([]Verdict, len(deltas))
-	var alive []int
-	for k, d := range deltas {
-		n := Norm(d, workers)
-		verdicts[k] = Verdict{Accepted: true, Norm: n}
-		switch {
-		case math.IsNaN(n) || math.IsInf(n, 0):
-			verdicts[k].reject(ReasonNonFinite)
-		case cfg.MaxNorm > 0 && n > cfg.MaxNorm:
-			verdicts[k].reject(ReasonNormBound)
-		default:
-			alive = append(alive, k)
-		}
-	}
-	if cfg.MaxNormRatio > 0 && len(alive) >= MinRelativeCohort {
-		norms := make([]float64, len(alive))
-		for j, k := range alive {
-			norms[j] = verdicts[k].Norm
-		}
-		slices.Sort(norms)
-		limit := cfg.MaxNormRatio * medianSorted(norms)
-		alive = slices.DeleteFunc(alive, func(k int) bool {
-			if verdicts[k].Norm > limit {
-				verdicts[k].reject(ReasonNormOutlier)
-				return true
-			}
-			return false
-		})
-	}
-	if cfg.MinCosine != nil && len(alive) >= MinRelativeCohort {
-		ref := make([]float32, len(deltas[0]))
-		others := make([][]float32, 0, len(alive)-1)
-		for _, k := range alive {
-			others = others[:0]
-			for _, o := range alive {
-				if o != k {
-					others = append(others, deltas[o])
-				}
-			}
-			if err := CoordinateMedian(ref, others, workers); err != nil {
-				return nil, fmt.Errorf("screen: %w", err)
-			}
-			c, err := Cosine(deltas[k], ref, workers)
-			if err != nil {
-				return nil, fmt.Errorf("screen: %w", err)
-			}
-			verdicts[k].Cosine = c
-			if c < *cfg.MinCosine {
-				verdicts[k].reject(ReasonLowCosine)
-			}
-		}
-	}
-	return verdicts, nil
+	cohortRan, refRan bool // which cosines were computed, for History.Next
 }
 
 func (v *Verdict) reject(r Reason) {
 	v.Accepted, v.Reason = false, r
+}
+
+// Screen checks a cohort of deltas (all the same length) without history or reference and
+// returns one verdict per delta, in input order. See Screening for the checks.
+func Screen(deltas [][]float32, cfg ScreenConfig, workers int) ([]Verdict, error) {
+	return ScreenWith(deltas, nil, History{}, cfg, workers)
+}
+
+// ScreenWith is Screen with the history of earlier rounds and a reference vector (nil for
+// none): the whole cohort is one block of a Screening.
+func ScreenWith(deltas [][]float32, ref []float32, hist History, cfg ScreenConfig, workers int) ([]Verdict, error) {
+	n := 0
+	if len(deltas) > 0 {
+		n = len(deltas[0])
+	}
+	for k, d := range deltas {
+		if len(d) != n {
+			return nil, fmt.Errorf("screen: %w: delta %d has %d elements, delta 0 has %d", ErrLengthMismatch, k, len(d), n)
+		}
+	}
+	s, err := NewScreening(cfg, hist, len(deltas), n, ref != nil, workers)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.AddNorms(0, deltas); err != nil {
+		return nil, err
+	}
+	if s.NeedsCosines() {
+		blocks := make([][]float32, len(deltas))
+		for _, k := range s.Active() {
+			blocks[k] = deltas[k]
+		}
+		if err := s.AddCosines(0, blocks, ref); err != nil {
+			return nil, err
+		}
+	}
+	return s.Verdicts()
 }

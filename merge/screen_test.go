@@ -161,7 +161,9 @@ func TestScreenOrderIndependent(t *testing.T) {
 			if math.Float64bits(got.Norm) != math.Float64bits(want.Norm) && !math.IsNaN(want.Norm) {
 				t.Fatalf("delta %d: norm %v, was %v", from, got.Norm, want.Norm)
 			}
-			if math.Abs(got.Cosine-want.Cosine) > 1e-12 {
+			// U is summed in float32 in cohort order, so a permutation moves the cosine by
+			// rounding only; the verdicts above must not move at all.
+			if math.Abs(got.Cosine-want.Cosine) > 1e-6 {
 				t.Fatalf("delta %d: cosine %v, was %v", from, got.Cosine, want.Cosine)
 			}
 		}

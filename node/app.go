@@ -52,6 +52,7 @@ type Node struct {
 	http   *httpServer
 	errs   *loopErrors
 	self   peer.ID
+	reg    *prometheus.Registry
 }
 
 // New assembles a node from the config. It does no long work: the dataset, the Python worker
@@ -71,7 +72,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			return l
 		}),
 		Module(cfg, opts),
-		fx.Populate(&n.status, &n.http, &n.errs, &n.self),
+		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
 	)
 	if err := app.Err(); err != nil {
 		return nil, fmt.Errorf("assemble node: %w", dig.RootCause(err))
@@ -86,7 +87,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		fx.Supply(cfg, opts),
 		fx.Provide(
 			func(o Options) *slog.Logger { return o.Logger },
-			prometheus.NewRegistry,
+			newRegistry,
 			func(r *prometheus.Registry) prometheus.Registerer { return r },
 			newNodeMetrics,
 			func() *loopErrors { return &loopErrors{} },
@@ -100,6 +101,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		rolesModule(cfg),
 		exportModule(cfg),
 		httpModule(cfg),
+		fx.Invoke(registerPeersGauge),
 	)
 }
 
@@ -152,10 +154,11 @@ func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
 	w := cfg.Workload
 	return pyruntime.Options{
 		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
-		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Precision: w.Precision, Threads: w.Threads, Seed: cfg.Experiment.Seed,
 		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
-		Command: pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
-		Logger:  log.With("pkg", "pyruntime"),
+		Command:        pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
+		Logger:         log.With("pkg", "pyruntime"),
+		DiskScratchDir: filepath.Join(cfg.Node.StoreDir, "scratch"),
 	}
 }
 
@@ -195,7 +198,7 @@ func busModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			fx.Annotate(
 				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
-					return artifact.NewExchange(h, store, artifact.ExchangeOptions{Logger: log.With("pkg", "artifact"), Registerer: reg})
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"), Registerer: reg})
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),
@@ -210,8 +213,8 @@ func busModule(cfg *config.Config) fx.Option {
 				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
 				return g, nil
 			},
-			func(lc fx.Lifecycle, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
-				b := newNetBus(g, x, log.With("pkg", "bus"))
+			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				lc.Append(fx.Hook{
@@ -226,7 +229,7 @@ func busModule(cfg *config.Config) fx.Option {
 		),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
-			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"))
+			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
 			lc.Append(fx.StopHook(svc.Close))
 		}),
 	)

@@ -1,8 +1,13 @@
 package node
 
 import (
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/metrics"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
 )
 
 // bandwidthCollector exports libp2p's per-protocol byte counters as
@@ -19,9 +24,27 @@ func newBandwidthCollector(bw *metrics.BandwidthCounter) *bandwidthCollector {
 
 func (c *bandwidthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
+// bulkProtocols carry the node's bytes (artifacts, head sync); their series exist from the
+// start, at 0, so a bytes panel shows zeros rather than "No data" before the first transfer.
+var bulkProtocols = []protocol.ID{artifact.ProtocolID, chain.SyncProtocol}
+
 func (c *bandwidthCollector) Collect(ch chan<- prometheus.Metric) {
-	for proto, s := range c.bw.GetBandwidthByProtocol() {
+	seen := c.bw.GetBandwidthByProtocol()
+	for _, p := range bulkProtocols {
+		if _, ok := seen[p]; !ok {
+			seen[p] = metrics.Stats{}
+		}
+	}
+	for proto, s := range seen {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.TotalIn), string(proto), "in")
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.TotalOut), string(proto), "out")
 	}
+}
+
+// registerPeersGauge exports p2ptrain_node_peers, the number of peers the host is connected to.
+func registerPeersGauge(h host.Host, reg prometheus.Registerer) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "p2ptrain_node_peers",
+		Help: "Peers this node has at least one open connection to.",
+	}, func() float64 { return float64(len(h.Network().Peers())) }))
 }

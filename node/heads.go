@@ -303,7 +303,7 @@ func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took ti
 			s.History = s.History[len(s.History)-maxHistory:]
 		}
 	})
-	w.metrics.head(h.Round, metrics)
+	w.metrics.head(h.Round, h.Metrics.TrainLoss, metrics)
 	if err := atomicfile.Write(filepath.Join(w.cfg.Node.StoreDir, TipFile), []byte(id.String()+"\n"), 0o644); err != nil {
 		w.log.Warn("could not record the tip", "err", err)
 	}

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/pnet"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
@@ -23,16 +23,34 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/fx"
 
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 )
 
-// Connection manager watermarks: a training swarm is small and its peers matter, so trim
-// late and keep new connections for a minute.
+// Streams one peer may hold open on each of our protocols. A fetcher opens
+// artifact.DefaultStreamsPerPeer streams per download and runs a few downloads at once;
+// head sync is one short request per stream.
 const (
-	connLow   = 64
-	connHigh  = 256
-	connGrace = time.Minute
+	artifactStreamsPerPeer = 16
+	syncStreamsPerPeer     = 4
 )
+
+// resourceLimits are libp2p's default limits with ours per peer for each /p2ptrain/*
+// protocol and its service, so that one peer cannot hold more than a few streams of a
+// protocol however it opens them.
+func resourceLimits() rcmgr.ScalingLimitConfig {
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	perPeer := func(proto protocol.ID, svc string, inbound int, memory int64) {
+		l := rcmgr.BaseLimit{StreamsInbound: inbound, StreamsOutbound: 4 * inbound, Streams: 5 * inbound, Memory: memory}
+		limits.AddProtocolPeerLimit(proto, l, rcmgr.BaseLimitIncrease{})
+		limits.AddServicePeerLimit(svc, l, rcmgr.BaseLimitIncrease{})
+	}
+	perPeer(artifact.ProtocolID, artifact.ServiceName, artifactStreamsPerPeer, 64<<20)
+	perPeer(chain.SyncProtocol, chain.SyncServiceName, syncStreamsPerPeer, 64<<20)
+	return limits
+}
 
 // hostModule provides the libp2p host: TCP and QUIC, Noise, yamux, identify, ping,
 // AutoNAT service, circuit relay v2 client (and server on bootstrap nodes), hole punching,
@@ -69,13 +87,20 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 }
 
 func newHost(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
-	limits := rcmgr.DefaultLimits
-	libp2p.SetDefaultServiceLimits(&limits)
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()))
+	limits := resourceLimits()
+	return newHostWithLimits(cfg, key, bw, reg, log, limits.AutoScale())
+}
+
+// newHostWithLimits is newHost with the resource manager's limits given (scaled to this
+// machine in newHost, fixed in tests); the connection manager's watermarks follow them.
+func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger,
+	concrete rcmgr.ConcreteLimitConfig) (host.Host, error) {
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
 	}
-	cm, err := connmgr.NewConnManager(connLow, connHigh, connmgr.WithGracePeriod(connGrace))
+	low, high := connWatermarks(concrete)
+	cm, err := connmgr.NewConnManager(low, high, connmgr.WithGracePeriod(connGrace), connmgr.WithSilencePeriod(connSilence))
 	if err != nil {
 		return nil, fmt.Errorf("connection manager: %w", err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
-	"github.com/p2pnode/p2pnode/pack"
+	"github.com/p2pnode/p2pnode/round"
 )
 
 // Names in a node checkpoint: the trainer's large state (blobs in the checkpoint's own
@@ -29,18 +29,23 @@ const (
 type keeper struct {
 	ck *checkpoint.Checkpointer
 
-	mu       sync.Mutex
-	optPath  string // newest inner-optimizer state file
-	residual []float32
+	mu          sync.Mutex
+	optPath     string // newest inner-optimizer state file
+	residual    []float32
+	residualTag string
 }
 
 func newKeeper(ck *checkpoint.Checkpointer) *keeper { return &keeper{ck: ck} }
 
 // resumed is what a checkpoint gives back to the roles.
 type resumed struct {
-	state    *checkpoint.State
-	optPath  string
-	residual []float32
+	state       *checkpoint.State
+	optPath     string
+	residual    []float32
+	residualTag string
+	// residualErr is why a checkpointed residual was dropped (error feedback then starts
+	// from zeros: only the unsent remainder of earlier rounds is lost).
+	residualErr error
 }
 
 // restore loads the newest good checkpoint (checkpoint.ErrNoState when there is none).
@@ -60,28 +65,25 @@ func (k *keeper) restore() (*resumed, error) {
 		if err != nil {
 			return nil, err
 		}
-		v, err := pack.Float32s(b.Bytes())
-		if err == nil {
-			r.residual = slices.Clone(v)
-		}
+		r.residual, r.residualTag, err = round.ParseResidual(b.Bytes())
 		b.Close()
 		if err != nil {
-			return nil, fmt.Errorf("checkpoint %s: %w", blobResidual, err)
+			r.residualErr = fmt.Errorf("checkpoint %s: %w", blobResidual, err)
 		}
 	}
-	k.trained(r.optPath, r.residual)
+	k.trained(r.optPath, r.residual, r.residualTag)
 	return r, nil
 }
 
 // trained records the trainer's state after a window.
-func (k *keeper) trained(optPath string, residual []float32) {
+func (k *keeper) trained(optPath string, residual []float32, residualTag string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if optPath != "" {
 		k.optPath = optPath
 	}
 	if residual != nil {
-		k.residual = slices.Clone(residual)
+		k.residual, k.residualTag = slices.Clone(residual), residualTag
 	}
 }
 
@@ -113,7 +115,11 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 		snap.Large[blobInnerOpt] = b
 	}
 	if k.residual != nil {
-		snap.Large[blobResidual] = slices.Clone(pack.Float32Bytes(k.residual))
+		b, err := round.EncodeResidual(k.residual, k.residualTag)
+		if err != nil {
+			return snap, fmt.Errorf("checkpoint %s: %w", blobResidual, err)
+		}
+		snap.Large[blobResidual] = b
 	}
 	return snap, nil
 }

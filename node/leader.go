@@ -462,7 +462,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	if _, err := v.tips.Offer(sh); err != nil {
 		return nil, err
 	}
-	v.metrics.roundClosed(took)
+	v.metrics.roundClosed(took, len(out.Head.Contributions))
 	v.log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
 		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String())
 	if err := v.bus.Publish(ctx, msg); err != nil {

@@ -121,7 +121,8 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		if err != nil {
 			return fmt.Errorf("start workload: %w", err)
 		}
-		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "params", info.ParamCount)
+		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "device_name", info.DeviceName,
+			"precision", info.Precision, "params", info.ParamCount)
 	}
 	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.log), e.store, busFetcher{e.bus}, e.log)
 	if err != nil {
@@ -133,7 +134,7 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		return err
 	}
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
-		Int8Block: cfg.Protocol.Int8Block}
+		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK}
 	if err := restore(e, work); err != nil {
 		return err
 	}
@@ -193,7 +194,10 @@ func restore(e *env, work *round.Trainer) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint head: %w", err)
 	}
-	work.OptState, work.Residual = r.optPath, r.residual
+	work.OptState, work.Residual, work.ResidualTag = r.optPath, r.residual, r.residualTag
+	if r.residualErr != nil {
+		e.log.Warn("error-feedback residual dropped; it starts again from zeros", "err", r.residualErr)
+	}
 	if tid, th, ok := newerTip(e, id, h); ok {
 		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
 		id, h = tid, th
@@ -252,8 +256,9 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 		Decay:      cfg.Protocol.EMA.Decay,
 		Aggregator: agg,
 		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
-		Screen:     merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio},
-		Codec:      codec,
+		Screen: merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio,
+			CosineTolerance: cfg.Merge.Screen.CosineTolerance},
+		Codec: codec,
 	}
 	if mc := cfg.Merge.Screen.MinCosine; mc != nil {
 		p.Screen.MinCosine = mc

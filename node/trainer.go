@@ -112,7 +112,7 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		return err
 	}
 	t.capacity.observe(float64(res.Samples), res.TrainSeconds)
-	t.keeper.trained(res.OptState, t.work.Residual)
+	t.keeper.trained(res.OptState, t.work.Residual, t.work.ResidualTag)
 	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
 		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds}
 	switch t.poison {
@@ -129,6 +129,7 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	t.status.update(func(s *Status) {
 		s.Last = &ContributionInfo{Round: l.Round, Delta: res.Delta.String(), Samples: res.Samples, Loss: res.Loss, Seconds: res.Seconds, At: time.Now()}
 	})
+	t.metrics.trained(res.Samples, res.TrainSeconds, res.Loss)
 	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds))
 	return t.bus.Publish(ctx, c)
 }

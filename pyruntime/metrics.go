@@ -9,17 +9,21 @@ import (
 
 // Instrument wraps a runtime so that every call is timed in Prometheus
 // (p2ptrain_pyruntime_call_seconds{method,outcome}) and its restarts are exported
-// (p2ptrain_pyruntime_restarts), on the given registry.
+// (p2ptrain_pyruntime_restarts_total), on the given registry.
 func Instrument(rt Runtime, reg prometheus.Registerer) Runtime {
 	m := &instrumented{Runtime: rt, calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "p2ptrain_pyruntime_call_seconds",
 		Help:    "Duration of calls into the Python runtime, by method and outcome.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 18),
 	}, []string{"method", "outcome"})}
-	restarts := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "p2ptrain_pyruntime_restarts",
+	restarts := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "p2ptrain_pyruntime_restarts_total",
 		Help: "Times the Python worker was restarted after a crash or a hang.",
 	}, func() float64 { return float64(rt.Status().Restarts) })
+	for _, method := range []string{"start", "init", "train", "evaluate"} {
+		m.calls.WithLabelValues(method, "ok")
+		m.calls.WithLabelValues(method, "error")
+	}
 	reg.MustRegister(m.calls, restarts)
 	return m
 }

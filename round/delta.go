@@ -15,7 +15,7 @@ import (
 // DeltaFormat is __metadata__.format of an encoded pseudo-gradient file.
 const DeltaFormat = "p2ptrain-delta/1"
 
-var codecDType = map[diloco.Codec]pack.DType{diloco.FP32: pack.F32, diloco.FP16: pack.F16, diloco.Int8: pack.I8}
+var codecDType = map[diloco.Codec]pack.DType{diloco.FP32: pack.F32, diloco.FP16: pack.F16, diloco.Int8: pack.I8, diloco.Sparse: pack.U8}
 
 // StoreDelta writes an encoded pseudo-gradient as a safetensors artifact.
 func StoreDelta(store *artifact.Store, e diloco.Encoded, layoutHash string) (cid.Cid, error) {
@@ -25,9 +25,18 @@ func StoreDelta(store *artifact.Store, e diloco.Encoded, layoutHash string) (cid
 	}
 	tensors := []pack.Tensor{{Name: "delta", DType: dt, Shape: []int64{int64(e.N)}, Data: e.Data}}
 	meta := map[string]string{"format": DeltaFormat, "codec": string(e.Codec), "n": strconv.Itoa(e.N), "layout_hash": layoutHash}
-	if e.Codec == diloco.Int8 {
+	switch e.Codec {
+	case diloco.Int8:
 		tensors = append(tensors, pack.Tensor{Name: "scales", DType: pack.F32, Shape: []int64{int64(len(e.Scales))}, Data: pack.Float32Bytes(e.Scales)})
 		meta["block_size"] = strconv.Itoa(e.BlockSize)
+	case diloco.Sparse:
+		// "delta" holds the 2-bit values, so its length is theirs, not n.
+		tensors[0].Shape = []int64{int64(len(e.Data))}
+		tensors = append(tensors,
+			pack.Tensor{Name: "index", DType: pack.U8, Shape: []int64{int64(len(e.Index))}, Data: e.Index},
+			pack.Tensor{Name: "scales", DType: pack.F32, Shape: []int64{int64(len(e.Scales) / 2), 2}, Data: pack.Float32Bytes(e.Scales)})
+		meta["block_size"] = strconv.Itoa(e.BlockSize)
+		meta["top_k"] = strconv.Itoa(e.TopK)
 	}
 	w, err := store.Create()
 	if err != nil {
@@ -63,6 +72,9 @@ func ParseDelta(b []byte, layoutHash string, n int) (diloco.Encoded, error) {
 	if err != nil {
 		return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
 	}
+	if codec == diloco.Sparse {
+		return parseSparse(f, n)
+	}
 	t, ok := f.Header.Find("delta")
 	if !ok || t.DType != codecDType[codec] || len(t.Shape) != 1 || t.Shape[0] != int64(n) {
 		return diloco.Encoded{}, fmt.Errorf("delta: tensor \"delta\" must be %s[%d]", codecDType[codec], n)
@@ -82,6 +94,45 @@ func ParseDelta(b []byte, layoutHash string, n int) (diloco.Encoded, error) {
 			return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
 		}
 		e.BlockSize, e.Scales = bs, scales
+	}
+	return e, nil
+}
+
+// parseSparse reads the three tensors of a sparse delta file. Their sizes against the
+// layout, the scales and the positions are checked by diloco's Validate and Decode.
+func parseSparse(f *pack.File, n int) (diloco.Encoded, error) {
+	meta := f.Header.Metadata
+	e := diloco.Encoded{Codec: diloco.Sparse, N: n}
+	var err error
+	if e.BlockSize, err = strconv.Atoi(meta["block_size"]); err != nil || e.BlockSize <= 0 {
+		return diloco.Encoded{}, fmt.Errorf("delta: bad block_size %q", meta["block_size"])
+	}
+	if e.TopK, err = strconv.Atoi(meta["top_k"]); err != nil || e.TopK <= 0 {
+		return diloco.Encoded{}, fmt.Errorf("delta: bad top_k %q", meta["top_k"])
+	}
+	if meta["n"] != strconv.Itoa(n) {
+		return diloco.Encoded{}, fmt.Errorf("delta: n %q, want %d", meta["n"], n)
+	}
+	for _, want := range []struct {
+		name string
+		dt   pack.DType
+		dims int
+		dst  *[]byte
+	}{{"delta", pack.U8, 1, &e.Data}, {"index", pack.U8, 1, &e.Index}, {"scales", pack.F32, 2, nil}} {
+		t, ok := f.Header.Find(want.name)
+		if !ok || t.DType != want.dt || len(t.Shape) != want.dims || (want.dims == 2 && t.Shape[1] != 2) {
+			return diloco.Encoded{}, fmt.Errorf("delta: sparse codec needs a %s tensor %q of %d dimensions", want.dt, want.name, want.dims)
+		}
+		if want.dst != nil {
+			*want.dst = f.Bytes(t)
+			continue
+		}
+		if e.Scales, err = pack.Float32s(f.Bytes(t)); err != nil {
+			return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
+		}
+	}
+	if err := e.Validate(); err != nil {
+		return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
 	}
 	return e, nil
 }

@@ -118,7 +118,12 @@ func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		deltas = append(deltas, d)
 		kept = append(kept, c)
 	}
-	verdicts, err := merge.Screen(deltas, m.Policy.Screen, m.Workers)
+	ref, err := m.reference(base, basePack)
+	if err != nil {
+		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
+	}
+	hist := HistoryOf(base)
+	verdicts, err := merge.ScreenWith(deltas, ref, hist, m.Policy.Screen, m.Workers)
 	if err != nil {
 		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
 	}
@@ -157,11 +162,69 @@ func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
 	}
+	head.Metrics.Screen = screenStats(hist.Next(acceptedVerdicts(verdicts, kept, merged)))
 	out.Head = head
 	if out.ID, err = head.ID(); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// reference is the vector small cohorts are screened against: the recent merged updates
+// every validator holds for the base head — the outer momentum of a diloco head (nil for
+// ema heads and before the first outer step).
+func (m *Merger) reference(base *chain.Head, basePack *pack.Pack) ([]float32, error) {
+	if m.Policy.Kind != "diloco" || m.Policy.Screen.MinCosine == nil {
+		return nil, nil
+	}
+	oid, err := base.OuterStateID()
+	if err != nil || !oid.Defined() {
+		return nil, err
+	}
+	mp, err := pack.Load(m.Store.BlobPath(oid))
+	if err != nil {
+		return nil, fmt.Errorf("outer state %s: %w", oid, err)
+	}
+	defer mp.Close()
+	if err := mp.CheckLayout(basePack.Layout); err != nil {
+		return nil, fmt.Errorf("outer state %s: %w", oid, err)
+	}
+	return slices.Clone(mp.Values), nil
+}
+
+// acceptedVerdicts keeps the verdicts of the candidates that were merged (screening may
+// accept a candidate that is then dropped for having no weight), so the history is a
+// function of the merged contributions alone.
+func acceptedVerdicts(verdicts []merge.Verdict, kept, merged []Candidate) []merge.Verdict {
+	in := map[string]bool{}
+	for _, c := range merged {
+		in[c.Peer] = true
+	}
+	out := make([]merge.Verdict, 0, len(merged))
+	for i, v := range verdicts {
+		if v.Accepted && in[kept[i].Peer] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// HistoryOf is the screening history a head carries (empty for heads made before heads
+// carried it, and for genesis).
+func HistoryOf(h *chain.Head) merge.History {
+	s := h.Metrics.Screen
+	if s == nil {
+		return merge.History{}
+	}
+	return merge.History{Rounds: s.Rounds, Norm: s.Norm,
+		Cohort: merge.Moments{N: s.CohortN, Mean: s.CohortMean, Var: s.CohortVar},
+		Ref:    merge.Moments{N: s.RefN, Mean: s.RefMean, Var: s.RefVar}}
+}
+
+func screenStats(h merge.History) *chain.ScreenStats {
+	return &chain.ScreenStats{Rounds: h.Rounds, Norm: h.Norm,
+		CohortN: h.Cohort.N, CohortMean: h.Cohort.Mean, CohortVar: h.Cohort.Var,
+		RefN: h.Ref.N, RefMean: h.Ref.Mean, RefVar: h.Ref.Var}
 }
 
 func (m *Merger) decode(id cid.Cid, layoutHash string, n int) ([]float32, error) {

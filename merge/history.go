@@ -1,0 +1,103 @@
+package merge
+
+import (
+	"math"
+	"slices"
+)
+
+// Calibration constants. They are part of the merge rule (every validator must use the
+// same), so they are constants, not options.
+const (
+	// HistoryWarmup is the number of rounds of history after which the calibrated bars
+	// replace the fixed ones.
+	HistoryWarmup = 5
+	// HistoryRate is the weight of the newest round once the history is longer than
+	// 1/HistoryRate rounds (before that every round counts equally): the statistics follow
+	// an honest run whose updates drift as it converges, with a memory of ~10 rounds.
+	HistoryRate = 0.1
+	// MinSpread is the smallest spread a calibrated cosine bar assumes, so that a run of
+	// nearly identical updates does not make the bar so tight that honest noise fails it.
+	MinSpread = 0.02
+)
+
+// Moments are running statistics of one screening cosine over the accepted deltas of
+// recent rounds.
+type Moments struct {
+	N    uint64  // rounds folded in
+	Mean float64 // running mean
+	Var  float64 // running mean squared deviation from the mean
+}
+
+// History is what screening remembers of earlier rounds: the statistics of the deltas it
+// accepted. It is carried in each head (so every validator starts a round from the same
+// history and reaches the same verdicts) and computed only from merged deltas, so a run
+// whose attackers were screened out has the same history as a run without them.
+type History struct {
+	Rounds uint64  // rounds folded in
+	Norm   float64 // running mean of each round's median accepted norm
+	Cohort Moments // cosine to the other survivors (cohorts of ≥ MinRelativeCohort)
+	Ref    Moments // cosine to the reference vector
+}
+
+func (h History) warm() bool { return h.Rounds >= HistoryWarmup }
+
+// Next folds one round's verdicts into the history: the accepted deltas' median norm and
+// cosines. A round with nothing accepted leaves it unchanged. All arithmetic is float64 in
+// a fixed order, so validators agree to the bit.
+func (h History) Next(verdicts []Verdict) History {
+	var norms, cohort, ref []float64
+	for _, v := range verdicts {
+		if !v.Accepted {
+			continue
+		}
+		norms = append(norms, v.Norm)
+		cohort = appendIf(cohort, v.Cosine, v.cohortRan)
+		ref = appendIf(ref, v.RefCosine, v.refRan)
+	}
+	if len(norms) == 0 {
+		return h
+	}
+	slices.Sort(norms)
+	a := rate(h.Rounds)
+	next := h
+	next.Rounds++
+	next.Norm = h.Norm + a*(medianSorted(norms)-h.Norm)
+	next.Cohort = h.Cohort.fold(cohort)
+	next.Ref = h.Ref.fold(ref)
+	return next
+}
+
+func appendIf(xs []float64, x float64, ok bool) []float64 {
+	if ok && !math.IsNaN(x) && !math.IsInf(x, 0) {
+		return append(xs, x)
+	}
+	return xs
+}
+
+// rate is the weight of the next round after n rounds: 1/(n+1), at least HistoryRate.
+func rate(n uint64) float64 { return max(1/float64(n+1), HistoryRate) }
+
+// fold adds one round's values: the mean moves toward the round's mean and the spread
+// toward the round's mean squared deviation from the old mean (from the round's own mean
+// for the first round).
+func (m Moments) fold(xs []float64) Moments {
+	if len(xs) == 0 {
+		return m
+	}
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	mean := sum / float64(len(xs))
+	center := m.Mean
+	if m.N == 0 {
+		center = mean
+	}
+	var dev float64
+	for _, x := range xs {
+		dev += (x - center) * (x - center)
+	}
+	dev /= float64(len(xs))
+	a := rate(m.N)
+	return Moments{N: m.N + 1, Mean: m.Mean + a*(mean-m.Mean), Var: m.Var + a*(dev-m.Var)}
+}

@@ -1,0 +1,326 @@
+package merge
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/p2pnode/p2pnode/internal/parallel"
+)
+
+// Screening screens a cohort of K deltas of n values that are read block by block, so a
+// validator never holds the deltas in memory. It makes at most two passes over the blocks,
+// each costing O(K·n):
+//
+//  1. AddNorms: norms. Then, each stage on the survivors of the previous one:
+//     non-finite values (ReasonNonFinite); the absolute bound MaxNorm (ReasonNormBound);
+//     the norm relative to the survivors' median norm when ≥ MinRelativeCohort survive,
+//     or else to the history's typical norm (ReasonNormOutlier).
+//  2. AddCosines (only if NeedsCosines): with ≥ MinRelativeCohort survivors, the cosine of
+//     each survivor u_k to the sum of the OTHER survivors' unit vectors, U − u_k, where
+//     U = Σ u_j is one reference for the whole round (ReasonLowCosine). Unit vectors keep a
+//     scaled update from steering the reference, and leaving the delta itself out keeps a
+//     random update from agreeing with a reference it is part of. With fewer survivors
+//     the cohort says nothing about who is odd, so each survivor is held to the reference
+//     vector instead (the recent merged updates every validator holds, e.g. the outer
+//     momentum), once the history is warm. Cosines to the reference are computed whenever
+//     one is given, so the history learns what honest updates look like.
+//
+// The cosine bar is the fixed *MinCosine until the history holds HistoryWarmup rounds
+// and, when CosineTolerance > 0, mean − CosineTolerance × max(spread, MinSpread) of the
+// cosines accepted in recent rounds afterwards (see History).
+//
+// Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
+// end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
+// parallel.ChunkLen chunk in chunk order, so norms equal Norm's bits and the verdicts do
+// not depend on the block length or the worker count. Verdicts are decided on the same set
+// of survivors, so one rejection never changes another's.
+type Screening struct {
+	cfg     ScreenConfig
+	hist    History
+	k, n    int
+	hasRef  bool
+	workers int
+
+	pos      int // values consumed by the current pass
+	sumsq    []float64
+	verdicts []Verdict
+	alive    []int
+	decided  bool // norm stages decided
+	cohort   bool // cohort cosine check
+	refCheck bool // reference cosine check for a small cohort
+
+	inv      []float32 // 1/‖d_k‖ of the survivors
+	unit     []float32 // U for the current block
+	dotU     []float64
+	dotR     []float64
+	uu, rr   float64
+	finished bool
+}
+
+// NewScreening starts screening k deltas of n values each. hasRef says whether AddCosines
+// will be given a reference vector.
+func NewScreening(cfg ScreenConfig, hist History, k, n int, hasRef bool, workers int) (*Screening, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("screen: %w", err)
+	}
+	if k < 0 || n < 0 {
+		return nil, fmt.Errorf("screen: %w: %d deltas of %d values", ErrLengthMismatch, k, n)
+	}
+	return &Screening{cfg: cfg, hist: hist, k: k, n: n, hasRef: hasRef, workers: workers,
+		sumsq: make([]float64, k), verdicts: make([]Verdict, k)}, nil
+}
+
+// checkBlock checks that blocks (indexed by delta, nil where want[k] is false) continue the
+// current pass at lo and returns the block length.
+func (s *Screening) checkBlock(op string, lo int, blocks [][]float32, want func(k int) bool) (int, error) {
+	if len(blocks) != s.k {
+		return 0, fmt.Errorf("%s: %w: %d blocks for %d deltas", op, ErrLengthMismatch, len(blocks), s.k)
+	}
+	if lo != s.pos {
+		return 0, fmt.Errorf("%s: %w: block starts at %d, expected %d", op, ErrBadOption, lo, s.pos)
+	}
+	if lo%parallel.ChunkLen != 0 {
+		return 0, fmt.Errorf("%s: %w: block start %d is not a multiple of %d", op, ErrBadOption, lo, parallel.ChunkLen)
+	}
+	m := -1
+	for k, b := range blocks {
+		if !want(k) {
+			continue
+		}
+		if m < 0 {
+			m = len(b)
+		}
+		if len(b) != m {
+			return 0, fmt.Errorf("%s: %w: block of delta %d has %d values, others %d", op, ErrLengthMismatch, k, len(b), m)
+		}
+	}
+	if m < 0 {
+		m = 0
+	}
+	if lo+m > s.n {
+		return 0, fmt.Errorf("%s: %w: block [%d, %d) past %d values", op, ErrLengthMismatch, lo, lo+m, s.n)
+	}
+	return m, nil
+}
+
+// AddNorms feeds values [lo, lo+len(blocks[k])) of every delta to the first pass.
+func (s *Screening) AddNorms(lo int, blocks [][]float32) error {
+	if s.decided {
+		return fmt.Errorf("screen norms: %w: pass already complete", ErrBadOption)
+	}
+	m, err := s.checkBlock("screen norms", lo, blocks, func(int) bool { return true })
+	if err != nil {
+		return err
+	}
+	chunks := parallel.NumChunks(m, parallel.ChunkLen)
+	partials := make([]float64, chunks*s.k)
+	parallel.ForChunks(m, parallel.ChunkLen, s.workers, func(c, a, b int) {
+		for k, x := range blocks {
+			partials[c*s.k+k] = sumSquares(x[a:b])
+		}
+	})
+	for c := range chunks {
+		for k := range s.k {
+			s.sumsq[k] += partials[c*s.k+k]
+		}
+	}
+	s.pos += m
+	if s.pos == s.n {
+		s.decideNorms()
+	}
+	return nil
+}
+
+func (s *Screening) decideNorms() {
+	s.decided = true
+	for k := range s.k {
+		n := math.Sqrt(s.sumsq[k])
+		s.verdicts[k] = Verdict{Accepted: true, Norm: n, Bar: math.NaN()}
+		switch {
+		case math.IsNaN(n) || math.IsInf(n, 0):
+			s.verdicts[k].reject(ReasonNonFinite)
+		case s.cfg.MaxNorm > 0 && n > s.cfg.MaxNorm:
+			s.verdicts[k].reject(ReasonNormBound)
+		default:
+			s.alive = append(s.alive, k)
+		}
+	}
+	relative := len(s.alive) >= MinRelativeCohort
+	if s.cfg.MaxNormRatio > 0 {
+		limit := math.Inf(1)
+		if relative {
+			norms := make([]float64, len(s.alive))
+			for j, k := range s.alive {
+				norms[j] = s.verdicts[k].Norm
+			}
+			slices.Sort(norms)
+			limit = s.cfg.MaxNormRatio * medianSorted(norms)
+		} else if s.hist.warm() && s.hist.Norm > 0 {
+			limit = s.cfg.MaxNormRatio * s.hist.Norm
+		}
+		s.alive = slices.DeleteFunc(s.alive, func(k int) bool {
+			if s.verdicts[k].Norm > limit {
+				s.verdicts[k].reject(ReasonNormOutlier)
+				return true
+			}
+			return false
+		})
+	}
+	if s.cfg.MinCosine == nil {
+		return
+	}
+	s.cohort = len(s.alive) >= MinRelativeCohort
+	s.refCheck = !s.cohort && s.hasRef && s.hist.Ref.N >= HistoryWarmup
+	s.pos = 0
+	s.inv = make([]float32, s.k)
+	for _, k := range s.alive {
+		if n := s.verdicts[k].Norm; n > 0 {
+			s.inv[k] = float32(1 / n)
+		}
+	}
+	s.dotU, s.dotR = make([]float64, s.k), make([]float64, s.k)
+}
+
+// NeedsCosines reports, once the first pass is complete, whether a second pass
+// (AddCosines) is needed.
+func (s *Screening) NeedsCosines() bool {
+	return s.decided && len(s.alive) > 0 && s.cfg.MinCosine != nil && (s.cohort || s.hasRef)
+}
+
+// Active returns the deltas that survived the norm checks, in input order: the second pass
+// needs blocks of these only.
+func (s *Screening) Active() []int { return slices.Clone(s.alive) }
+
+// AddCosines feeds values [lo, lo+m) to the second pass: blocks[k] for every k in Active
+// (others may be nil) and ref[lo:lo+m] of the reference vector (nil if there is none).
+func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error {
+	if !s.NeedsCosines() {
+		return fmt.Errorf("screen cosines: %w: no second pass needed", ErrBadOption)
+	}
+	if s.finished {
+		return fmt.Errorf("screen cosines: %w: pass already complete", ErrBadOption)
+	}
+	active := make([]bool, s.k)
+	for _, k := range s.alive {
+		active[k] = true
+	}
+	m, err := s.checkBlock("screen cosines", lo, blocks, func(k int) bool { return active[k] })
+	if err != nil {
+		return err
+	}
+	if s.hasRef && len(ref) != m {
+		return fmt.Errorf("screen cosines: %w: reference block has %d values, deltas %d", ErrLengthMismatch, len(ref), m)
+	}
+	if s.cohort {
+		if cap(s.unit) < m {
+			s.unit = make([]float32, m)
+		}
+		s.unit = s.unit[:m]
+	}
+	chunks := parallel.NumChunks(m, parallel.ChunkLen)
+	const slots = 2 // per delta: dot with U, dot with ref
+	per := slots*s.k + 2
+	partials := make([]float64, chunks*per)
+	parallel.ForChunks(m, parallel.ChunkLen, s.workers, func(c, a, b int) {
+		p := partials[c*per : (c+1)*per]
+		if s.cohort {
+			u := s.unit[a:b]
+			// U = Σ_k float32(d_k·inv_k), added in k order in float32.
+			for j, k := range s.alive {
+				x, w := blocks[k][a:b], s.inv[k]
+				x = x[:len(u)]
+				if j == 0 {
+					for i := range u {
+						u[i] = float32(x[i] * w)
+					}
+					continue
+				}
+				for i := range u {
+					u[i] = u[i] + float32(x[i]*w)
+				}
+			}
+			for _, k := range s.alive {
+				p[slots*k] = dotLanes(blocks[k][a:b], u)
+			}
+			p[slots*s.k] = sumSquares(u)
+		}
+		if s.hasRef {
+			r := ref[a:b]
+			for _, k := range s.alive {
+				p[slots*k+1] = dotLanes(blocks[k][a:b], r)
+			}
+			p[slots*s.k+1] = sumSquares(r)
+		}
+	})
+	for c := range chunks {
+		p := partials[c*per : (c+1)*per]
+		for _, k := range s.alive {
+			s.dotU[k] += p[slots*k]
+			s.dotR[k] += p[slots*k+1]
+		}
+		s.uu += p[slots*s.k]
+		s.rr += p[slots*s.k+1]
+	}
+	s.pos += m
+	if s.pos == s.n {
+		s.decideCosines()
+	}
+	return nil
+}
+
+func (s *Screening) decideCosines() {
+	s.finished = true
+	cohortBar := s.bar(s.hist.Cohort, true)
+	refBar := s.bar(s.hist.Ref, false)
+	for _, k := range s.alive {
+		v := &s.verdicts[k]
+		if s.hasRef {
+			v.RefCosine, v.refRan = cosineOf(s.dotR[k], s.sumsq[k], s.rr), true
+		}
+		switch {
+		case s.cohort:
+			// u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1.
+			w := float64(s.inv[k])
+			du := w * s.dotU[k]
+			rest := s.uu - 2*du + 1
+			if w == 0 || !(rest > 0) {
+				v.Cosine = 0
+			} else {
+				v.Cosine = (du - 1) / math.Sqrt(rest)
+			}
+			v.Bar, v.cohortRan = cohortBar, true
+		case s.refCheck:
+			v.Bar = refBar
+		default:
+			continue
+		}
+		c := v.Cosine
+		if !s.cohort {
+			c = v.RefCosine
+		}
+		if c < v.Bar {
+			v.reject(ReasonLowCosine)
+		}
+	}
+}
+
+// bar is the cosine bar from history m: calibrated once warm when CosineTolerance > 0,
+// else the fixed MinCosine (which the reference check does not use: it needs history).
+func (s *Screening) bar(m Moments, fixedOK bool) float64 {
+	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
+		return m.Mean - s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread)
+	}
+	if fixedOK {
+		return *s.cfg.MinCosine
+	}
+	return math.Inf(-1)
+}
+
+// Verdicts returns one verdict per delta, in input order, once the passes are complete.
+func (s *Screening) Verdicts() ([]Verdict, error) {
+	if !s.decided || (s.NeedsCosines() && !s.finished) {
+		return nil, fmt.Errorf("screen: %w: verdicts asked for before the passes are complete", ErrBadOption)
+	}
+	return slices.Clone(s.verdicts), nil
+}

@@ -1,0 +1,226 @@
+package merge
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/p2pnode/p2pnode/internal/parallel"
+)
+
+// noisyCohort returns k updates g + σ·noise with a shared direction g; small signal gives
+// the low pairwise cosines of a converged run.
+func noisyCohort(rng *rand.Rand, g []float32, k int, sigma float64) [][]float32 {
+	out := make([][]float32, k)
+	for j := range out {
+		d := make([]float32, len(g))
+		for i := range d {
+			d[i] = g[i] + float32(sigma*rng.NormFloat64())
+		}
+		out[j] = d
+	}
+	return out
+}
+
+func gauss(rng *rand.Rand, n int, scale float64) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(scale * rng.NormFloat64())
+	}
+	return x
+}
+
+// TestScreeningBlocksMatchWhole: feeding the cohort in blocks of any multiple of the chunk
+// length gives bit-identical verdicts to one block, and norms equal Norm's.
+func TestScreeningBlocksMatchWhole(t *testing.T) {
+	n := 3*parallel.ChunkLen + 1234
+	rng := rand.New(rand.NewPCG(4, 4))
+	g := gauss(rng, n, 1)
+	deltas := noisyCohort(rng, g, 6, 2)
+	deltas = append(deltas, scaled(deltas[0], -1), scaled(deltas[1], 40), withValue(deltas[2], 5, float32(math.Inf(1))))
+	ref := gauss(rng, n, 1)
+	hist := History{Rounds: 9, Norm: 500, Cohort: Moments{N: 9, Mean: 0.2, Var: 0.01}, Ref: Moments{N: 9, Mean: 0.1, Var: 0.001}}
+	cfg := ScreenConfig{MaxNormRatio: 5, MinCosine: new(0.0), CosineTolerance: 3}
+	whole, err := ScreenWith(deltas, ref, hist, cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range whole {
+		if want := Norm(deltas[k], 1); math.Float64bits(v.Norm) != math.Float64bits(want) && !math.IsInf(want, 0) {
+			t.Fatalf("delta %d: norm %v, Norm says %v", k, v.Norm, want)
+		}
+	}
+	for _, block := range []int{parallel.ChunkLen, 2 * parallel.ChunkLen, 5 * parallel.ChunkLen} {
+		for _, workers := range []int{1, 4} {
+			s, err := NewScreening(cfg, hist, len(deltas), n, true, workers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cut := func(lo, hi int, which []int) [][]float32 {
+				b := make([][]float32, len(deltas))
+				for _, k := range which {
+					b[k] = deltas[k][lo:hi]
+				}
+				return b
+			}
+			all := make([]int, len(deltas))
+			for k := range all {
+				all[k] = k
+			}
+			for lo := 0; lo < n; lo += block {
+				if err := s.AddNorms(lo, cut(lo, min(lo+block, n), all)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !s.NeedsCosines() {
+				t.Fatal("no cosine pass")
+			}
+			for lo := 0; lo < n; lo += block {
+				hi := min(lo+block, n)
+				if err := s.AddCosines(lo, cut(lo, hi, s.Active()), ref[lo:hi]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Verdicts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k := range got {
+				a, b := got[k], whole[k]
+				if a.Accepted != b.Accepted || a.Reason != b.Reason || math.Float64bits(a.Cosine) != math.Float64bits(b.Cosine) ||
+					math.Float64bits(a.RefCosine) != math.Float64bits(b.RefCosine) || (math.Float64bits(a.Norm) != math.Float64bits(b.Norm) && !math.IsNaN(a.Norm)) {
+					t.Fatalf("block %d, %d workers, delta %d: %+v, whole %+v", block, workers, k, a, b)
+				}
+			}
+		}
+	}
+	wantReasons := []Reason{"", "", "", "", "", "", ReasonLowCosine, ReasonNormOutlier, ReasonNonFinite}
+	for k, v := range whole {
+		if v.Reason != wantReasons[k] {
+			t.Errorf("delta %d: reason %q, want %q (%+v)", k, v.Reason, wantReasons[k], v)
+		}
+	}
+}
+
+// warmHistory runs honest rounds of cohort size k through screening and returns the
+// history, the false rejections, and the reference (a running mean of merged updates, as
+// the outer momentum is).
+func honestRounds(t *testing.T, cfg ScreenConfig, rounds, k, n int, signal, sigma float64, seed uint64) (History, []float32, int, int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	g := gauss(rng, n, signal)
+	var hist History
+	var ref []float32
+	rejected, total := 0, 0
+	for range rounds {
+		deltas := noisyCohort(rng, g, k, sigma)
+		v, err := ScreenWith(deltas, ref, hist, cfg, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hist = hist.Next(v)
+		mean := make([]float32, n)
+		for j := range deltas {
+			total++
+			if !v[j].Accepted {
+				rejected++
+			}
+		}
+		w := make([]float64, k)
+		for j := range w {
+			w[j] = 1
+		}
+		if err := WeightedMean(mean, deltas, w, 1); err != nil {
+			t.Fatal(err)
+		}
+		if ref == nil {
+			ref = mean
+		} else {
+			for i := range ref {
+				ref[i] = float32(0.9*ref[i]) + mean[i]
+			}
+		}
+	}
+	return hist, ref, rejected, total
+}
+
+// TestCalibratedBarKeepsHonestUpdates: in a converged-looking run (signal small against
+// noise, so honest cosines straddle zero) the fixed bar 0 rejects many honest updates and
+// the calibrated bar almost none.
+func TestCalibratedBarKeepsHonestUpdates(t *testing.T) {
+	const rounds, k, n = 300, 3, 4096
+	fixed := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0)}
+	calibrated := fixed
+	calibrated.CosineTolerance = 4
+	_, _, rejFixed, total := honestRounds(t, fixed, rounds, k, n, 0.02, 1, 7)
+	_, _, rejCal, _ := honestRounds(t, calibrated, rounds, k, n, 0.02, 1, 7)
+	t.Logf("honest rejections: fixed bar %d/%d, calibrated %d/%d", rejFixed, total, rejCal, total)
+	if rejFixed*10 < total {
+		t.Fatalf("the fixed bar rejected only %d/%d: the test cohort is not noisy enough to show anything", rejFixed, total)
+	}
+	if rejCal*50 > total {
+		t.Fatalf("calibrated bar rejected %d/%d honest updates (want < 2%%)", rejCal, total)
+	}
+}
+
+// TestSmallCohortAgainstHistory: with one or two updates in a round, a sign flip, a ×1000
+// update and noise at an honest norm are rejected against the reference and the history,
+// and honest ones pass.
+func TestSmallCohortAgainstHistory(t *testing.T) {
+	const n = 4096
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	hist, ref, rej, total := honestRounds(t, cfg, 40, 3, n, 0.3, 1, 11)
+	if rej != 0 {
+		t.Fatalf("warm-up rejected %d/%d honest updates", rej, total)
+	}
+	rng := rand.New(rand.NewPCG(12, 12))
+	g := gauss(rand.New(rand.NewPCG(11, 1)), n, 0.3) // the same direction the history saw
+	honest := noisyCohort(rng, g, 2, 1)
+	honestNorm := Norm(honest[0], 1)
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		want   []Reason
+	}{
+		{"lone honest", honest[:1], []Reason{""}},
+		{"two honest", honest, []Reason{"", ""}},
+		{"lone sign flip", [][]float32{scaled(honest[0], -1)}, []Reason{ReasonLowCosine}},
+		{"lone ×1000", [][]float32{scaled(honest[0], 1000)}, []Reason{ReasonNormOutlier}},
+		{"lone noise", [][]float32{gauss(rng, n, honestNorm/math.Sqrt(n))}, []Reason{ReasonLowCosine}},
+		{"honest and flip", [][]float32{honest[0], scaled(honest[1], -1)}, []Reason{"", ReasonLowCosine}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := ScreenWith(tc.deltas, ref, hist, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, want := range tc.want {
+				if v[j].Reason != want {
+					t.Errorf("delta %d: %q, want %q (%+v, history %+v)", j, v[j].Reason, want, v[j], hist)
+				}
+			}
+		})
+	}
+	// Without history the small cohort is not judged by direction (nothing to compare to).
+	v, err := ScreenWith([][]float32{scaled(honest[0], -1)}, ref, History{}, cfg, 1)
+	if err != nil || !v[0].Accepted {
+		t.Fatalf("cold history: %+v, %v", v, err)
+	}
+}
+
+// TestHistoryNextDeterministic: folding is a pure function of the verdicts; rejected
+// deltas leave no trace.
+func TestHistoryNextDeterministic(t *testing.T) {
+	vs := []Verdict{{Accepted: true, Norm: 2, Cosine: 0.5, cohortRan: true}, {Accepted: true, Norm: 4, Cosine: 0.3, cohortRan: true},
+		{Accepted: false, Reason: ReasonLowCosine, Norm: 3, Cosine: -0.9, cohortRan: true}}
+	h := History{}.Next(vs)
+	if h.Rounds != 1 || h.Norm != 3 || h.Cohort.N != 1 || math.Abs(h.Cohort.Mean-0.4) > 1e-15 || math.Abs(h.Cohort.Var-0.01) > 1e-15 || h.Ref.N != 0 {
+		t.Fatalf("history %+v", h)
+	}
+	if again := (History{}).Next(vs); again != h {
+		t.Fatalf("not deterministic: %+v vs %+v", again, h)
+	}
+	if same := h.Next(vs[2:]); same != h {
+		t.Fatalf("a round with nothing accepted changed the history: %+v", same)
+	}
+}
