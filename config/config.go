@@ -73,6 +73,13 @@ type Dataset struct {
 	MicroshardBytes int64  `yaml:"microshard_bytes"`
 }
 
+// Training precisions (workload.precision).
+const (
+	PrecisionFP32 = "fp32"
+	PrecisionBF16 = "bf16" // autocast to bfloat16 (CUDA with bf16 support, or CPU)
+	PrecisionFP16 = "fp16" // autocast to float16 with a GradScaler (CUDA only)
+)
+
 // Backend names.
 const (
 	BackendWorker  = "worker"
@@ -89,6 +96,7 @@ type Workload struct {
 	Include      []string          `yaml:"include"`
 	Exclude      []string          `yaml:"exclude"`
 	Device       string            `yaml:"device"`
+	Precision    string            `yaml:"precision"`
 	Threads      int               `yaml:"threads"`
 	Backend      string            `yaml:"backend"`
 	Command      Command           `yaml:"command"`

@@ -47,6 +47,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
 		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},
 		{"codec", "protocol:\n  codec: int4", []string{`protocol.codec: must be fp32, fp16, int8 or sparse, got "int4"`}},
+		{"sparse momentum", "protocol:\n  codec: sparse\n  diloco:\n    momentum: 0.9", []string{"protocol.diloco.momentum: must be <= 0.5 with protocol.codec sparse"}},
 		{"sparse block", "protocol:\n  codec: sparse\n  sparse_block: 0", []string{"protocol.sparse_block: must be in [1, 16777216], got 0"}},
 		{"sparse top-k", "protocol:\n  codec: sparse\n  sparse_block: 128\n  sparse_topk: 129", []string{"protocol.sparse_topk: must be in [1, protocol.sparse_block = 128], got 129"}},
 		{"policy", "protocol:\n  merge_policy: sgd", []string{`protocol.merge_policy: must be "diloco" or "ema"`}},
@@ -63,6 +64,10 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"several at once", "protocol:\n  inner_steps: 0\nlease:\n  min_group: 0", []string{"protocol.inner_steps: must be >= 1", "lease.min_group: must be >= 1"}},
 		{"export dir", "export:\n  every_rounds: 5", []string{"export.dir: must be set"}},
 		{"not yaml", "node: [unclosed", []string{"invalid config"}},
+		{"device", "workload:\n  device: gpu0", []string{`workload.device: "gpu0" is not auto, cpu, cuda, cuda:N or mps`}},
+		{"device index", "workload:\n  device: cuda:x", []string{`workload.device: "cuda:x"`}},
+		{"precision", "workload:\n  precision: fp8", []string{`workload.precision: must be fp32, bf16 or fp16, got "fp8"`}},
+		{"fp16 on cpu", "workload:\n  device: cpu\n  precision: fp16", []string{"workload.precision: fp16 needs a CUDA device"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

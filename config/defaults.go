@@ -33,6 +33,7 @@ func Default() *Config {
 			Interpreter:  "/usr/bin/python3",
 			Factory:      "p2ptrain.workloads.digits:Digits",
 			Device:       "auto",
+			Precision:    PrecisionFP32,
 			Threads:      1,
 			Backend:      BackendWorker,
 			CallTimeout:  2 * time.Minute,

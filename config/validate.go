@@ -146,6 +146,16 @@ func (c *Config) validateWorkload(v *validator) {
 		v.check(strings.TrimSpace(g) != "", fmt.Sprintf("workload.exclude[%d]", i), "empty pattern")
 	}
 	v.check(w.Threads >= 0, "workload.threads", "must be >= 0, got %d", w.Threads)
+	deviceOK := validDevice(w.Device)
+	v.check(deviceOK, "workload.device", "%q is not auto, cpu, cuda, cuda:N or mps", w.Device)
+	switch w.Precision {
+	case "", PrecisionFP32, PrecisionBF16:
+	case PrecisionFP16:
+		v.check(!deviceOK || w.Device != "cpu", "workload.precision",
+			"fp16 needs a CUDA device, and workload.device is cpu (use bf16 or fp32 on a CPU)")
+	default:
+		v.add("workload.precision", "must be fp32, bf16 or fp16, got %q", w.Precision)
+	}
 	v.check(w.CallTimeout > 0, "workload.call_timeout", "must be > 0")
 	v.check(w.TrainTimeout > 0, "workload.train_timeout", "must be > 0")
 	switch w.Backend {
@@ -175,6 +185,12 @@ func (c *Config) validateProtocol(v *validator) {
 	v.check(p.SparseTopK >= 1 && p.SparseTopK <= max(p.SparseBlock, 1), "protocol.sparse_topk", "must be in [1, protocol.sparse_block = %d], got %d", p.SparseBlock, p.SparseTopK)
 	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0, got %v", p.DiLoCo.OuterLR)
 	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)
+	// Error feedback already carries every unsent part of an update into later rounds; outer
+	// momentum on top of it compounds the two. Measured on digits (one trainer, 30 rounds):
+	// momentum 0.9 with sparse diverged (held-out loss 0.47 → 18.5), 0 and 0.5 trained
+	// (95.5 % and 94.4 %). SparseLoCo runs without outer momentum.
+	v.check(p.Codec != "sparse" || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
+		"must be <= 0.5 with protocol.codec sparse (outer momentum on top of error feedback diverged at 0.9; 0 is SparseLoCo's choice), got %v", p.DiLoCo.Momentum)
 	v.check(finite(p.EMA.Decay) && p.EMA.Decay > 0 && p.EMA.Decay <= 1, "protocol.ema.decay", "must be in (0, 1], got %v", p.EMA.Decay)
 }
 
@@ -214,4 +230,23 @@ func (c *Config) validateExport(v *validator) {
 	}
 	v.check(e.ShardBytes >= 1<<20, "export.shard_bytes", "must be >= 1048576, got %d", e.ShardBytes)
 	v.check(e.BlockBytes >= 512 && e.BlockBytes <= 64<<20, "export.block_bytes", "must be in [512, 67108864], got %d", e.BlockBytes)
+}
+
+// validDevice accepts the device strings the worker understands: auto, cpu, cuda, cuda:N,
+// mps. Whether the machine has that device is the worker's check at start-up.
+func validDevice(d string) bool {
+	switch d {
+	case "", "auto", "cpu", "cuda", "mps":
+		return true
+	}
+	n, ok := strings.CutPrefix(d, "cuda:")
+	if !ok || n == "" || len(n) > 3 {
+		return false
+	}
+	for _, r := range n {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

@@ -154,7 +154,7 @@ func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
 	w := cfg.Workload
 	return pyruntime.Options{
 		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
-		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Precision: w.Precision, Threads: w.Threads, Seed: cfg.Experiment.Seed,
 		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
 		Command:        pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
 		Logger:         log.With("pkg", "pyruntime"),
@@ -213,8 +213,8 @@ func busModule(cfg *config.Config) fx.Option {
 				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
 				return g, nil
 			},
-			func(lc fx.Lifecycle, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
-				b := newNetBus(g, x, log.With("pkg", "bus"))
+			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				lc.Append(fx.Hook{

@@ -121,7 +121,8 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		if err != nil {
 			return fmt.Errorf("start workload: %w", err)
 		}
-		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "params", info.ParamCount)
+		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "device_name", info.DeviceName,
+			"precision", info.Precision, "params", info.ParamCount)
 	}
 	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.log), e.store, busFetcher{e.bus}, e.log)
 	if err != nil {

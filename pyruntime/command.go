@@ -57,6 +57,7 @@ type jobManifest struct {
 	Exclude           []string       `json:"exclude"`
 	Config            map[string]any `json:"config"`
 	Device            string         `json:"device"`
+	Precision         string         `json:"precision,omitempty"`
 	Threads           int            `json:"threads"`
 }
 
@@ -242,7 +243,7 @@ func (c *Command) newJob(kind string) *jobManifest {
 	return &jobManifest{
 		ProtocolVersion: ProtocolVersion, JobID: fmt.Sprintf("%s-%06d", kind, seq), Kind: kind,
 		ShardPaths: []string{}, Include: nonNil(c.opts.Include), Exclude: nonNil(c.opts.Exclude),
-		Config: c.opts.Config, Device: c.opts.Device, Threads: c.opts.Threads,
+		Config: c.opts.Config, Device: c.opts.Device, Precision: c.opts.Precision, Threads: c.opts.Threads,
 	}
 }
 

@@ -44,6 +44,9 @@ type Options struct {
 	Include, Exclude []string
 	// Device is "auto" (default: cuda when available), "cpu", "cuda", "cuda:1", ...
 	Device string
+	// Precision is "fp32" (default), "bf16" (autocast to bfloat16) or "fp16" (autocast to
+	// float16 with a GradScaler; CUDA only).
+	Precision string
 	// Threads sets torch.set_num_threads and OMP_NUM_THREADS (0: torch's default).
 	Threads int
 	// Seed seeds the model the worker builds at hello (Init takes its own seed).
@@ -101,6 +104,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Device == "" {
 		o.Device = "auto"
+	}
+	if o.Precision == "" {
+		o.Precision = "fp32"
 	}
 	if o.CallTimeout == 0 {
 		o.CallTimeout = DefaultCallTimeout

@@ -80,6 +80,9 @@ type helloResult struct {
 	Python          string   `json:"python"`
 	Torch           string   `json:"torch"`
 	Device          string   `json:"device"`
+	DeviceName      string   `json:"device_name"`
+	DeviceMemory    int64    `json:"device_memory_bytes"`
+	Precision       string   `json:"precision"`
 	LayoutHash      string   `json:"layout_hash"`
 	ParamCount      int64    `json:"param_count"`
 }
@@ -149,7 +152,7 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	}
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
-		"device", info.Device, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
+		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
 	return info, nil
 }
 
@@ -183,7 +186,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	params := map[string]any{
 		"versions": o.versions, "factory": o.Factory, "config": o.Config,
 		"include": nonNil(o.Include), "exclude": nonNil(o.Exclude),
-		"device": o.Device, "threads": o.Threads, "seed": o.Seed,
+		"device": o.Device, "precision": o.Precision, "threads": o.Threads, "seed": o.Seed,
 	}
 	if _, err := w.roundTrip(ctx, p, "hello", params, &hr, o.CallTimeout); err != nil {
 		p.shutdown()
@@ -208,6 +211,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	info := Info{
 		Backend: BackendWorker, ProtocolVersion: hr.ProtocolVersion, Capabilities: hr.Capabilities,
 		Workload: hr.Workload, Python: hr.Python, Torch: hr.Torch, Device: hr.Device,
+		DeviceName: hr.DeviceName, DeviceMemory: hr.DeviceMemory, Precision: hr.Precision,
 		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid, P2PTrain: w.src.String(),
 	}
 	return p, info, nil
@@ -675,7 +679,8 @@ func (w *Worker) ScratchDir() string { return w.scratch }
 func (w *Worker) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts}
+	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts,
+		Device: w.info.Device, DeviceName: w.info.DeviceName, DeviceMemory: w.info.DeviceMemory, Precision: w.info.Precision}
 	w.fill(&s)
 	if w.proc != nil {
 		s.PID = w.proc.pid
