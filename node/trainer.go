@@ -130,7 +130,8 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		s.Last = &ContributionInfo{Round: l.Round, Delta: res.Delta.String(), Samples: res.Samples, Loss: res.Loss, Seconds: res.Seconds, At: time.Now()}
 	})
 	t.metrics.trained(res.Samples, res.TrainSeconds, res.Loss)
-	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds))
+	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
+		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds))
 	return t.bus.Publish(ctx, c)
 }
 
