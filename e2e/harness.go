@@ -160,6 +160,16 @@ func (p *Proc) Wait(timeout time.Duration) error {
 	return p.exit
 }
 
+// PID is the process id of the running node (0 before Start).
+func (p *Proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Output is what the process printed on stdout so far (progress lines).
 func (p *Proc) Output() string {
 	p.mu.Lock()

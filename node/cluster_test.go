@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -40,6 +41,8 @@ type clusterNode struct {
 	err    chan error
 	out    *syncBuffer
 	stop   context.CancelFunc
+	// logs, when set, receives the node's log lines (text, info and up).
+	logs *syncBuffer
 }
 
 // newCluster makes validators+trainers hosts on a fully connected mocknet and their configs.
@@ -113,7 +116,11 @@ func (c *cluster) addPeer(i int, after string) host.Host {
 
 func (c *cluster) start(n *clusterNode) {
 	c.t.Helper()
-	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: testLogger(c.t, n.name), Poison: n.poison})
+	log := testLogger(c.t, n.name)
+	if n.logs != nil {
+		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
+	}
+	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Poison: n.poison})
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)

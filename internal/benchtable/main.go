@@ -52,6 +52,8 @@ var absolute = []struct{ what, name, unit, target string }{
 		"BenchmarkArtifactFetch", "raw+blake3-to-disk-vs-raw", ""},
 	{"  no target: artifact fetch vs that verify+store floor (the protocol's own overhead)",
 		"BenchmarkArtifactFetch", "protocol-vs-floor", ""},
+	{"pack round trip Go→worker→Go: Go's peak RSS above its start, in pack sizes (views, not copies)",
+		"BenchmarkPackRoundTrip/worker", "go-rss/pack", "<= 1.5"},
 	{"gossip: head announcement to all 50 nodes, p99 latency (ms)", "BenchmarkGossip", "p99-ms", "<= 100"},
 	{"gossip: burst of 100 messages, delivered to every node", "BenchmarkGossip", "burst-delivered", ">= 100"},
 }
@@ -121,7 +123,7 @@ func main() {
 			continue
 		}
 		switch unit {
-		case "MB/s", "ns/op", "B/op", "allocs/op", "cpu-ns/B", "x-shm", "x-worker":
+		case "MB/s", "ns/op", "B/op", "allocs/op", "cpu-ns/B", "x-shm", "x-worker", "go-rss/pack":
 			continue
 		}
 		v, n, _ := median(name, unit)
