@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -40,6 +41,8 @@ type clusterNode struct {
 	err    chan error
 	out    *syncBuffer
 	stop   context.CancelFunc
+	// logs, when set, receives the node's log lines (text, info and up).
+	logs *syncBuffer
 }
 
 // newCluster makes validators+trainers hosts on a fully connected mocknet and their configs.
@@ -113,7 +116,11 @@ func (c *cluster) addPeer(i int, after string) host.Host {
 
 func (c *cluster) start(n *clusterNode) {
 	c.t.Helper()
-	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: testLogger(c.t, n.name), Poison: n.poison})
+	log := testLogger(c.t, n.name)
+	if n.logs != nil {
+		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
+	}
+	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Poison: n.poison})
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)
@@ -203,6 +210,17 @@ func TestMocknetClusterAgreesOnEveryHead(t *testing.T) {
 	rep, err := stores.Audit(mustDecode(t, ref.Head))
 	require.NoError(t, err)
 	require.Zero(t, rep.Duplicated)
+
+	// Trainers fetch the parameters they train on, never the validators' outer momentum.
+	outer, err := heads[len(heads)-1].OuterStateID()
+	require.NoError(t, err)
+	require.True(t, outer.Defined())
+	for _, n := range c.nodes {
+		s, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		require.Equal(t, n.cfg.Experiment.HasRole(config.RoleValidator), s.Artifacts.Has(outer),
+			"%s (roles %v) holds the outer state: %v", n.name, n.cfg.Experiment.Roles, s.Artifacts.Has(outer))
+	}
 }
 
 // kill stops a node abruptly: its loops end and its connections drop (its store stays).

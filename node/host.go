@@ -109,7 +109,7 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw *metrics.Bandw
 		libp2p.Identity(key),
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.Security(noise.ID, noise.New),
-		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.Muxer(yamux.ID, Yamux(YamuxMaxMessageSize)),
 		libp2p.ResourceManager(rm),
 		libp2p.ConnectionManager(cm),
 		libp2p.EnableNATService(),
@@ -170,4 +170,19 @@ func hostAddrs(h host.Host) []string {
 		out = append(out, a.Encapsulate(ma.StringCast("/p2p/"+h.ID().String())).String())
 	}
 	return out
+}
+
+// YamuxMaxMessageSize is the largest yamux frame the node sends. yamux's default, 64 KiB,
+// is 17 bytes more than one Noise message carries (65 535 bytes with its 16-byte tag), so
+// every full frame costs two Noise messages; 65 519 puts each frame in one.
+const YamuxMaxMessageSize = 65519
+
+// Yamux is libp2p's yamux transport with frames of at most maxMessage bytes (0 keeps the
+// default). The WAN goodput test measures both sizes on a rate-limited link.
+func Yamux(maxMessage uint32) *yamux.Transport {
+	t := *yamux.DefaultTransport
+	if maxMessage > 0 {
+		t.MaxMessageSize = maxMessage
+	}
+	return &t
 }

@@ -35,7 +35,9 @@ func rolesModule(cfg *config.Config) fx.Option {
 			func(heads *chain.Store, self peer.ID) *tips {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
 			},
-			func(ck *checkpoint.Checkpointer) *keeper { return newKeeper(ck) },
+			func(ck *checkpoint.Checkpointer) *keeper {
+				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator))
+			},
 			newEnv,
 		),
 		fx.Invoke(startLoops),
@@ -231,7 +233,7 @@ func newerTip(e *env, ckID cid.Cid, ck *chain.Head) (cid.Cid, *chain.Head, bool)
 	if !descends {
 		return cid.Undef, nil, false
 	}
-	for _, get := range []func() (cid.Cid, error){th.ParamsID, th.OuterStateID} {
+	for _, get := range e.headArtifacts(th) {
 		a, err := get()
 		if err != nil || (a.Defined() && e.store.Verify(a) != nil) {
 			return cid.Undef, nil, false
