@@ -96,7 +96,8 @@ func startLoops(lc fx.Lifecycle, sd fx.Shutdowner, e *env, errs *loopErrors) {
 			go func() {
 				defer wg.Done()
 				if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
-					e.log.Error("node failed", "err", err)
+					// Run returns err to the caller, which reports it once.
+					e.log.Debug("node failed", "err", err)
 					errs.set(err)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
