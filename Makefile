@@ -8,7 +8,7 @@ BIN := bin/p2pnode
 VERSION ?= 0.1.0
 LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 
-.PHONY: all setup build image demo demo-local test test-go test-py bench e2e lint clean
+.PHONY: all setup build image demo demo-local test test-go test-py bench e2e wan wan-goodput lint clean
 
 all: build
 
@@ -55,6 +55,18 @@ e2e: setup build
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image; \
 	else echo "e2e: no Docker engine answers: the docker-compose scenarios will skip"; fi
 	$(GO) test -tags e2e -timeout 60m -v -run '$(E2E_RUN)' ./e2e/
+
+## wan: the digits swarm with every node in its own network namespace, trainers on
+## rate-limited home links (tc tbf, 20 Mbit/s up, 100 down); prints bytes on each trainer's
+## wire (interface counters), training vs wall seconds per round. Needs root, ip and tc.
+## WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3), WAN_UP_MBIT, WAN_DOWN_MBIT.
+wan: setup
+	$(GO) test -tags wan -count=1 -timeout 60m -v -run '^TestWANSwarm$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
+
+## wan-goodput: a 40 MB artifact over a 20 Mbit/s uplink, raw TCP vs the artifact protocol
+## with both yamux frame sizes. WAN_SIZE_MB (40), WAN_REPS (2), WAN_UP_MBIT (20).
+wan-goodput:
+	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
 ## lint: formatting and vet
 lint:

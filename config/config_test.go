@@ -47,6 +47,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
 		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},
 		{"codec", "protocol:\n  codec: int4", []string{`protocol.codec: must be fp32, fp16, int8 or sparse, got "int4"`}},
+		{"sparse momentum", "protocol:\n  codec: sparse\n  diloco:\n    momentum: 0.9", []string{"protocol.diloco.momentum: must be <= 0.5 with protocol.codec sparse"}},
 		{"sparse block", "protocol:\n  codec: sparse\n  sparse_block: 0", []string{"protocol.sparse_block: must be in [1, 16777216], got 0"}},
 		{"sparse top-k", "protocol:\n  codec: sparse\n  sparse_block: 128\n  sparse_topk: 129", []string{"protocol.sparse_topk: must be in [1, protocol.sparse_block = 128], got 129"}},
 		{"policy", "protocol:\n  merge_policy: sgd", []string{`protocol.merge_policy: must be "diloco" or "ema"`}},

@@ -19,7 +19,7 @@ var ErrClosed = errors.New("gossip closed")
 type Message struct {
 	From  peer.ID // the author (StrictSign-verified), not the peer that relayed it
 	Topic string
-	Msg   any // *Announce, *Leases, *Contribution, *Head or *Attestation
+	Msg   any // *Announce, *Leases, *Contribution, *Head, *Attestation or *Release
 }
 
 // Gossip is a node's GossipSub presence in one experiment: every topic joined, validated

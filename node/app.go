@@ -231,8 +231,8 @@ func busModule(cfg *config.Config) fx.Option {
 				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
 				return g, nil
 			},
-			func(lc fx.Lifecycle, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
-				b := newNetBus(g, x, log.With("pkg", "bus"))
+			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				lc.Append(fx.Hook{

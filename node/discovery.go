@@ -72,6 +72,7 @@ func bootstrapModule(cfg *config.Config) fx.Option {
 		if err != nil || len(peers) == 0 {
 			return err
 		}
+		protectKeptPeers(h, peers)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		lc.Append(fx.Hook{

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -32,14 +31,6 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
-)
-
-// Connection manager watermarks: a training swarm is small and its peers matter, so trim
-// late and keep new connections for a minute.
-const (
-	connLow   = 64
-	connHigh  = 256
-	connGrace = time.Minute
 )
 
 // Streams one peer may hold open on each of our protocols. A fetcher opens
@@ -102,11 +93,19 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 
 func newHost(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
 	limits := resourceLimits()
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()))
+	return newHostWithLimits(cfg, key, bw, reg, log, limits.AutoScale())
+}
+
+// newHostWithLimits is newHost with the resource manager's limits given (scaled to this
+// machine in newHost, fixed in tests); the connection manager's watermarks follow them.
+func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger,
+	concrete rcmgr.ConcreteLimitConfig) (host.Host, error) {
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
 	}
-	cm, err := connmgr.NewConnManager(connLow, connHigh, connmgr.WithGracePeriod(connGrace))
+	low, high := connWatermarks(concrete)
+	cm, err := connmgr.NewConnManager(low, high, connmgr.WithGracePeriod(connGrace), connmgr.WithSilencePeriod(connSilence))
 	if err != nil {
 		return nil, fmt.Errorf("connection manager: %w", err)
 	}
@@ -115,7 +114,7 @@ func newHost(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounte
 		libp2p.Identity(key),
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.Security(noise.ID, noise.New),
-		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.Muxer(yamux.ID, Yamux(YamuxMaxMessageSize)),
 		libp2p.ResourceManager(rm),
 		libp2p.ConnectionManager(cm),
 		libp2p.EnableNATService(),
@@ -236,4 +235,19 @@ func hostAddrs(h host.Host) []string {
 		out = append(out, a.Encapsulate(ma.StringCast("/p2p/"+h.ID().String())).String())
 	}
 	return out
+}
+
+// YamuxMaxMessageSize is the largest yamux frame the node sends. yamux's default, 64 KiB,
+// is 17 bytes more than one Noise message carries (65 535 bytes with its 16-byte tag), so
+// every full frame costs two Noise messages; 65 519 puts each frame in one.
+const YamuxMaxMessageSize = 65519
+
+// Yamux is libp2p's yamux transport with frames of at most maxMessage bytes (0 keeps the
+// default). The WAN goodput test measures both sizes on a rate-limited link.
+func Yamux(maxMessage uint32) *yamux.Transport {
+	t := *yamux.DefaultTransport
+	if maxMessage > 0 {
+		t.MaxMessageSize = maxMessage
+	}
+	return &t
 }

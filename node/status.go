@@ -55,7 +55,26 @@ type ValidatorStatus struct {
 	Trainers    int               `json:"live_trainers"`
 	Rejected    map[string]string `json:"rejected_last_round,omitempty"`
 	Quarantined map[string]uint64 `json:"quarantined,omitempty"`
+	// Barred: trainers that get no further attempt in the open round, and why (rejected
+	// contribution, released or expired lease).
+	Barred map[string]string `json:"barred,omitempty"`
+	// Rejections counts every contribution this validator rejected, by reason; Recent
+	// lists the latest (newest last, at most maxRecentRejections).
+	Rejections map[string]uint64 `json:"rejections_by_reason,omitempty"`
+	Recent     []Rejection       `json:"recent_rejections,omitempty"`
 }
+
+// Rejection is one rejected contribution.
+type Rejection struct {
+	At       time.Time `json:"at"`
+	Peer     string    `json:"peer"`
+	Round    uint64    `json:"round"`
+	Reason   string    `json:"reason"`
+	Artifact string    `json:"artifact,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
+}
+
+const maxRecentRejections = 20
 
 // RoundPoint is one canonical head in the status history (for the dashboard's plot).
 type RoundPoint struct {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -120,6 +122,16 @@ func printStatus(w io.Writer, s *node.Status) {
 	}
 	if v := s.Validator; v != nil {
 		fmt.Fprintf(w, "leading     round %d attempt %d: %d live trainers, %d/%d reported\n", v.Round, v.Attempt, v.Trainers, len(v.Received), len(v.Leased))
+		for _, p := range slices.Sorted(maps.Keys(v.Barred)) {
+			fmt.Fprintf(w, "barred      %s this round: %s\n", p, v.Barred[p])
+		}
+		if len(v.Rejections) > 0 {
+			var parts []string
+			for _, r := range slices.Sorted(maps.Keys(v.Rejections)) {
+				parts = append(parts, fmt.Sprintf("%s %d", r, v.Rejections[r]))
+			}
+			fmt.Fprintf(w, "rejected    %s\n", strings.Join(parts, ", "))
+		}
 	}
 	if s.Worker != nil {
 		b, _ := json.Marshal(s.Worker)

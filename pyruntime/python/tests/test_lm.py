@@ -72,6 +72,13 @@ class ConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "context"):
             w.split()
 
+    def test_whole_corpus(self):
+        # corpus_bytes 0 (small and base) reads the whole stdlib, without a huge read buffer.
+        train, held = lm.LM({"preset": "small"}).split()
+        total = sum(len(b) for b in train) + len(held)
+        self.assertGreater(total, 5_000_000)
+        self.assertAlmostEqual(len(held) / total, 0.05, delta=0.01)
+
     def test_lr_schedule(self):
         f = lambda s: lm.lr_factor(s, 10, 110, 0.1)
         self.assertAlmostEqual(f(1), 0.1)
