@@ -31,6 +31,10 @@ func OpenStore(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open head store %s: %w", dir, err)
 	}
+	// Heads being written when the process died.
+	if _, err := atomicfile.RemoveTemps(dir); err != nil {
+		return nil, fmt.Errorf("open head store %s: %w", dir, err)
+	}
 	return &Store{dir: dir}, nil
 }
 

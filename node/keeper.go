@@ -27,7 +27,8 @@ const (
 // trainer's inner-optimizer state and error-feedback residual. Writes happen in the
 // checkpoint's background writer; the loops only hand over copies.
 type keeper struct {
-	ck *checkpoint.Checkpointer
+	ck        *checkpoint.Checkpointer
+	keepOuter bool
 
 	mu          sync.Mutex
 	optPath     string // newest inner-optimizer state file
@@ -35,7 +36,11 @@ type keeper struct {
 	residualTag string
 }
 
-func newKeeper(ck *checkpoint.Checkpointer) *keeper { return &keeper{ck: ck} }
+// keepOuter says whether the head's outer optimizer state is this node's to keep (a
+// validator's); a trainer neither fetches nor checkpoints it.
+func newKeeper(ck *checkpoint.Checkpointer, keepOuter bool) *keeper {
+	return &keeper{ck: ck, keepOuter: keepOuter}
+}
 
 // resumed is what a checkpoint gives back to the roles.
 type resumed struct {
@@ -104,7 +109,7 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 	if p, err := h.ParamsID(); err == nil {
 		snap.Keep[refHeadParams] = p
 	}
-	if o, err := h.OuterStateID(); err == nil && o.Defined() {
+	if o, err := h.OuterStateID(); err == nil && o.Defined() && k.keepOuter {
 		snap.Keep[refHeadOuter] = o
 	}
 	if k.optPath != "" {

@@ -35,7 +35,9 @@ func rolesModule(cfg *config.Config) fx.Option {
 			func(heads *chain.Store, self peer.ID) *tips {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
 			},
-			func(ck *checkpoint.Checkpointer) *keeper { return newKeeper(ck) },
+			func(ck *checkpoint.Checkpointer) *keeper {
+				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
+			},
 			newEnv,
 		),
 		fx.Invoke(startLoops),
@@ -83,9 +85,23 @@ func newEnv(p envParams) *env {
 		}
 		return peers, hostAddrs(p.Host)
 	}
-	return &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
+	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export}
+	if rebuildsHeads(p.Cfg) {
+		if policy, err := mergePolicy(p.Cfg); err == nil {
+			e.rebuild = &round.Merger{Store: p.Store, Policy: policy}
+		}
+	}
+	return e
+}
+
+// rebuildsHeads says whether this node makes each new head's parameters itself from the
+// parent and the round's contributions instead of downloading them: a trainer (validators
+// compute every head anyway) on the sparse codec, whose contributions are ~0.5 % of the
+// model each.
+func rebuildsHeads(cfg *config.Config) bool {
+	return !cfg.Experiment.HasRole(config.RoleValidator) && cfg.Experiment.HasRole(config.RoleTrainer) && cfg.Protocol.Codec == "sparse"
 }
 
 // startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
@@ -234,7 +250,7 @@ func newerTip(e *env, ckID cid.Cid, ck *chain.Head) (cid.Cid, *chain.Head, bool)
 	if !descends {
 		return cid.Undef, nil, false
 	}
-	for _, get := range []func() (cid.Cid, error){th.ParamsID, th.OuterStateID} {
+	for _, get := range e.headArtifacts(th) {
 		a, err := get()
 		if err != nil || (a.Defined() && e.store.Verify(a) != nil) {
 			return cid.Undef, nil, false

@@ -135,6 +135,7 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	w.pkgDir = w.src.Dir
+	sweepScratchDirs(w.log, append(scratchBases(), w.opts.DiskScratchDir)...)
 	if w.scratch, w.ownDir, err = makeScratch(w.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}
@@ -665,7 +666,7 @@ func (w *Worker) fitScratch(params int64) error {
 	logScratch(w.log, w.scratch, c, w.opts.DiskScratchDir != "")
 	if c.switched {
 		if w.ownDir {
-			_ = os.RemoveAll(w.scratch)
+			_ = removeScratch(w.scratch)
 		}
 		w.scratch, w.ownDir = c.dir, c.own
 	}
@@ -721,7 +722,7 @@ func (w *Worker) Close() error {
 	w.state = StateClosed
 	w.mu.Unlock()
 	if w.ownDir && w.scratch != "" {
-		if err := os.RemoveAll(w.scratch); err != nil {
+		if err := removeScratch(w.scratch); err != nil {
 			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
 		}
 	}
