@@ -76,6 +76,9 @@ func newEnv(p envParams) *env {
 	if p.Runtime != nil {
 		p.Status.worker = func() any { return p.Runtime.Status() }
 	}
+	if g, ok := p.Bus.(interface{ Rejections() map[string]uint64 }); ok {
+		p.Status.gossipRejects = g.Rejections
+	}
 	p.Status.conns = func() (peers, addrs []string) {
 		for _, id := range p.Host.Network().Peers() {
 			peers = append(peers, id.String())
