@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -304,3 +305,42 @@ func (c *cluster) heal() {
 }
 
 func leadersFor(validators []string, head cid.Cid) []string { return lease.Leaders(validators, head) }
+
+// On the sparse codec a trainer rebuilds every head after the one it joined on from the
+// parent and the round's contributions, as the validators computed it, instead of
+// downloading the dense parameters: its store ends with every head's parameters and outer
+// state, and its log says it rebuilt them.
+func TestMocknetSparseTrainersRebuildHeads(t *testing.T) {
+	c := newCluster(t, 1, 3, 4, 40)
+	for _, n := range c.nodes {
+		n.cfg.Protocol.Codec = "sparse"
+		n.cfg.Protocol.SparseBlock, n.cfg.Protocol.SparseTopK = 64, 4
+		n.cfg.Protocol.DiLoCo.Momentum = 0.5
+		n.cfg.Lease.MinGroup = 3
+		n.logs = &syncBuffer{}
+		require.NoError(t, n.cfg.Validate())
+	}
+	c.startAll()
+	c.waitDone(2 * time.Minute)
+	ref := c.nodes[0].n.Status()
+	require.Equal(t, uint64(4), ref.Round)
+	vs, err := OpenStores(c.nodes[0].cfg)
+	require.NoError(t, err)
+	_, heads, err := vs.Heads.Chain(mustDecode(t, ref.Head))
+	require.NoError(t, err)
+	for _, n := range c.nodes[1:] {
+		require.Equal(t, ref.Head, n.n.Status().Head, n.name)
+		s, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		for _, h := range heads[1:] {
+			for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
+				id, err := get()
+				require.NoError(t, err)
+				require.NoError(t, s.Artifacts.Verify(id), "%s round %d", n.name, h.Round)
+			}
+		}
+		rebuilt := strings.Count(n.logs.String(), "rebuilt head from its contributions")
+		require.GreaterOrEqual(t, rebuilt, 3, "%s rebuilt %d of 4 heads:\n%s", n.name, rebuilt, n.logs.String())
+		require.NotContains(t, n.logs.String(), "rebuild failed")
+	}
+}

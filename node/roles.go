@@ -36,7 +36,7 @@ func rolesModule(cfg *config.Config) fx.Option {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
 			},
 			func(ck *checkpoint.Checkpointer) *keeper {
-				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator))
+				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
 			},
 			newEnv,
 		),
@@ -76,15 +76,32 @@ func newEnv(p envParams) *env {
 	if p.Runtime != nil {
 		p.Status.worker = func() any { return p.Runtime.Status() }
 	}
+	if g, ok := p.Bus.(interface{ Rejections() map[string]uint64 }); ok {
+		p.Status.gossipRejects = g.Rejections
+	}
 	p.Status.conns = func() (peers, addrs []string) {
 		for _, id := range p.Host.Network().Peers() {
 			peers = append(peers, id.String())
 		}
 		return peers, hostAddrs(p.Host)
 	}
-	return &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
+	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export}
+	if rebuildsHeads(p.Cfg) {
+		if policy, err := mergePolicy(p.Cfg); err == nil {
+			e.rebuild = &round.Merger{Store: p.Store, Policy: policy}
+		}
+	}
+	return e
+}
+
+// rebuildsHeads says whether this node makes each new head's parameters itself from the
+// parent and the round's contributions instead of downloading them: a trainer (validators
+// compute every head anyway) on the sparse codec, whose contributions are ~0.5 % of the
+// model each.
+func rebuildsHeads(cfg *config.Config) bool {
+	return !cfg.Experiment.HasRole(config.RoleValidator) && cfg.Experiment.HasRole(config.RoleTrainer) && cfg.Protocol.Codec == "sparse"
 }
 
 // startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
@@ -98,7 +115,8 @@ func startLoops(lc fx.Lifecycle, sd fx.Shutdowner, e *env, errs *loopErrors) {
 			go func() {
 				defer wg.Done()
 				if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
-					e.log.Error("node failed", "err", err)
+					// Run returns err to the caller, which reports it once.
+					e.log.Debug("node failed", "err", err)
 					errs.set(err)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
