@@ -4,8 +4,11 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 PY ?= /usr/bin/python3
 BIN := bin/p2pnode
+# The release `p2pnode --version` reports (the VCS revision is recorded by go build).
+VERSION ?= 0.1.0
+LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 
-.PHONY: all setup build image demo demo-local test test-go test-py bench e2e lint clean
+.PHONY: all setup build image demo demo-local test test-go test-py bench e2e wan wan-goodput lint clean
 
 all: build
 
@@ -15,7 +18,7 @@ setup:
 
 ## build: build bin/p2pnode (static, so the same binary runs in the Docker image)
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/p2pnode
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/p2pnode
 
 ## demo: set up, build, and run the default experiment (a local swarm: 1 validator, 3 trainers)
 demo: setup build
@@ -52,6 +55,18 @@ e2e: setup build
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image; \
 	else echo "e2e: no Docker engine answers: the docker-compose scenarios will skip"; fi
 	$(GO) test -tags e2e -timeout 60m -v -run '$(E2E_RUN)' ./e2e/
+
+## wan: the digits swarm with every node in its own network namespace, trainers on
+## rate-limited home links (tc tbf, 20 Mbit/s up, 100 down); prints bytes on each trainer's
+## wire (interface counters), training vs wall seconds per round. Needs root, ip and tc.
+## WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3), WAN_UP_MBIT, WAN_DOWN_MBIT.
+wan: setup
+	$(GO) test -tags wan -count=1 -timeout 60m -v -run '^TestWANSwarm$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
+
+## wan-goodput: a 40 MB artifact over a 20 Mbit/s uplink, raw TCP vs the artifact protocol
+## with both yamux frame sizes. WAN_SIZE_MB (40), WAN_REPS (2), WAN_UP_MBIT (20).
+wan-goodput:
+	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
 ## lint: formatting and vet
 lint:

@@ -27,6 +27,8 @@ const (
 	DefaultRequestTimeout  = 20 * time.Second
 	DefaultMaxPeers        = 8
 	DefaultPenaltyDuration = 10 * time.Minute
+	// DefaultFrameDeadline bounds the arrival of a request frame once its first byte is in.
+	DefaultFrameDeadline = 10 * time.Second
 	// defaultWindowBytes sizes the default window: enough data in flight per holder to
 	// keep a fast link busy while requests travel.
 	defaultWindowBytes = 16 << 20
@@ -49,7 +51,11 @@ type ExchangeOptions struct {
 	// PenaltyDuration is how long a peer that sent bad data is not asked again (default
 	// 10 minutes).
 	PenaltyDuration time.Duration
-	Logger          *slog.Logger
+	// FrameDeadline is how long a holder waits for the rest of a request frame once its
+	// first byte arrived (default 10 s): a peer that starts a request and stalls loses the
+	// stream. Idle time between complete requests is bounded separately, and longer.
+	FrameDeadline time.Duration
+	Logger        *slog.Logger
 	// Registerer receives the p2ptrain_artifact_* metrics (default: a private registry).
 	Registerer prometheus.Registerer
 
@@ -71,6 +77,9 @@ func (o ExchangeOptions) withDefaults() ExchangeOptions {
 	}
 	if o.PenaltyDuration <= 0 {
 		o.PenaltyDuration = DefaultPenaltyDuration
+	}
+	if o.FrameDeadline <= 0 {
+		o.FrameDeadline = DefaultFrameDeadline
 	}
 	if o.idleReopen <= 0 {
 		o.idleReopen = defaultIdleReopen

@@ -150,11 +150,18 @@ func (sv *server) serve() error {
 	req := buffers.get(maxRequestFrame)
 	defer buffers.put(req)
 	for {
+		// A fetcher may stay quiet between requests for a while, but once a frame has
+		// begun it must arrive whole within the frame deadline: a peer that sends part of
+		// a request and stalls does not hold the stream for the idle timeout.
 		sv.s.SetReadDeadline(time.Now().Add(sv.x.opts.holderIdle))
-		payload, err := readFrame(sv.br, *req, maxRequestFrame)
-		if err == io.EOF {
-			return nil
+		if _, err := sv.br.Peek(1); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
 		}
+		sv.s.SetReadDeadline(time.Now().Add(sv.x.opts.FrameDeadline))
+		payload, err := readFrame(sv.br, *req, maxRequestFrame)
 		if errors.Is(err, errFrameTooLarge) || errors.Is(err, errMalformedFrame) {
 			sv.x.m.served.WithLabelValues("invalid", "error").Inc()
 			return sv.refuse(codeMalformed, err.Error())

@@ -19,10 +19,14 @@ import (
 const SyncProtocol = "/p2ptrain/head/1.0.0"
 
 const (
-	syncTimeout     = 15 * time.Second
+	syncTimeout = 15 * time.Second
+	// DefaultSyncDeadline bounds how long a peer may take to send its request.
+	DefaultSyncDeadline = 10 * time.Second
+
 	syncMaxRequest  = 1 << 10
 	syncMaxResponse = MaxHeadBytes + 128<<10
-	syncServiceName = "p2ptrain.head-sync"
+	// SyncServiceName is the resource-manager service that accounts head-sync streams.
+	SyncServiceName = "p2ptrain.head-sync"
 )
 
 // ErrSync is wrapped by errors a peer answers with or a protocol violation.
@@ -41,15 +45,21 @@ type syncResponse struct {
 
 // SyncService answers head requests from the local store.
 type SyncService struct {
-	h     host.Host
-	store *Store
-	tip   func() cid.Cid
-	log   *slog.Logger
+	h        host.Host
+	store    *Store
+	tip      func() cid.Cid
+	log      *slog.Logger
+	deadline time.Duration
 }
 
-// NewSyncService registers the head-sync handler; tip returns the canonical head.
-func NewSyncService(h host.Host, store *Store, tip func() cid.Cid, log *slog.Logger) *SyncService {
-	s := &SyncService{h: h, store: store, tip: tip, log: log}
+// NewSyncService registers the head-sync handler; tip returns the canonical head. A peer
+// must send its request within deadline (DefaultSyncDeadline when zero) and read the
+// answer within the same time again, or the stream is reset.
+func NewSyncService(h host.Host, store *Store, tip func() cid.Cid, log *slog.Logger, deadline time.Duration) *SyncService {
+	if deadline <= 0 {
+		deadline = DefaultSyncDeadline
+	}
+	s := &SyncService{h: h, store: store, tip: tip, log: log, deadline: deadline}
 	h.SetStreamHandler(SyncProtocol, s.handle)
 	return s
 }
@@ -58,7 +68,7 @@ func NewSyncService(h host.Host, store *Store, tip func() cid.Cid, log *slog.Log
 func (s *SyncService) Close() { s.h.RemoveStreamHandler(SyncProtocol) }
 
 func (s *SyncService) handle(st network.Stream) {
-	if err := st.Scope().SetService(syncServiceName); err != nil {
+	if err := st.Scope().SetService(SyncServiceName); err != nil {
 		st.Reset()
 		return
 	}
@@ -67,13 +77,16 @@ func (s *SyncService) handle(st network.Stream) {
 		return
 	}
 	defer st.Scope().ReleaseMemory(syncMaxResponse)
-	_ = st.SetDeadline(time.Now().Add(syncTimeout))
+	// One request per stream, sent as soon as the stream opens: it has the frame
+	// deadline to arrive whole, and the answer as long again to be read.
+	_ = st.SetDeadline(time.Now().Add(s.deadline))
 	r := msgio.NewVarintReaderSize(st, syncMaxRequest)
 	b, err := r.ReadMsg()
 	if err != nil {
 		st.Reset()
 		return
 	}
+	_ = st.SetWriteDeadline(time.Now().Add(s.deadline))
 	var req syncRequest
 	resp := syncResponse{}
 	if err := Unmarshal(b, &req); err != nil {

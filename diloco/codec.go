@@ -20,13 +20,17 @@ const (
 	// Int8 stores one int8 per value plus one float32 scale per block of BlockSize
 	// values: value = q·scale.
 	Int8 Codec = "int8"
+	// Sparse keeps, per block, the top-k values by magnitude at 2 bits each (sign and one
+	// of two per-block scales) with Elias–Fano positions; the rest is left to error
+	// feedback. See sparse.go and docs/formats.md.
+	Sparse Codec = "sparse"
 )
 
 // DefaultBlockSize is the int8 block length used when Encode is given 0.
 const DefaultBlockSize = 256
 
 // Codecs returns every Codec, for help texts and config validation.
-func Codecs() []Codec { return []Codec{FP32, FP16, Int8} }
+func Codecs() []Codec { return []Codec{FP32, FP16, Int8, Sparse} }
 
 // ParseCodec returns the Codec spelled s, or an error wrapping ErrUnknownCodec.
 func ParseCodec(s string) (Codec, error) {
@@ -55,24 +59,40 @@ func (c Codec) elemSize() int {
 // (float32, half or int8 by Codec); Scales holds one float32 per block of BlockSize values
 // for Int8 and is empty otherwise, as BlockSize is 0 for the float codecs. The pack layer
 // maps Data and Scales to the `delta` and `scales` tensors of docs/formats.md.
+//
+// For Sparse, Data holds the 2-bit values, Scales two float32 (lo, hi) per block, Index
+// the Elias–Fano positions and TopK the values kept per block (sparse.go); TopK and Index
+// are unused by the other codecs.
 type Encoded struct {
 	Codec     Codec
 	N         int
 	BlockSize int
+	TopK      int
 	Data      []byte
 	Scales    []float32
+	Index     []byte
 }
 
-// WireBytes is the size of the payload on the wire: data plus scales, without the file
-// header.
-func (e Encoded) WireBytes() int { return len(e.Data) + 4*len(e.Scales) }
+// WireBytes is the size of the payload on the wire: data, scales and index, without the
+// file header.
+func (e Encoded) WireBytes() int { return len(e.Data) + 4*len(e.Scales) + len(e.Index) }
 
 // Validate checks that e is self-consistent — a known codec, len(Data) = N·element size,
 // for Int8 a positive BlockSize and len(Scales) = ceil(N/BlockSize) with every scale finite
 // and ≥ 0, for the float codecs BlockSize 0 and no scales — so that Decode cannot read out
 // of bounds or produce values from a corrupt scale. Data values themselves are not checked:
 // a NaN in fp16/fp32 data decodes as NaN, for screening to reject.
+//
+// For Sparse it checks the block size, top-k, the lengths of Data, Index and Scales against
+// the layout and the scales; the records themselves (positions in order and in range,
+// padding) are checked as Decode reads them.
 func (e Encoded) Validate() error {
+	if e.Codec == Sparse {
+		return e.validateSparse()
+	}
+	if e.TopK != 0 || len(e.Index) != 0 {
+		return fmt.Errorf("encoded delta: %w: %s has top-k %d and %d index bytes, want none", ErrMalformed, e.Codec, e.TopK, len(e.Index))
+	}
 	size := e.Codec.elemSize()
 	if size == 0 {
 		return fmt.Errorf("encoded delta: %w %q", ErrUnknownCodec, e.Codec)

@@ -13,7 +13,9 @@ import (
 // a panic or an out-of-range read. int8 values decode as q·scale in float32; a byte of
 // −128, which Encode never writes, decodes as −128·scale. Decoded values are not checked:
 // fp16/fp32 data may hold NaN or ±Inf and a scale near the float32 maximum can overflow
-// q·scale — merge.Screen rejects such deltas. On error dst is untouched.
+// q·scale — merge.Screen rejects such deltas. A sparse encoding decodes as ±scale at its
+// positions and +0 elsewhere; its positions are checked (strictly increasing, in range, one
+// canonical bit pattern) before dst is written. On error dst is untouched.
 func Decode(e Encoded, dst []float32, workers int) error {
 	if err := e.Validate(); err != nil {
 		return fmt.Errorf("decode: %w", err)
@@ -22,6 +24,10 @@ func Decode(e Encoded, dst []float32, workers int) error {
 		return fmt.Errorf("decode: %w: dst has %d elements, encoding has %d", ErrLengthMismatch, len(dst), e.N)
 	}
 	switch e.Codec {
+	case Sparse:
+		if err := decodeSparse(e, dst, 0, layoutOf(e.N, e.BlockSize, e.TopK).blocks, workers); err != nil {
+			return fmt.Errorf("decode: %w", err)
+		}
 	case FP32:
 		parallel.ForChunks(e.N, parallel.ChunkLen, workers, func(_, lo, hi int) {
 			in := e.Data[4*lo : 4*hi]

@@ -15,7 +15,7 @@ func TestDecodeRangeMatchesDecode(t *testing.T) {
 	for _, tc := range []struct {
 		codec Codec
 		block int
-	}{{FP32, 0}, {FP16, 0}, {Int8, 256}, {Int8, 100}, {Int8, 1}} {
+	}{{FP32, 0}, {FP16, 0}, {Int8, 256}, {Int8, 100}, {Int8, 1}, {Sparse, 256}, {Sparse, 100}, {Sparse, 1}} {
 		t.Run(string(tc.codec), func(t *testing.T) {
 			e, err := Encode(tc.codec, x, nil, tc.block, 2)
 			if err != nil {
@@ -61,7 +61,7 @@ func TestSpanViewFromBytes(t *testing.T) {
 		data := append([]byte(nil), e.Data[s.DataBegin:s.DataEnd]...)
 		scales := append([]float32(nil), e.Scales[s.ScaleBegin:s.ScaleEnd]...)
 		dst := make([]float32, hi-lo)
-		if err := Decode(s.View(hdr, data, scales), dst, 1); err != nil {
+		if err := Decode(s.View(hdr, data, scales, nil), dst, 1); err != nil {
 			t.Fatal(err)
 		}
 		requireBits32(t, "view", dst, full[lo:hi])

@@ -20,7 +20,12 @@ import (
 // int8 works per block of blockSize values: scale = max|x|/127 in float32 (0 for an
 // all-zero block), q = round-half-away-from-zero(x/scale) clamped to [−127, 127]. fp16
 // rounds to nearest even and saturates to ±65504. Values to encode must be finite.
+//
+// Sparse is EncodeSparse with blockSize (0 = 4096) and the default top-k ratio (1.56 %).
 func Encode(codec Codec, delta, residual []float32, blockSize, workers int) (Encoded, error) {
+	if codec == Sparse {
+		return EncodeSparse(delta, residual, blockSize, 0, workers)
+	}
 	size := codec.elemSize()
 	if size == 0 {
 		return Encoded{}, fmt.Errorf("encode: %w %q", ErrUnknownCodec, codec)

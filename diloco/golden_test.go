@@ -76,7 +76,7 @@ func TestGoldenDigests(t *testing.T) {
 			return digestOf(p, m)
 		}},
 	}
-	codecDigests := map[Codec]string{FP32: "97850b37adb5c7ad", FP16: "5d0b925b299324c6", Int8: "9a97a6df3d8660c3"}
+	codecDigests := map[Codec]string{FP32: "97850b37adb5c7ad", FP16: "5d0b925b299324c6", Int8: "9a97a6df3d8660c3", Sparse: "a415b5ea65d5af81"}
 	for _, c := range Codecs() {
 		cases = append(cases, struct {
 			name string
@@ -91,6 +91,9 @@ func TestGoldenDigests(t *testing.T) {
 				dec := make([]float32, n)
 				must(Decode(e, dec, 3))
 				parts = append(parts, e.Data, e.Scales, dec, append([]float32(nil), r...))
+				if c == Sparse {
+					parts = append(parts, e.Index)
+				}
 			}
 			return digestOf(parts...)
 		}})

@@ -117,6 +117,9 @@ type fleetOptions struct {
 	MaxNorm      float64
 	Overlays     []string // e.g. "compose.scale.yaml"
 	Env          []string // extra compose variables, e.g. P2PNODE_POISON=nan
+	// Workload and WorkloadConfig pick another workload than digits (see docker/fleet).
+	Workload       string
+	WorkloadConfig map[string]any
 }
 
 // composeFleet is one compose project run by a test.
@@ -140,7 +143,8 @@ func newFleet(t *testing.T, o fleetOptions) *composeFleet {
 		o.Trainers = 8
 	}
 	f, err := dfleet.Write(dfleet.Options{Dir: filepath.Join(t.TempDir(), "fleet"), Trainers: o.Trainers,
-		InnerSteps: o.InnerSteps, RoundTimeout: o.RoundTimeout, MinGroup: o.MinGroup, MaxNorm: o.MaxNorm, Attacker: true})
+		InnerSteps: o.InnerSteps, RoundTimeout: o.RoundTimeout, MinGroup: o.MinGroup, MaxNorm: o.MaxNorm, Attacker: true,
+		Workload: o.Workload, WorkloadConfig: o.WorkloadConfig})
 	if err != nil {
 		t.Fatal(err)
 	}

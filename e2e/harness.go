@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,9 @@ type Proc struct {
 	Cfg    *config.Config
 	// Args are appended to `p2pnode run --config FILE` (e.g. --poison MODE).
 	Args []string
+	// Wrap, when set, is the command that runs p2pnode, which is appended to it (e.g.
+	// `ip netns exec NS` to run the node in a network namespace).
+	Wrap []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -93,7 +97,8 @@ func (p *Proc) Start() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cmd := exec.Command(bin, append([]string{"run", "--config", p.Config, "--log-format", "text"}, p.Args...)...)
+	argv := append(append(slices.Clone(p.Wrap), bin, "run", "--config", p.Config, "--log-format", "text"), p.Args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = p.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, _ := cmd.StdoutPipe()
@@ -155,6 +160,16 @@ func (p *Proc) Wait(timeout time.Duration) error {
 	return p.exit
 }
 
+// PID is the process id of the running node (0 before Start).
+func (p *Proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Output is what the process printed on stdout so far (progress lines).
 func (p *Proc) Output() string {
 	p.mu.Lock()
@@ -201,6 +216,17 @@ func (p *Proc) AccuracyAt(r int) (float64, bool) {
 	}
 	v, _ := strconv.ParseFloat(m[1], 64)
 	return v / 100, true
+}
+
+// MetricAt returns the held-out metric name (loss, bits_per_byte, ...) printed for round r.
+func (p *Proc) MetricAt(r int, name string) (float64, bool) {
+	re := regexp.MustCompile(fmt.Sprintf(`(?m)^round\s+%d(?:/\d+)?\s.*held-out %s\s+([\d.]+)`, r, regexp.QuoteMeta(name)))
+	m := re.FindStringSubmatch(p.Output())
+	if m == nil {
+		return 0, false
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v, true
 }
 
 // Status reads the node's /status through the address it records in its store.

@@ -23,11 +23,12 @@ import (
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/pyruntime"
 )
 
-// Version is announced to peers and shown in status.
-const Version = "p2pnode/0.1.0"
+// Version is announced to peers (the libp2p user agent) and shown in status.
+var Version = "p2pnode/" + version.Version
 
 // Options are what the caller adds to a config.
 type Options struct {
@@ -64,18 +65,24 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	if _, err := poisonDelta(opts.Poison, 0); err != nil {
 		return nil, err
 	}
+	if err := ensureWritableDir(cfg.Node.StoreDir); err != nil {
+		return nil, fmt.Errorf("node.store_dir: %w", err)
+	}
 	n := &Node{}
 	app := fx.New(
 		fx.WithLogger(func() fxevent.Logger {
 			l := &fxevent.SlogLogger{Logger: opts.Logger.With("pkg", "fx")}
+			// fx's own errors too: New and Run return the root cause, which the caller
+			// reports once, instead of fx's wrapped chain of reflect stubs.
 			l.UseLogLevel(slog.LevelDebug)
+			l.UseErrorLevel(slog.LevelDebug)
 			return l
 		}),
 		Module(cfg, opts),
 		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
 	)
 	if err := app.Err(); err != nil {
-		return nil, fmt.Errorf("assemble node: %w", dig.RootCause(err))
+		return nil, dig.RootCause(err) // it names the setting; fx's wrapping only adds reflect stubs
 	}
 	n.app = app
 	return n, nil
@@ -98,9 +105,11 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		discoveryModule(cfg, opts),
 		runtimeModule(cfg, opts),
 		busModule(cfg),
+		// HTTP before the roles: its OnStart (binding the port) runs before the role loops
+		// start, so a port in use fails start-up before any work begins.
+		httpModule(cfg),
 		rolesModule(cfg),
 		exportModule(cfg),
-		httpModule(cfg),
 		fx.Invoke(registerPeersGauge),
 	)
 }
@@ -143,7 +152,16 @@ func identityModule(cfg *config.Config, opts Options) fx.Option {
 	}
 	return fx.Module("identity",
 		fx.Provide(
-			func(log *slog.Logger) (crypto.PrivKey, error) { return LoadIdentity(path, log) },
+			func(log *slog.Logger) (crypto.PrivKey, error) {
+				k, err := LoadIdentity(path, log)
+				if err != nil && cfg.Node.Identity != "" {
+					return nil, fmt.Errorf("node.identity: %w", err)
+				}
+				if err != nil {
+					return nil, fmt.Errorf("node.store_dir: %w", err)
+				}
+				return k, nil
+			},
 			func(k crypto.PrivKey) (peer.ID, error) { return peer.IDFromPrivateKey(k) },
 		),
 	)
@@ -154,10 +172,11 @@ func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
 	w := cfg.Workload
 	return pyruntime.Options{
 		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
-		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Precision: w.Precision, Threads: w.Threads, Seed: cfg.Experiment.Seed,
 		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
-		Command: pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
-		Logger:  log.With("pkg", "pyruntime"),
+		Command:        pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
+		Logger:         log.With("pkg", "pyruntime"),
+		DiskScratchDir: filepath.Join(cfg.Node.StoreDir, "scratch"),
 	}
 }
 
@@ -197,7 +216,7 @@ func busModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			fx.Annotate(
 				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
-					return artifact.NewExchange(h, store, artifact.ExchangeOptions{Logger: log.With("pkg", "artifact"), Registerer: reg})
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"), Registerer: reg})
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),
@@ -212,8 +231,8 @@ func busModule(cfg *config.Config) fx.Option {
 				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
 				return g, nil
 			},
-			func(lc fx.Lifecycle, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
-				b := newNetBus(g, x, log.With("pkg", "bus"))
+			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				lc.Append(fx.Hook{
@@ -228,7 +247,7 @@ func busModule(cfg *config.Config) fx.Option {
 		),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
-			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"))
+			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
 			lc.Append(fx.StopHook(svc.Close))
 		}),
 	)
@@ -257,6 +276,7 @@ func httpModule(cfg *config.Config) fx.Option {
 			fx.OnStart(func(ctx context.Context, h *httpServer) error { return h.start(ctx) }),
 			fx.OnStop(func(ctx context.Context, h *httpServer) error { return h.stop(ctx) }),
 		)),
+		fx.Invoke(func(*httpServer) {}),
 	)
 }
 
@@ -284,7 +304,7 @@ func (l *loopErrors) get() error {
 // reached, or a role loop fails; it returns that failure.
 func (n *Node) Run(ctx context.Context) error {
 	if err := n.app.Start(ctx); err != nil {
-		return fmt.Errorf("start node: %w", dig.RootCause(err))
+		return dig.RootCause(err)
 	}
 	select {
 	case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,13 +16,15 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
 	dutil "github.com/libp2p/go-libp2p/p2p/discovery/util"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/config"
 )
 
 // discoveryModule finds peers: the configured bootstrap peers (kept connected), the
-// Kademlia DHT (rendezvous on the experiment's namespace) and mDNS on the LAN. Each is an
+// configured validators (kept connected too), the Kademlia DHT (rendezvous on the
+// experiment's namespace) and mDNS on the LAN. Each is an
 // empty option when switched off; all are off for an injected (test) host.
 func discoveryModule(cfg *config.Config, opts Options) fx.Option {
 	if opts.Host != nil {
@@ -47,15 +50,29 @@ func bootstrapPeers(cfg *config.Config) ([]peer.AddrInfo, error) {
 	return out, nil
 }
 
-func bootstrapModule(cfg *config.Config) fx.Option {
-	if len(cfg.Node.Bootstrap) == 0 {
-		return fx.Options()
+// keptPeers are the peers a node keeps connected: the bootstrap peers (with their
+// configured addresses) and the configured validators other than itself (dialled at the
+// addresses the peerstore has learnt for them).
+func keptPeers(cfg *config.Config, self peer.ID) ([]peer.AddrInfo, error) {
+	peers, err := bootstrapPeers(cfg)
+	if err != nil {
+		return nil, err
 	}
+	for _, id := range validatorIDs(cfg, self) {
+		if id != self && !slices.ContainsFunc(peers, func(ai peer.AddrInfo) bool { return ai.ID == id }) {
+			peers = append(peers, peer.AddrInfo{ID: id})
+		}
+	}
+	return peers, nil
+}
+
+func bootstrapModule(cfg *config.Config) fx.Option {
 	return fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) error {
-		peers, err := bootstrapPeers(cfg)
-		if err != nil {
+		peers, err := keptPeers(cfg, h.ID())
+		if err != nil || len(peers) == 0 {
 			return err
 		}
+		protectKeptPeers(h, peers)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		lc.Append(fx.Hook{
@@ -72,54 +89,88 @@ func bootstrapModule(cfg *config.Config) fx.Option {
 	})
 }
 
-// keepConnected dials the bootstrap peers at start and again whenever a connection drops.
+// Redial pacing for kept peers. They are few and the swarm cannot work without them, so a
+// node keeps trying twice a second: a restarted validator is reached within a
+// second or two of listening again, where libp2p's own dial backoff (5 s and growing)
+// and a backoff of ours growing to 30 s had trainers wait several round deadlines.
+const (
+	keepTick        = 250 * time.Millisecond
+	keepMinBackoff  = 250 * time.Millisecond
+	keepMaxBackoff  = 500 * time.Millisecond
+	keepDialTimeout = 10 * time.Second
+)
+
+// keptPeer is the redial state of one kept peer.
+type keptPeer struct {
+	ai      peer.AddrInfo
+	backoff time.Duration
+	next    time.Time
+	dialing bool
+}
+
+// keepConnected dials the kept peers at start and again whenever a connection drops,
+// each in its own goroutine so that a peer whose dials hang does not delay the others.
 func keepConnected(ctx context.Context, h host.Host, peers []peer.AddrInfo, log *slog.Logger) {
-	backoff := map[peer.ID]time.Duration{}
-	t := time.NewTicker(time.Second)
+	state := make(map[peer.ID]*keptPeer, len(peers))
+	for _, ai := range peers {
+		if ai.ID != h.ID() {
+			state[ai.ID] = &keptPeer{ai: ai}
+		}
+	}
+	results := make(chan peer.ID)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	t := time.NewTicker(keepTick)
 	defer t.Stop()
-	next := map[peer.ID]time.Time{}
 	for {
-		var wg sync.WaitGroup
-		var dialed []peer.ID
-		for _, ai := range peers {
-			if ai.ID == h.ID() || h.Network().Connectedness(ai.ID) == network.Connected || time.Now().Before(next[ai.ID]) {
+		now := time.Now()
+		for id, k := range state {
+			if k.dialing || now.Before(k.next) || h.Network().Connectedness(id) == network.Connected {
 				continue
 			}
-			dialed = append(dialed, ai.ID)
-			wg.Add(1)
-			go func(ai peer.AddrInfo) {
-				defer wg.Done()
-				dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if err := h.Connect(dctx, ai); err != nil {
-					log.Debug("bootstrap dial failed", "peer", ai.ID.String(), "err", err)
-					return
+			if len(k.ai.Addrs) == 0 && len(h.Peerstore().Addrs(id)) == 0 {
+				continue // a validator we have not learnt an address for yet
+			}
+			k.dialing = true
+			wg.Go(func() {
+				dialKept(ctx, h, k.ai, log)
+				select {
+				case results <- k.ai.ID:
+				case <-ctx.Done():
 				}
-				log.Info("connected to bootstrap peer", "peer", ai.ID.String())
-			}(ai)
-		}
-		wg.Wait()
-		// Back off only from peers this pass dialed in vain: moving the next attempt of a
-		// peer that is waiting out its backoff would postpone it forever.
-		for _, id := range dialed {
-			if h.Network().Connectedness(id) == network.Connected {
-				backoff[id] = 0
-				continue
-			}
-			b := min(max(2*backoff[id], time.Second), 30*time.Second)
-			backoff[id], next[id] = b, time.Now().Add(b)
-		}
-		for _, ai := range peers {
-			if h.Network().Connectedness(ai.ID) == network.Connected {
-				backoff[ai.ID] = 0 // a dropped connection is redialled at once
-			}
+			})
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case id := <-results:
+			k := state[id]
+			k.dialing = false
+			if h.Network().Connectedness(id) == network.Connected {
+				k.backoff = 0
+				continue
+			}
+			k.backoff = min(max(2*k.backoff, keepMinBackoff), keepMaxBackoff)
+			k.next = time.Now().Add(k.backoff)
 		}
 	}
+}
+
+// dialKept dials a kept peer, first clearing the swarm's dial backoff for it: that
+// backoff was set by dials that failed while the peer was down, and would refuse this
+// dial for seconds after the peer is back.
+func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logger) {
+	if sw, ok := h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
+		sw.Backoff().Clear(ai.ID)
+	}
+	dctx, cancel := context.WithTimeout(ctx, keepDialTimeout)
+	defer cancel()
+	if err := h.Connect(dctx, ai); err != nil {
+		log.Debug("dial of a bootstrap peer or validator failed", "peer", ai.ID.String(), "err", err)
+		return
+	}
+	log.Info("connected to a bootstrap peer or validator", "peer", ai.ID.String())
 }
 
 func dhtModule(cfg *config.Config) fx.Option {

@@ -2,13 +2,18 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	"github.com/stretchr/testify/require"
 )
 
@@ -43,5 +48,58 @@ func TestKeepConnectedRedialsAfterAnOutage(t *testing.T) {
 		_, err := mn.LinkPeers(node.ID(), boot.ID())
 		require.NoError(t, err)
 		require.Eventually(t, connected, 20*time.Second, 50*time.Millisecond, "reconnect after outage %d", outage+1)
+	}
+}
+
+// A restarted validator or bootstrap peer (same key, same address, back after an outage
+// long enough for many dials to fail) is redialled within 2 s of listening again, whether
+// it is a bootstrap peer (configured address) or a validator (address learnt earlier).
+func TestRestartedPeerIsRedialledWithin2s(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		withAddrs bool
+	}{{"bootstrap peer", true}, {"validator", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+			require.NoError(t, err)
+			listen := func(addr string) host.Host {
+				h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings(addr), libp2p.Security(noise.ID, noise.New))
+				require.NoError(t, err)
+				return h
+			}
+			server := listen("/ip4/127.0.0.1/tcp/0")
+			addr := server.Addrs()[0]
+			node, err := libp2p.New(libp2p.NoListenAddrs, libp2p.Security(noise.ID, noise.New))
+			require.NoError(t, err)
+			t.Cleanup(func() { node.Close() })
+			kept := peer.AddrInfo{ID: server.ID()}
+			if tt.withAddrs {
+				kept.Addrs = server.Addrs()
+			} else {
+				// A validator's address is what the node learnt while connected to it.
+				require.NoError(t, node.Connect(context.Background(), peer.AddrInfo{ID: server.ID(), Addrs: server.Addrs()}))
+			}
+
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				keepConnected(ctx, node, []peer.AddrInfo{kept}, slog.New(slog.DiscardHandler))
+			}()
+			t.Cleanup(func() { cancel(); <-done })
+			connected := func() bool { return node.Network().Connectedness(server.ID()) == network.Connected }
+			require.Eventually(t, connected, 10*time.Second, 10*time.Millisecond, "first connection")
+
+			require.NoError(t, server.Close())
+			time.Sleep(5 * time.Second) // dials fail, backoffs grow
+			require.False(t, connected())
+			server = listen(addr.String())
+			t.Cleanup(func() { server.Close() })
+			back := time.Now()
+			require.Eventually(t, connected, 10*time.Second, 10*time.Millisecond, "reconnect")
+			took := time.Since(back)
+			t.Logf("redialled %v after the restarted peer listened", took.Round(time.Millisecond))
+			require.Less(t, took, 2*time.Second)
+		})
 	}
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/export"
+	"github.com/p2pnode/p2pnode/pyruntime"
 )
 
 // exportModule keeps export.dir current while the node runs (export.every_rounds > 0): the
@@ -39,4 +41,10 @@ func exportModule(cfg *config.Config) fx.Option {
 			fx.OnStop(func(ctx context.Context, w *export.Writer) error { return w.Close(ctx) }),
 		)),
 	)
+}
+
+// ModelConfig asks the config's workload for its model config (the JSON object that
+// export writes as config.json), through Python; nil when the workload provides none.
+func ModelConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) (json.RawMessage, error) {
+	return pyruntime.ModelConfig(ctx, runtimeOptions(cfg, log))
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
-	"github.com/p2pnode/p2pnode/pack"
+	"github.com/p2pnode/p2pnode/round"
 )
 
 // Names in a node checkpoint: the trainer's large state (blobs in the checkpoint's own
@@ -27,20 +27,30 @@ const (
 // trainer's inner-optimizer state and error-feedback residual. Writes happen in the
 // checkpoint's background writer; the loops only hand over copies.
 type keeper struct {
-	ck *checkpoint.Checkpointer
+	ck        *checkpoint.Checkpointer
+	keepOuter bool
 
-	mu       sync.Mutex
-	optPath  string // newest inner-optimizer state file
-	residual []float32
+	mu          sync.Mutex
+	optPath     string // newest inner-optimizer state file
+	residual    []float32
+	residualTag string
 }
 
-func newKeeper(ck *checkpoint.Checkpointer) *keeper { return &keeper{ck: ck} }
+// keepOuter says whether the head's outer optimizer state is this node's to keep (a
+// validator's); a trainer neither fetches nor checkpoints it.
+func newKeeper(ck *checkpoint.Checkpointer, keepOuter bool) *keeper {
+	return &keeper{ck: ck, keepOuter: keepOuter}
+}
 
 // resumed is what a checkpoint gives back to the roles.
 type resumed struct {
-	state    *checkpoint.State
-	optPath  string
-	residual []float32
+	state       *checkpoint.State
+	optPath     string
+	residual    []float32
+	residualTag string
+	// residualErr is why a checkpointed residual was dropped (error feedback then starts
+	// from zeros: only the unsent remainder of earlier rounds is lost).
+	residualErr error
 }
 
 // restore loads the newest good checkpoint (checkpoint.ErrNoState when there is none).
@@ -60,28 +70,25 @@ func (k *keeper) restore() (*resumed, error) {
 		if err != nil {
 			return nil, err
 		}
-		v, err := pack.Float32s(b.Bytes())
-		if err == nil {
-			r.residual = slices.Clone(v)
-		}
+		r.residual, r.residualTag, err = round.ParseResidual(b.Bytes())
 		b.Close()
 		if err != nil {
-			return nil, fmt.Errorf("checkpoint %s: %w", blobResidual, err)
+			r.residualErr = fmt.Errorf("checkpoint %s: %w", blobResidual, err)
 		}
 	}
-	k.trained(r.optPath, r.residual)
+	k.trained(r.optPath, r.residual, r.residualTag)
 	return r, nil
 }
 
 // trained records the trainer's state after a window.
-func (k *keeper) trained(optPath string, residual []float32) {
+func (k *keeper) trained(optPath string, residual []float32, residualTag string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if optPath != "" {
 		k.optPath = optPath
 	}
 	if residual != nil {
-		k.residual = slices.Clone(residual)
+		k.residual, k.residualTag = slices.Clone(residual), residualTag
 	}
 }
 
@@ -102,7 +109,7 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 	if p, err := h.ParamsID(); err == nil {
 		snap.Keep[refHeadParams] = p
 	}
-	if o, err := h.OuterStateID(); err == nil && o.Defined() {
+	if o, err := h.OuterStateID(); err == nil && o.Defined() && k.keepOuter {
 		snap.Keep[refHeadOuter] = o
 	}
 	if k.optPath != "" {
@@ -113,7 +120,11 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 		snap.Large[blobInnerOpt] = b
 	}
 	if k.residual != nil {
-		snap.Large[blobResidual] = slices.Clone(pack.Float32Bytes(k.residual))
+		b, err := round.EncodeResidual(k.residual, k.residualTag)
+		if err != nil {
+			return snap, fmt.Errorf("checkpoint %s: %w", blobResidual, err)
+		}
+		snap.Large[blobResidual] = b
 	}
 	return snap, nil
 }

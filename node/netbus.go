@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/connmgr"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/p2pnode/p2pnode/artifact"
@@ -18,11 +19,13 @@ type netBus struct {
 	g   *gossip.Gossip
 	x   *artifact.Exchange
 	log *slog.Logger
+	// tags marks the trainers holding a lease in the connection manager (nil: no tagging).
+	tags *leaseTags
 	fanout
 }
 
-func newNetBus(g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) *netBus {
-	return &netBus{g: g, x: x, log: log}
+func newNetBus(g *gossip.Gossip, x *artifact.Exchange, cm connmgr.ConnManager, log *slog.Logger) *netBus {
+	return &netBus{g: g, x: x, log: log, tags: newLeaseTags(cm)}
 }
 
 // run dispatches validated gossip to the inboxes until ctx ends.
@@ -37,6 +40,9 @@ func (b *netBus) run(ctx context.Context) {
 				return
 			}
 			b.learnHolders(m.From, m.Msg)
+			if l, ok := m.Msg.(*gossip.Leases); ok {
+				b.tags.observe(l)
+			}
 			b.deliver(m.From.String(), m.Msg)
 		}
 	}
@@ -63,6 +69,9 @@ func (b *netBus) learnHolders(from peer.ID, msg any) {
 		}
 	}
 }
+
+// Rejections reports the gossip messages rejected by topic validation, by "topic/reason".
+func (b *netBus) Rejections() map[string]uint64 { return b.g.Rejections() }
 
 func (b *netBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
 

@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -12,10 +13,14 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
+	"github.com/p2pnode/p2pnode/round"
 )
 
 // syncBuffer is a goroutine-safe progress sink.
@@ -129,4 +134,53 @@ func mustDecode(t *testing.T, s string) cid.Cid {
 	c, err := cid.Decode(s)
 	require.NoError(t, err)
 	return c
+}
+
+// A solo node on the sparse codec trains, checkpoints its error-feedback residual in the
+// p2ptrain-residual/1 format tagged with the codec settings and the layout, and a restart
+// picks that residual up again.
+func TestSoloSparseNodeCheckpointsResidual(t *testing.T) {
+	dir := t.TempDir()
+	synthDataset(t, filepath.Join(dir, "data"), 10)
+	cfg := soloConfig(t, dir, 4)
+	cfg.Protocol.Codec = "sparse"
+	cfg.Protocol.SparseBlock, cfg.Protocol.SparseTopK = 16, 4
+	cfg.Protocol.DiLoCo.Momentum = 0
+	require.NoError(t, cfg.Validate())
+
+	residual := func() ([]float32, string) {
+		stores, err := OpenStores(cfg)
+		require.NoError(t, err)
+		ck, err := checkpoint.Open(filepath.Join(cfg.Node.StoreDir, "state"), stores.Artifacts, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		defer ck.Close()
+		st, err := ck.Load()
+		require.NoError(t, err)
+		b, err := ck.OpenBlob(st, blobResidual)
+		require.NoError(t, err)
+		defer b.Close()
+		r, tag, err := round.ParseResidual(b.Bytes())
+		require.NoError(t, err)
+		return r, tag
+	}
+
+	var out syncBuffer
+	n := runNode(t, cfg, &out)
+	st := n.Status()
+	require.Equal(t, uint64(4), st.Round)
+	first, last := st.History[0].HeldOut["mse"], st.History[4].HeldOut["mse"]
+	require.Less(t, last, first, "held-out error must fall with sparse updates: %v -> %v", first, last)
+	r, tag := residual()
+	require.Equal(t, round.ResidualTag(diloco.Sparse, 16, 4, synth.Layout().Hash()), tag)
+	require.Len(t, r, int(synth.Layout().Params()))
+	require.Greater(t, merge.Norm(r, 1), 0.0, "a sparse trainer holds back most of its update")
+
+	cfg.Experiment.Rounds = 5
+	out = syncBuffer{}
+	n = runNode(t, cfg, &out)
+	require.Equal(t, uint64(5), n.Status().Round)
+	require.NotContains(t, out.String(), "residual dropped")
+	r2, tag2 := residual()
+	require.Equal(t, tag, tag2)
+	require.NotEqual(t, r, r2, "the resumed trainer carried the residual on")
 }

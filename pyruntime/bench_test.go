@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -92,6 +93,10 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 	run := func(name, relTo, unit string, op func(i int) uint64) {
 		b.Run(name, func(b *testing.B) {
 			b.SetBytes(4 * n)
+			// Go's side holds views, not copies: the process's peak RSS during the
+			// iterations above its RSS before them (which holds the benchmark's own source
+			// values), in pack sizes ("go-rss/pack"; the mapped result pack, 1, is the floor).
+			before := resetPeakRSS()
 			for i := 0; i < b.N; i++ {
 				if got := op(i); got != want {
 					b.Fatalf("checksum %x after the round trip, want %x", got, want)
@@ -100,6 +105,9 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 			nsPerOp[name] = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 			if ref := nsPerOp[relTo]; ref > 0 {
 				b.ReportMetric(nsPerOp[name]/ref, unit)
+			}
+			if peak := peakRSS(); before > 0 && peak > 0 {
+				b.ReportMetric(float64(peak-before)/float64(4*n), "go-rss/pack")
 			}
 		})
 	}
@@ -150,6 +158,35 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 	if base, wk, seed := nsPerOp["shm-baseline"], nsPerOp["worker"], nsPerOp["seed-style"]; base > 0 && wk > 0 && seed > 0 {
 		b.Logf("worker / shm-baseline = %.2fx (target <= 2x); seed-style / worker = %.1fx (target >= 5x)", wk/base, seed/wk)
 	}
+}
+
+// resetPeakRSS resets this process's peak RSS (VmHWM; Linux: "5" to clear_refs) and
+// returns its RSS now, or 0 where /proc does not tell.
+func resetPeakRSS() int64 {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		return 0
+	}
+	return procStatusBytes("VmRSS:")
+}
+
+// peakRSS is this process's peak RSS since the last reset (0 where /proc does not tell).
+func peakRSS() int64 { return procStatusBytes("VmHWM:") }
+
+func procStatusBytes(field string) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // checksum touches every value: a sum of the values' bit patterns, read as 64-bit words.

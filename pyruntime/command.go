@@ -57,6 +57,7 @@ type jobManifest struct {
 	Exclude           []string       `json:"exclude"`
 	Config            map[string]any `json:"config"`
 	Device            string         `json:"device"`
+	Precision         string         `json:"precision,omitempty"`
 	Threads           int            `json:"threads"`
 }
 
@@ -106,9 +107,12 @@ func (c *Command) Start(ctx context.Context) (Info, error) {
 
 func (c *Command) start(ctx context.Context) (Info, error) {
 	var err error
-	if c.pkgDir, err = resolvePackageDir(c.opts.PackageDir); err != nil {
+	src, err := resolvePackage(ctx, c.opts)
+	if err != nil {
 		return Info{}, err
 	}
+	c.pkgDir = src.Dir
+	sweepScratchDirs(c.log, scratchBases()...)
 	if c.scratch, c.ownDir, err = makeScratch(c.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}
@@ -240,7 +244,7 @@ func (c *Command) newJob(kind string) *jobManifest {
 	return &jobManifest{
 		ProtocolVersion: ProtocolVersion, JobID: fmt.Sprintf("%s-%06d", kind, seq), Kind: kind,
 		ShardPaths: []string{}, Include: nonNil(c.opts.Include), Exclude: nonNil(c.opts.Exclude),
-		Config: c.opts.Config, Device: c.opts.Device, Threads: c.opts.Threads,
+		Config: c.opts.Config, Device: c.opts.Device, Precision: c.opts.Precision, Threads: c.opts.Threads,
 	}
 }
 
@@ -423,7 +427,7 @@ func (c *Command) Close() error {
 	c.mu.Unlock()
 	<-c.sem
 	if c.ownDir && c.scratch != "" {
-		if err := os.RemoveAll(c.scratch); err != nil {
+		if err := removeScratch(c.scratch); err != nil {
 			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 // The p2ptrain package travels inside the binary. Explicit *.py patterns (not the
 // directory) keep __init__.py in and __pycache__ out.
 //
-//go:embed python/p2ptrain/*.py python/p2ptrain/*/*.py
+//go:embed python/p2ptrain/*.py python/p2ptrain/*/*.py python/pyproject.toml python/README.md
 var pythonFS embed.FS
 
 var (
@@ -87,21 +87,7 @@ func extractTo(base string) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp) // after a successful rename there is nothing left to remove
-	err = fs.WalkDir(pythonFS, "python", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel := p[len("python"):]
-		target := filepath.Join(tmp, filepath.FromSlash(rel))
-		if d.IsDir() {
-			return os.MkdirAll(target, 0o755)
-		}
-		b, err := pythonFS.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(target, b, 0o644)
-	})
+	err = writeEmbedded(tmp)
 	if err == nil {
 		err = os.Chmod(tmp, 0o755)
 	}

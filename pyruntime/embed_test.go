@@ -14,13 +14,14 @@ func TestEmbeddedPackage(t *testing.T) {
 		"p2ptrain/__init__.py", "p2ptrain/worker.py", "p2ptrain/safetensors.py", "p2ptrain/command.py",
 		"p2ptrain/prepare.py", "p2ptrain/workloads/__init__.py", "p2ptrain/workloads/digits.py",
 		"p2ptrain/workloads/charlm.py", "p2ptrain/workloads/bench.py", "p2ptrain/testing/__init__.py",
+		"pyproject.toml", "README.md",
 	} {
 		if !slices.Contains(files, want) {
 			t.Errorf("%s is not embedded (have %v)", want, files)
 		}
 	}
 	for _, f := range files {
-		if strings.Contains(f, "__pycache__") || !strings.HasSuffix(f, ".py") {
+		if strings.Contains(f, "__pycache__") || !strings.HasSuffix(f, ".py") && f != "pyproject.toml" && f != "README.md" {
 			t.Errorf("unexpected embedded file %s", f)
 		}
 	}

@@ -44,6 +44,9 @@ type Options struct {
 	Include, Exclude []string
 	// Device is "auto" (default: cuda when available), "cpu", "cuda", "cuda:1", ...
 	Device string
+	// Precision is "fp32" (default), "bf16" (autocast to bfloat16) or "fp16" (autocast to
+	// float16 with a GradScaler; CUDA only).
+	Precision string
 	// Threads sets torch.set_num_threads and OMP_NUM_THREADS (0: torch's default).
 	Threads int
 	// Seed seeds the model the worker builds at hello (Init takes its own seed).
@@ -57,6 +60,12 @@ type Options struct {
 	// ScratchDir holds packs exchanged with Python. Default: a fresh /dev/shm/p2pnode-*
 	// (os.TempDir when /dev/shm is missing), removed on Close. A given directory is kept.
 	ScratchDir string
+	// DiskScratchDir is where packs go instead when the scratch directory (a tmpfs, as a
+	// rule) has less free space than the model's packs need (ScratchPacks × the fp32 model
+	// bytes, checked once the worker has built the model): a fresh directory is made under
+	// it and removed on Close, with one warning naming both sizes. Empty: no fallback, the
+	// shortage is only logged. The node sets <store_dir>/scratch.
+	DiskScratchDir string
 	// PackageDir is a directory holding the p2ptrain package to use instead of the copy
 	// embedded in the binary (for developing p2ptrain itself).
 	PackageDir string
@@ -95,6 +104,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Device == "" {
 		o.Device = "auto"
+	}
+	if o.Precision == "" {
+		o.Precision = "fp32"
 	}
 	if o.CallTimeout == 0 {
 		o.CallTimeout = DefaultCallTimeout
@@ -179,7 +191,10 @@ func checkFactory(f string) error {
 // package first, thread settings, then Options.Env and extra (later entries win).
 func (o Options) pythonEnv(pkgDir string, extra map[string]string) []string {
 	env := os.Environ()
-	path := []string{pkgDir}
+	var path []string
+	if pkgDir != "" {
+		path = append(path, pkgDir)
+	}
 	path = append(path, o.PythonPath...)
 	if old := os.Getenv("PYTHONPATH"); old != "" {
 		path = append(path, old)

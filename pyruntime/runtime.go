@@ -48,9 +48,18 @@ type Info struct {
 	Python          string   `json:"python,omitempty"`
 	Torch           string   `json:"torch,omitempty"`
 	Device          string   `json:"device,omitempty"`
-	LayoutHash      string   `json:"layout_hash,omitempty"`
-	ParamCount      int64    `json:"param_count,omitempty"`
-	PID             int      `json:"pid,omitempty"`
+	// DeviceName and DeviceMemory (bytes) describe the device: the GPU's name and memory,
+	// or the CPU model and the machine's RAM.
+	DeviceName   string `json:"device_name,omitempty"`
+	DeviceMemory int64  `json:"device_memory_bytes,omitempty"`
+	// Precision is the training precision (fp32, bf16 or fp16).
+	Precision  string `json:"precision,omitempty"`
+	LayoutHash string `json:"layout_hash,omitempty"`
+	ParamCount int64  `json:"param_count,omitempty"`
+	PID        int    `json:"pid,omitempty"`
+	// P2PTrain says which p2ptrain package the worker runs: installed (version, path) or
+	// the copy embedded in the node.
+	P2PTrain string `json:"p2ptrain,omitempty"`
 }
 
 // TrainJob is one inner loop: load Base, run Steps optimizer steps over batches from
@@ -104,6 +113,10 @@ type Status struct {
 	State            State         `json:"state"`
 	PID              int           `json:"pid,omitempty"`
 	Restarts         int           `json:"restarts"`
+	Device           string        `json:"device,omitempty"`
+	DeviceName       string        `json:"device_name,omitempty"`
+	DeviceMemory     int64         `json:"device_memory_bytes,omitempty"`
+	Precision        string        `json:"precision,omitempty"`
 	Calls            int64         `json:"calls"`
 	Failures         int64         `json:"failures"`
 	LastCall         string        `json:"last_call,omitempty"`

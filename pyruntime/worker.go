@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -26,6 +27,7 @@ type Worker struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	pkgDir  string
+	src     p2ptrainSource
 	scratch string
 	ownDir  bool
 
@@ -78,6 +80,9 @@ type helloResult struct {
 	Python          string   `json:"python"`
 	Torch           string   `json:"torch"`
 	Device          string   `json:"device"`
+	DeviceName      string   `json:"device_name"`
+	DeviceMemory    int64    `json:"device_memory_bytes"`
+	Precision       string   `json:"precision"`
 	LayoutHash      string   `json:"layout_hash"`
 	ParamCount      int64    `json:"param_count"`
 }
@@ -126,9 +131,11 @@ func (w *Worker) Start(ctx context.Context) (Info, error) {
 
 func (w *Worker) start(ctx context.Context) (Info, error) {
 	var err error
-	if w.pkgDir, err = resolvePackageDir(w.opts.PackageDir); err != nil {
+	if w.src, err = resolvePackage(ctx, w.opts); err != nil {
 		return Info{}, err
 	}
+	w.pkgDir = w.src.Dir
+	sweepScratchDirs(w.log, append(scratchBases(), w.opts.DiskScratchDir)...)
 	if w.scratch, w.ownDir, err = makeScratch(w.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}
@@ -140,20 +147,14 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	if err := w.fitScratch(info.ParamCount); err != nil {
+		p.shutdown()
+		return Info{}, err
+	}
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
-		"device", info.Device, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
+		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
 	return info, nil
-}
-
-func resolvePackageDir(dir string) (string, error) {
-	if dir == "" {
-		return PackageDir()
-	}
-	if _, err := os.Stat(dir + "/p2ptrain/__init__.py"); err != nil {
-		return "", fmt.Errorf("pyruntime: option PackageDir %s: no p2ptrain package there: %w", dir, err)
-	}
-	return dir, nil
 }
 
 // spawn starts a worker process and runs hello on it.
@@ -186,16 +187,20 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	params := map[string]any{
 		"versions": o.versions, "factory": o.Factory, "config": o.Config,
 		"include": nonNil(o.Include), "exclude": nonNil(o.Exclude),
-		"device": o.Device, "threads": o.Threads, "seed": o.Seed,
+		"device": o.Device, "precision": o.Precision, "threads": o.Threads, "seed": o.Seed,
 	}
 	if _, err := w.roundTrip(ctx, p, "hello", params, &hr, o.CallTimeout); err != nil {
 		p.shutdown()
+		var re *RemoteError
+		if errors.As(err, &re) && re.Type == "BadRequest" && strings.Contains(re.Message, "no common protocol version") {
+			err = mismatchError(o, w.src, re)
+		}
 		return nil, Info{}, fmt.Errorf("pyruntime: %s: hello on worker %d: %w", what, c.pid, err)
 	}
 	if !slices.Contains(o.versions, hr.ProtocolVersion) {
 		p.shutdown()
-		return nil, Info{}, fmt.Errorf("pyruntime: %s: %w: worker %d chose protocol version %d, this node speaks %v",
-			what, ErrProtocol, c.pid, hr.ProtocolVersion, o.versions)
+		return nil, Info{}, fmt.Errorf("pyruntime: %s: %w", what,
+			mismatchError(o, w.src, fmt.Errorf("worker %d chose protocol version %d", c.pid, hr.ProtocolVersion)))
 	}
 	for _, capName := range requiredCapabilities {
 		if !slices.Contains(hr.Capabilities, capName) {
@@ -207,7 +212,8 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 	info := Info{
 		Backend: BackendWorker, ProtocolVersion: hr.ProtocolVersion, Capabilities: hr.Capabilities,
 		Workload: hr.Workload, Python: hr.Python, Torch: hr.Torch, Device: hr.Device,
-		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid,
+		DeviceName: hr.DeviceName, DeviceMemory: hr.DeviceMemory, Precision: hr.Precision,
+		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid, P2PTrain: w.src.String(),
 	}
 	return p, info, nil
 }
@@ -304,6 +310,10 @@ func (w *Worker) respawn(ctx context.Context) (*workerProc, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed || ctx.Err() != nil || errors.Is(err, ErrClosed) {
+		w.log.Debug("python worker not restarted: shutting down", "err", err)
+		return nil, err
+	}
 	w.failedRestarts++
 	w.fail(err)
 	if w.failedRestarts >= w.opts.MaxRestarts {
@@ -387,7 +397,11 @@ func (w *Worker) call(ctx context.Context, method string, params, out any, timeo
 	if err != nil {
 		err = fmt.Errorf("pyruntime: %s on worker %d (factory %s): %w", method, p.pid, w.opts.Factory, err)
 		var re *RemoteError
-		if errors.As(err, &re) && re.Traceback != "" {
+		if ctx.Err() != nil || w.life.Err() != nil {
+			// The caller gave up or the runtime is closing (a node shutting down): expected,
+			// and not worth a warning on every Ctrl-C.
+			w.log.Debug("python call abandoned", "worker", p.pid, "method", method, "err", err)
+		} else if errors.As(err, &re) && re.Traceback != "" {
 			w.log.Warn("python call failed", "worker", p.pid, "method", method, "type", re.Type, "message", re.Message, "traceback", re.Traceback)
 		} else {
 			w.log.Warn("python call failed", "worker", p.pid, "method", method, "err", err)
@@ -650,6 +664,23 @@ func (w *Worker) Info() Info {
 	return w.info
 }
 
+// fitScratch moves the scratch directory to Options.DiskScratchDir when the packs of the
+// model the worker just built do not fit (see fitScratch in scratchspace.go).
+func (w *Worker) fitScratch(params int64) error {
+	c, err := fitScratch(w.scratch, params, w.opts.DiskScratchDir)
+	if err != nil {
+		return err
+	}
+	logScratch(w.log, w.scratch, c, w.opts.DiskScratchDir != "")
+	if c.switched {
+		if w.ownDir {
+			_ = removeScratch(w.scratch)
+		}
+		w.scratch, w.ownDir = c.dir, c.own
+	}
+	return nil
+}
+
 // ScratchDir is the directory for packs exchanged with the worker.
 func (w *Worker) ScratchDir() string { return w.scratch }
 
@@ -657,7 +688,8 @@ func (w *Worker) ScratchDir() string { return w.scratch }
 func (w *Worker) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts}
+	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts,
+		Device: w.info.Device, DeviceName: w.info.DeviceName, DeviceMemory: w.info.DeviceMemory, Precision: w.info.Precision}
 	w.fill(&s)
 	if w.proc != nil {
 		s.PID = w.proc.pid
@@ -698,7 +730,7 @@ func (w *Worker) Close() error {
 	w.state = StateClosed
 	w.mu.Unlock()
 	if w.ownDir && w.scratch != "" {
-		if err := os.RemoveAll(w.scratch); err != nil {
+		if err := removeScratch(w.scratch); err != nil {
 			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
 		}
 	}

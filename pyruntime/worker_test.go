@@ -355,7 +355,7 @@ func TestWorkerRefusesUnknownProtocolVersion(t *testing.T) {
 	}
 	defer w.Close()
 	_, err = w.Start(context.Background())
-	if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "no common protocol version") {
+	if !errors.Is(err, ErrBadRequest) || !errors.Is(err, ErrProtocolMismatch) || !strings.Contains(err.Error(), "no common protocol version") {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -386,7 +386,7 @@ os.read(3, 1 << 20)
 	}
 	defer w.Close()
 	_, err = w.Start(context.Background())
-	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "protocol version 7") {
+	if !errors.Is(err, ErrProtocolMismatch) || !strings.Contains(err.Error(), "protocol version 7") {
 		t.Fatalf("got %v", err)
 	}
 }

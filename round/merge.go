@@ -129,31 +129,17 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
-	baseR, err := pack.OpenPackReader(m.Store.BlobPath(paramsID))
+	baseR, momR, err := m.openBase(base, paramsID)
 	if err != nil {
-		return nil, fmt.Errorf("base params %s: %w", paramsID, err)
+		return nil, err
 	}
 	defer baseR.Close()
+	if momR != nil {
+		defer momR.Close()
+	}
 	layout := baseR.Layout
 	layoutHash := layout.Hash()
 	n := int(layout.Params())
-
-	var momR *pack.PackReader
-	if m.Policy.Kind == "diloco" {
-		oid, err := base.OuterStateID()
-		if err != nil {
-			return nil, err
-		}
-		if oid.Defined() {
-			if momR, err = pack.OpenPackReader(m.Store.BlobPath(oid)); err != nil {
-				return nil, fmt.Errorf("outer state %s: %w", oid, err)
-			}
-			defer momR.Close()
-			if !pack.SameLayout(momR.Layout, layout) {
-				return nil, fmt.Errorf("outer state %s: %w: layout %s, base params have %s", oid, pack.ErrLayoutMismatch, momR.Layout.Hash(), layoutHash)
-			}
-		}
-	}
 
 	out := &Outcome{Norms: map[string]float64{}}
 	var srcs []*deltaSource
@@ -185,21 +171,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
-	blocks := make([][]float32, len(srcs))
-	bufs := make([][]float32, len(srcs))
-	readBlocks := func(lo, hi int, which []int) error {
-		clear(blocks)
-		for _, k := range which {
-			if bufs[k] == nil {
-				bufs[k] = make([]float32, min(B, n))
-			}
-			blocks[k] = bufs[k][:hi-lo]
-			if err := srcs[k].read(lo, blocks[k]); err != nil {
-				return fmt.Errorf("contribution of %s: %w", kept[k].Peer, err)
-			}
-		}
-		return nil
-	}
+	in := newInputs(srcs, n, B)
 	all := make([]int, len(srcs))
 	for k := range all {
 		all[k] = k
@@ -209,7 +181,8 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 			return nil, err
 		}
 		hi := min(lo+B, n)
-		if err := readBlocks(lo, hi, all); err != nil {
+		blocks, err := in.read(lo, hi, all)
+		if err != nil {
 			return nil, err
 		}
 		if err := screen.AddNorms(lo, blocks); err != nil {
@@ -230,7 +203,8 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 				return nil, err
 			}
 			hi := min(lo+B, n)
-			if err := readBlocks(lo, hi, active); err != nil {
+			blocks, err := in.read(lo, hi, active)
+			if err != nil {
 				return nil, err
 			}
 			var r []float32
@@ -277,7 +251,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		return out, fmt.Errorf("%w (%d candidates)", ErrNothingMerged, len(cands))
 	}
 
-	paramsOut, outerOut, err := m.step(ctx, B, layout, baseR, momR, n, accepted, weights, norms, readBlocks, blocks)
+	paramsOut, outerOut, err := m.step(ctx, B, layout, baseR, momR, n, accepted, weights, norms, in)
 	if err != nil {
 		return nil, err
 	}
@@ -311,11 +285,104 @@ func quality(c Candidate) float64 {
 	return c.Quality
 }
 
+// openBase opens the base head's parameters and, for diloco, its outer momentum (nil
+// before the first outer step) for range reads.
+func (m *Merger) openBase(base *chain.Head, paramsID cid.Cid) (baseR, momR *pack.PackReader, err error) {
+	baseR, err = pack.OpenPackReader(m.Store.BlobPath(paramsID))
+	if err != nil {
+		return nil, nil, fmt.Errorf("base params %s: %w", paramsID, err)
+	}
+	if m.Policy.Kind != "diloco" {
+		return baseR, nil, nil
+	}
+	oid, err := base.OuterStateID()
+	if err == nil && oid.Defined() {
+		momR, err = pack.OpenPackReader(m.Store.BlobPath(oid))
+		if err != nil {
+			err = fmt.Errorf("outer state %s: %w", oid, err)
+		} else if !pack.SameLayout(momR.Layout, baseR.Layout) {
+			momR.Close()
+			err = fmt.Errorf("outer state %s: %w: layout %s, base params have %s", oid, pack.ErrLayoutMismatch, momR.Layout.Hash(), baseR.Layout.Hash())
+		}
+	}
+	if err != nil {
+		baseR.Close()
+		return nil, nil, err
+	}
+	return baseR, momR, nil
+}
+
+// inputs reads blocks of the contributions of one merge, one buffer per contribution.
+type inputs struct {
+	srcs   []*deltaSource
+	bufs   [][]float32
+	blocks [][]float32
+	n, b   int
+}
+
+func newInputs(srcs []*deltaSource, n, block int) *inputs {
+	return &inputs{srcs: srcs, bufs: make([][]float32, len(srcs)), blocks: make([][]float32, len(srcs)), n: n, b: block}
+}
+
+// read returns values [lo, hi) of the contributions in which, indexed like srcs (nil for
+// the others); the blocks are valid until the next read.
+func (in *inputs) read(lo, hi int, which []int) ([][]float32, error) {
+	clear(in.blocks)
+	for _, k := range which {
+		if in.bufs[k] == nil {
+			in.bufs[k] = make([]float32, min(in.b, in.n))
+		}
+		in.blocks[k] = in.bufs[k][:hi-lo]
+		if err := in.srcs[k].read(lo, in.blocks[k]); err != nil {
+			return nil, err
+		}
+	}
+	return in.blocks, nil
+}
+
+// norms is one pass computing the norms of the contributions in which, with the bits
+// screening gives them.
+func (in *inputs) norms(ctx context.Context, which []int, workers int) ([]float64, error) {
+	s, err := merge.NewScreening(merge.ScreenConfig{}, merge.History{}, len(which), in.n, false, workers)
+	if err != nil {
+		return nil, err
+	}
+	sub := make([][]float32, len(which))
+	for lo := 0; lo < in.n || lo == 0; lo += in.b {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		hi := min(lo+in.b, in.n)
+		blocks, err := in.read(lo, hi, which)
+		if err != nil {
+			return nil, err
+		}
+		for j, k := range which {
+			sub[j] = blocks[k]
+		}
+		if err := s.AddNorms(lo, sub); err != nil {
+			return nil, err
+		}
+		if hi == in.n {
+			break
+		}
+	}
+	v, err := s.Verdicts()
+	if err != nil {
+		return nil, err
+	}
+	norms := make([]float64, len(v))
+	for j := range v {
+		norms[j] = v[j].Norm
+	}
+	return norms, nil
+}
+
 // step is the third pass: block by block, aggregate the accepted contributions, apply the
 // policy to the base parameters (and momentum) and write the next parameters (and
 // momentum) to the store. Both artifacts are committed only when every block is written.
 func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, momR *pack.PackReader, n int, accepted []int, weights, norms []float64,
-	readBlocks func(lo, hi int, which []int) error, blocks [][]float32) (paramsID, outerID cid.Cid, err error) {
+	in *inputs) (paramsID, outerID cid.Cid, err error) {
 	diloCo := m.Policy.Kind == "diloco"
 	if !diloCo && m.Policy.Kind != "ema" {
 		return cid.Undef, cid.Undef, fmt.Errorf("unknown merge policy %q", m.Policy.Kind)
@@ -341,7 +408,8 @@ func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, mom
 		}
 		hi := min(lo+B, n)
 
-		if err := readBlocks(lo, hi, accepted); err != nil {
+		blocks, err := in.read(lo, hi, accepted)
+		if err != nil {
 			return cid.Undef, cid.Undef, err
 		}
 		for j, k := range accepted {

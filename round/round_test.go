@@ -86,7 +86,7 @@ func (f *fixture) candidates(t *testing.T, codec diloco.Codec, peers map[string]
 }
 
 func TestMergeIsDeterministicAcrossValidators(t *testing.T) {
-	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8} {
+	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8, diloco.Sparse} {
 		t.Run(string(codec), func(t *testing.T) {
 			f := newFixture(t, dilocoPolicy)
 			cands := f.candidates(t, codec, map[string][]uint32{"a": {0, 1}, "b": {2}, "c": {3, 4}})
@@ -192,7 +192,7 @@ func TestTrainerRefusesNonFiniteWorkerOutput(t *testing.T) {
 func TestDeltaFileRoundTrip(t *testing.T) {
 	f := newFixture(t, dilocoPolicy)
 	vals := []float32{1, -2, 3.5, 0, 1e-3}
-	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8} {
+	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8, diloco.Sparse} {
 		enc, err := diloco.Encode(codec, vals, nil, 2, 1)
 		require.NoError(t, err)
 		id, err := StoreDelta(f.store, enc, "layout")
@@ -201,7 +201,7 @@ func TestDeltaFileRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		got, err := ParseDelta(b, "layout", len(vals))
 		require.NoError(t, err)
-		require.Equal(t, enc.Codec, got.Codec)
+		require.Equal(t, enc, got)
 		_, err = ParseDelta(b, "other", len(vals))
 		require.ErrorIs(t, err, pack.ErrLayoutMismatch)
 		_, err = ParseDelta(b, "layout", len(vals)+1)
@@ -210,7 +210,7 @@ func TestDeltaFileRoundTrip(t *testing.T) {
 }
 
 func FuzzParseDelta(f *testing.F) {
-	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8} {
+	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8, diloco.Sparse} {
 		enc, _ := diloco.Encode(codec, []float32{1, 2, 3, 4}, nil, 2, 1)
 		dir := f.TempDir()
 		store, _ := artifact.OpenStore(dir, artifact.Options{})

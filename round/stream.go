@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/ipfs/go-cid"
 
@@ -32,6 +33,10 @@ type deltaSource struct {
 	sbytes  []byte
 	scratch []float32
 	workers int
+	// sparse holds a whole sparse contribution (a few percent of the model), checked
+	// record by record when opened, so that no block fails to decode halfway through.
+	sparse diloco.Encoded
+	raw    []byte
 }
 
 // openDelta opens contribution id for streaming and checks it against the base layout.
@@ -60,6 +65,24 @@ func openDelta(store *artifact.Store, id cid.Cid, layoutHash string, n, workers 
 		r.Close()
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
+	if enc.Codec == diloco.Sparse {
+		defer r.Close()
+		raw, err := os.ReadFile(store.BlobPath(id))
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", id, err)
+		}
+		if uint64(len(raw)) != m.Size {
+			return nil, fmt.Errorf("%w: artifact %s is %d bytes on disk, manifest says %d", artifact.ErrCorrupt, id, len(raw), m.Size)
+		}
+		e, err := ParseDelta(raw, layoutHash, n)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", id, err)
+		}
+		if err := e.CheckRecords(workers); err != nil {
+			return nil, fmt.Errorf("%s: %w", id, err)
+		}
+		return &deltaSource{id: id, enc: e, sparse: e, raw: raw, workers: workers}, nil
+	}
 	return &deltaSource{id: id, r: r, enc: enc, dataT: dataT, scalesT: scalesT, workers: workers, data: buf}, nil
 }
 
@@ -75,6 +98,15 @@ func (d *deltaSource) read(lo int, dst []float32) error {
 			d.scratch = make([]float32, hi-alo)
 		}
 		out = d.scratch[:hi-alo]
+	}
+	if d.sparse.Codec == diloco.Sparse {
+		if err := diloco.DecodeRange(d.sparse, alo, out, d.workers); err != nil {
+			return fmt.Errorf("decode %s: %w", d.id, err)
+		}
+		if alo != lo {
+			copy(dst, out[lo-alo:])
+		}
+		return nil
 	}
 	s, err := d.enc.Span(alo, hi)
 	if err != nil {
@@ -102,7 +134,7 @@ func (d *deltaSource) read(lo int, dst []float32) error {
 			scales[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 		}
 	}
-	if err := diloco.Decode(s.View(d.enc, data, scales), out, d.workers); err != nil {
+	if err := diloco.Decode(s.View(d.enc, data, scales, nil), out, d.workers); err != nil {
 		return fmt.Errorf("decode %s: %w", d.id, err)
 	}
 	if alo != lo {
@@ -111,4 +143,9 @@ func (d *deltaSource) read(lo int, dst []float32) error {
 	return nil
 }
 
-func (d *deltaSource) Close() error { return d.r.Close() }
+func (d *deltaSource) Close() error {
+	if d.r == nil {
+		return nil
+	}
+	return d.r.Close()
+}

@@ -34,18 +34,35 @@ type Trainer struct {
 	Shards    ShardPaths
 	Codec     diloco.Codec
 	Int8Block int
-	Workers   int
+	// SparseBlock and SparseTopK shape the sparse codec (0 = its defaults).
+	SparseBlock, SparseTopK int
+	Workers                 int
 
 	// OptState is the path of the latest inner-optimizer state file ("" = fresh optimizer).
 	OptState string
-	// Residual is the error-feedback residual of the int8 codec (nil until first used).
-	Residual []float32
+	// Residual is the error-feedback residual of the int8 and sparse codecs (nil until
+	// first used): what earlier encodings did not send. ResidualTag names the codec, its
+	// settings and the pack layout it was made for; see ResidualTag for when it is reset.
+	Residual    []float32
+	ResidualTag string
 
 	// Poison, when set, corrupts the pseudo-gradient before it is encoded: fault injection
 	// for end-to-end tests of screening (p2pnode run --poison). A poisoned delta that is
 	// no longer finite is stored as raw fp32, bypassing the codecs' checks as an attacker
 	// would.
 	Poison func(delta []float32)
+}
+
+// residualTag is ResidualTag for this trainer's codec on a pack of the given layout, ""
+// for the codecs without error feedback.
+func (t *Trainer) residualTag(layoutHash string) string {
+	switch t.Codec {
+	case diloco.Int8:
+		return ResidualTag(t.Codec, max(t.Int8Block, 0), 0, layoutHash)
+	case diloco.Sparse:
+		return ResidualTag(t.Codec, t.SparseBlock, t.SparseTopK, layoutHash)
+	}
+	return ""
 }
 
 // Result is one trained lease.
@@ -127,13 +144,18 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 		}
 	}
 	var residual []float32
-	if t.Codec == diloco.Int8 {
-		if len(t.Residual) != len(delta) {
-			t.Residual = make([]float32, len(delta))
+	if tag := t.residualTag(basePack.Layout.Hash()); tag != "" {
+		if len(t.Residual) != len(delta) || t.ResidualTag != tag {
+			t.Residual, t.ResidualTag = make([]float32, len(delta)), tag
 		}
 		residual = t.Residual
 	}
-	enc, err := diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
+	var enc diloco.Encoded
+	if t.Codec == diloco.Sparse {
+		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, t.Workers)
+	} else {
+		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: encode delta: %w", base.Round+1, err)
 	}

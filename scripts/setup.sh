@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${P2P_PYTHON:-/usr/bin/python3}
-PKGS=(python3 python3-torch python3-numpy python3-sklearn libopenblas0-pthread)
+# python3-venv, -setuptools and -wheel: `pip install ./pyruntime/python` into a venv, offline.
+PKGS=(python3 python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-venv python3-setuptools python3-wheel)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -23,7 +24,7 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-"$PY" -c 'import torch, numpy, sklearn' || { echo "setup: $PY cannot import torch, numpy and sklearn" >&2; exit 1; }
+"$PY" -c 'import torch, numpy, sklearn, setuptools, wheel, venv' || { echo "setup: $PY cannot import torch, numpy, sklearn, setuptools, wheel and venv" >&2; exit 1; }
 
 command -v go >/dev/null || export PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || { echo "setup: Go is not installed (need go >= 1.26; see https://go.dev/dl/)" >&2; exit 1; }

@@ -4,19 +4,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/export"
+	"github.com/p2pnode/p2pnode/node"
 )
 
 func newExportCmd(g *globalFlags) *cobra.Command {
 	var cfgPath, head, out string
 	var shardBytes int64
 	var blockBytes int
-	var inPlace, asJSON bool
+	var inPlace, asJSON, modelConfig bool
 	cmd := &cobra.Command{
 		Use:   "export --config FILE --head CID|latest --out DIR [--in-place] [--shard-bytes N] [--block-bytes N]",
 		Short: "Write a head's parameters as a safetensors model directory",
@@ -33,7 +36,13 @@ rolls back the interrupted sync). A model of another layout is an error and noth
 model in DIR the whole model is written.
 
 Without --in-place every file is written to a temp file and renamed into place together.
-Other files in DIR are left alone; stale model files of an earlier export are removed.`,
+Other files in DIR are left alone; stale model files of an earlier export are removed.
+
+When the workload provides a model config (the lm workload does: its layers, width, heads,
+context), config.json is written beside the safetensors; python3 -m p2ptrain.sample
+generates text from such a directory. Asking the workload runs the config's Python
+interpreter; if that fails, the model is still exported and a warning says why
+(--model-config=false skips it).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.Load(cfgPath)
@@ -74,12 +83,21 @@ Other files in DIR are left alone; stale model files of an earlier export are re
 			if err != nil {
 				return err
 			}
+			wroteConfig := false
+			if modelConfig {
+				if wroteConfig, err = writeModelConfig(cmd, cfg, out, log); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
 			rep.Print(cmd.OutOrStdout())
+			if wroteConfig {
+				fmt.Fprintf(cmd.OutOrStdout(), "  %s: the model config of workload %s\n", export.ConfigFile, cfg.Workload.Factory)
+			}
 			return nil
 		},
 	}
@@ -90,7 +108,25 @@ Other files in DIR are left alone; stale model files of an earlier export are re
 	cmd.Flags().Int64Var(&shardBytes, "shard-bytes", 0, "split into shards above this many bytes of tensors (default: the config's export.shard_bytes)")
 	cmd.Flags().IntVar(&blockBytes, "block-bytes", 0, "block size compared and rewritten in place (default: the config's export.block_bytes)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().BoolVar(&modelConfig, "model-config", true, "also write the workload's model config as config.json (runs Python)")
 	return cmd
+}
+
+// writeModelConfig writes out/config.json when the workload has a model config. A workload
+// that cannot be asked (no Python here, say) is a warning: the safetensors are exported.
+func writeModelConfig(cmd *cobra.Command, cfg *config.Config, out string, log *slog.Logger) (bool, error) {
+	if cfg.Workload.Factory == "" {
+		return false, nil
+	}
+	mc, err := node.ModelConfig(cmd.Context(), cfg, log)
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s not written: workload %s: %v\n", filepath.Join(out, export.ConfigFile), cfg.Workload.Factory, err)
+		return false, nil
+	}
+	if mc == nil {
+		return false, nil
+	}
+	return true, export.WriteModelConfig(out, mc)
 }
 
 func newVerifyCmd(g *globalFlags) *cobra.Command {

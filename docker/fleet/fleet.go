@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -60,6 +61,10 @@ type Options struct {
 	MaxNorm float64
 	// Attacker also writes attacker.yaml: one more trainer, for the poisoning overlay.
 	Attacker bool
+	// Workload is the demo's workload: "digits" (default) or "lm" (see internal/demo).
+	Workload string
+	// WorkloadConfig, when set, replaces workload.config (e.g. an lm preset's overrides).
+	WorkloadConfig map[string]any
 }
 
 // Fleet is what Write produced.
@@ -104,7 +109,8 @@ func Write(o Options) (*Fleet, error) {
 			return nil, err
 		}
 	}
-	cfgs, err := demo.WriteConfigs(demo.Options{Dir: scratch, Trainers: o.Trainers, Rounds: o.Rounds, Log: slog.New(slog.DiscardHandler)})
+	cfgs, err := demo.WriteConfigs(demo.Options{Dir: scratch, Trainers: o.Trainers, Rounds: o.Rounds, Workload: o.Workload,
+		Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
@@ -113,6 +119,10 @@ func Write(o Options) (*Fleet, error) {
 		return nil, err
 	}
 	vid := cfgs[0].Experiment.Validators[0]
+	workload := o.Workload
+	if workload == "" {
+		workload = demo.WorkloadDigits
+	}
 	f := &Fleet{Dir: dir, ValidatorID: vid, Names: demo.Names(o.Trainers),
 		Bootstrap: fmt.Sprintf("/dns4/%s/tcp/%d/p2p/%s", ValidatorHost, P2PPort, vid)}
 
@@ -121,8 +131,8 @@ func Write(o Options) (*Fleet, error) {
 		c.Node.Identity = ""
 		c.Node.Listen = []string{fmt.Sprintf("/ip4/0.0.0.0/tcp/%d", P2PPort)}
 		c.Node.HTTP = fmt.Sprintf("0.0.0.0:%d", HTTPPort)
-		c.Dataset.Root = "/dataset/digits"
-		c.Dataset.Manifest = "/dataset/digits/manifest.json"
+		c.Dataset.Root = "/dataset/" + workload
+		c.Dataset.Manifest = "/dataset/" + workload + "/manifest.json"
 		// The dataset service prepares the shared dataset before any node starts; a node
 		// that finds no manifest is misconfigured and must say so, not write one.
 		c.Dataset.Prepare = false
@@ -137,6 +147,9 @@ func Write(o Options) (*Fleet, error) {
 		}
 		if o.MaxNorm > 0 {
 			c.Merge.Screen.MaxNorm = o.MaxNorm
+		}
+		if o.WorkloadConfig != nil {
+			c.Workload.Config = maps.Clone(o.WorkloadConfig)
 		}
 	}
 	for i, c := range cfgs {

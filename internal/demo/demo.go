@@ -1,6 +1,6 @@
 // Package demo runs a small swarm on this machine: one validator (which is also the
 // bootstrap node) and a few trainers, each a real `p2pnode run` process talking libp2p over
-// loopback TCP, training the digits workload. It writes their configs, prepares the
+// loopback TCP, training the digits workload (or the lm transformer with Workload "lm"). It writes their configs, prepares the
 // dataset once, starts the processes, relays the validator's progress and stops everyone
 // when the experiment's rounds are done.
 package demo
@@ -38,22 +38,40 @@ type Options struct {
 	Log      *slog.Logger
 	// Fresh discards an earlier demo's state instead of resuming it.
 	Fresh bool
+	// Workload is "digits" (default: an MLP on the 8x8 digits) or "lm" (the byte-level
+	// transformer of p2ptrain.workloads.lm on the Python standard library's sources).
+	Workload string
+	// Preset is the lm workload's preset (default "tiny").
+	Preset string
 }
+
+// Workloads the demo can train.
+const (
+	WorkloadDigits = "digits"
+	WorkloadLM     = "lm"
+)
 
 // Result is what the demo measured.
 type Result struct {
 	Rounds        int
 	FinalAccuracy float64
+	FinalLoss     float64 // held-out loss of the last round (nats per token), when printed
 	Seconds       float64
 	SecondsPerRnd float64
 }
 
-var progressLine = regexp.MustCompile(`^round\s+(\d+)/\d+.*held-out accuracy\s+([\d.]+)%`)
+var (
+	progressLine = regexp.MustCompile(`^round\s+(\d+)/\d+.*held-out accuracy\s+([\d.]+)%`)
+	lossField    = regexp.MustCompile(`held-out loss\s+([\d.]+)`)
+)
 
 // Run runs the demo swarm until its rounds are done or ctx ends.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Trainers < 1 {
 		return nil, errors.New("demo: need at least one trainer")
+	}
+	if err := o.checkWorkload(); err != nil {
+		return nil, err
 	}
 	dir, err := filepath.Abs(o.Dir)
 	if err != nil {
@@ -72,7 +90,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(o.Out, "demo: preparing the digits dataset in %s\n", cfgs[0].Dataset.Root)
+	fmt.Fprintf(o.Out, "demo: preparing the %s dataset in %s\n", o.workload(), cfgs[0].Dataset.Root)
 	if _, err := node.PrepareDataset(ctx, cfgs[0], o.Log); err != nil {
 		return nil, err
 	}
@@ -101,6 +119,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 					fmt.Sscan(m[2], &acc)
 					mu.Lock()
 					res.Rounds, res.FinalAccuracy = r, acc/100
+					if l := lossField.FindStringSubmatch(line); l != nil {
+						fmt.Sscan(l[1], &res.FinalLoss)
+					}
 					mu.Unlock()
 				}
 				fmt.Fprintln(o.Out, line)
@@ -155,12 +176,35 @@ func Names(n int) []string {
 	return names
 }
 
+func (o Options) workload() string {
+	if o.Workload == "" {
+		return WorkloadDigits
+	}
+	return o.Workload
+}
+
+func (o Options) checkWorkload() error {
+	switch o.workload() {
+	case WorkloadDigits:
+		if o.Preset != "" {
+			return fmt.Errorf("demo: --preset %q: only the lm workload has presets", o.Preset)
+		}
+	case WorkloadLM:
+	default:
+		return fmt.Errorf("demo: --workload %q: unknown workload (want %s or %s)", o.Workload, WorkloadDigits, WorkloadLM)
+	}
+	return nil
+}
+
 // WriteConfigs writes o.Dir/<name>.yaml for one validator+bootstrap node and o.Trainers
 // trainers (see Names) and returns them loaded. The validator's identity is created so that
 // the trainers can name it as their bootstrap peer and the experiment's validator.
 func WriteConfigs(o Options) ([]*config.Config, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := o.checkWorkload(); err != nil {
+		return nil, err
 	}
 	key, err := node.LoadIdentity(filepath.Join(o.Dir, "validator", "identity.key"), o.Log)
 	if err != nil {
@@ -192,6 +236,20 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		c.Lease.MicroshardsPerTrainer = 3
 		c.Lease.MinGroup = 1
 		c.Lease.RoundTimeout = 2 * time.Minute
+		if o.workload() == WorkloadLM {
+			preset := o.Preset
+			if preset == "" {
+				preset = "tiny"
+			}
+			c.Experiment.ID = "lm-" + preset + "-demo"
+			c.Workload.Factory = "p2ptrain.workloads.lm:LM"
+			c.Workload.Config = map[string]any{"preset": preset}
+			// One 64 KiB shard file per microshard: two per trainer and window.
+			c.Dataset.MicroshardBytes = 65536
+			c.Lease.MicroshardsPerTrainer = 2
+			// A transformer on CPUs: rounds take tens of seconds, not a few.
+			c.Lease.RoundTimeout = 10 * time.Minute
+		}
 		return c
 	}
 	var out []*config.Config

@@ -31,7 +31,9 @@ Modules:
 - ``p2ptrain.worker``       the framed request loop (docs/worker-protocol.md)
 - ``p2ptrain.command``      the ready-made checkpoint command
 - ``p2ptrain.prepare``      ``prepare_dataset`` from the command line
-- ``p2ptrain.workloads``    reference workloads: digits, charlm, bench
+- ``p2ptrain.modelconfig``  a workload's ``model_config()`` as JSON (config.json of exports)
+- ``p2ptrain.sample``       generate text from an exported ``lm`` model directory
+- ``p2ptrain.workloads``    reference workloads: digits, charlm, lm, bench
 - ``p2ptrain.testing``      fault-injecting workloads used by the tests
 """
 

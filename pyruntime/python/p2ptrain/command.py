@@ -59,6 +59,7 @@ def run_job(job, factory, config=None, threads=0):
         include=_field(job, "include", list, required=False, default=[]),
         exclude=_field(job, "exclude", list, required=False, default=[]),
         device=_field(job, "device", str, required=False, default="auto"),
+        precision=_field(job, "precision", str, required=False, default="fp32"),
         threads=_field(job, "threads", int, required=False, default=threads) or threads,
         seed=seed,
     )

@@ -44,19 +44,81 @@ def seed_everything(seed):
 
 
 def pick_device(want):
+    """The torch device for workload.device: "auto" (cuda when available), "cpu", "cuda",
+    "cuda:N". Errors name the setting, so that a node reports them at start-up."""
     if want in (None, "", "auto"):
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     try:
         dev = torch.device(want)
     except (RuntimeError, ValueError) as e:
-        raise BadRequest(f"device {want!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise BadRequest(f"device {want!r} requested but torch.cuda.is_available() is false")
+        raise BadRequest(f"workload.device {want!r} is not a device torch knows: {e}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BadRequest(
+                f"workload.device {want!r} requested but torch.cuda.is_available() is false on this machine "
+                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}); use 'cpu' or 'auto'"
+            )
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise BadRequest(f"workload.device {want!r}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        # mps, xpu, ...: allowed when torch can allocate there.
+        try:
+            torch.empty(1, device=dev)
+        except Exception as e:
+            raise BadRequest(f"workload.device {want!r} is not usable: {type(e).__name__}: {e}") from None
     return dev
 
 
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision, device):
+    """The autocast dtype for workload.precision on device (None for fp32)."""
+    precision = precision or "fp32"
+    if precision not in PRECISIONS:
+        raise BadRequest(f"workload.precision {precision!r} is not one of fp32, bf16, fp16")
+    dtype = PRECISIONS[precision]
+    if precision == "fp16" and device.type != "cuda":
+        raise BadRequest(
+            f"workload.precision 'fp16' needs a CUDA device, and the workload runs on {device} "
+            f"(workload.device); use bf16 or fp32 on a CPU"
+        )
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise BadRequest(
+            f"workload.precision 'bf16': {torch.cuda.get_device_name(device)} does not support bfloat16; use fp16"
+        )
+    return dtype
+
+
+def device_info(device):
+    """Name and memory of the device, for the node's /status."""
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return {"device_name": p.name, "device_memory_bytes": int(p.total_memory)}
+    if device.type == "cpu":
+        name = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        mem = 0
+        try:
+            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            pass
+        return {"device_name": name or "cpu", "device_memory_bytes": int(mem)}
+    return {"device_name": str(device), "device_memory_bytes": 0}
+
+
 class Session:
-    def __init__(self, factory, config=None, include=(), exclude=(), device="auto", threads=0, seed=0):
+    def __init__(self, factory, config=None, include=(), exclude=(), device="auto", threads=0, seed=0, precision="fp32"):
         packs.check_globs(include, exclude)
         if threads and int(threads) > 0:
             torch.set_num_threads(int(threads))
@@ -68,6 +130,8 @@ class Session:
         if device in (None, "", "auto"):
             device = self.config.get("device", "auto")
         self.device = pick_device(device)
+        self.precision = precision or "fp32"
+        self.amp_dtype = check_precision(self.precision, self.device)
         self.workload.device = self.device
         self._build(self.seed)
 
@@ -95,6 +159,8 @@ class Session:
             "python": sys.version.split()[0],
             "torch": torch.__version__,
             "device": str(self.device),
+            "precision": self.precision,
+            **device_info(self.device),
             "layout_hash": self.spec.layout_hash,
             "param_count": self.spec.param_count,
         }
@@ -136,16 +202,41 @@ class Session:
             raise WorkloadError(f"build_optimizer() returned {type(opt).__name__}, not a torch.optim.Optimizer")
         return opt
 
+    def _autocast(self):
+        """Mixed precision for workload.precision bf16/fp16; nothing for fp32."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _scaler(self):
+        """A GradScaler for fp16 (whose gradients underflow without one); None otherwise."""
+        if self.amp_dtype is not torch.float16:
+            return None
+        if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+            return torch.amp.GradScaler("cuda")
+        return torch.cuda.amp.GradScaler()
+
     def _step(self, opt, batch):
         w = self.workload
         with user_code("to_device()"):
             batch = w.to_device(batch, self.device)
         opt.zero_grad(set_to_none=True)
-        with user_code("loss()"):
+        with user_code("loss()"), self._autocast():
             loss = w.loss(self.model, batch)
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise WorkloadError(f"loss() must return a scalar tensor, got {type(loss).__name__}")
         return loss, batch
+
+    @staticmethod
+    def _update(opt, loss, scaler):
+        with user_code("backward()/optimizer.step()"):
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)  # skipped when the scaled gradients overflowed
+                scaler.update()
 
     def train(self, base, shards, steps, seed, opt_in=None, opt_out=None, out=None):
         if base:
@@ -158,6 +249,9 @@ class Session:
         model.train()
         batches = self._batches(shards)
         on_cpu = self.device.type == "cpu"
+        scaler = self._scaler()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         losses, pending = [], []
         samples = 0
         t0 = time.perf_counter()
@@ -171,9 +265,7 @@ class Session:
             else:
                 # Avoid a device sync per step: check every 32 steps and at the end.
                 pending.append(loss.detach().float().reshape(()))
-            with user_code("backward()/optimizer.step()"):
-                loss.backward()
-                opt.step()
+            self._update(opt, loss, scaler)
             with user_code("count_samples()"):
                 samples += int(w.count_samples(batch))
             if pending and (len(pending) == 32 or step == steps - 1):
@@ -190,6 +282,10 @@ class Session:
         if opt_out:
             optstate.save(opt, opt_out)
         metrics = {"samples_per_second": samples / seconds if seconds > 0 else 0.0}
+        if self.device.type == "cuda":
+            metrics["device_max_memory_allocated_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
+        if scaler is not None:
+            metrics["grad_scale"] = float(scaler.get_scale())
         lr = opt.param_groups[0].get("lr") if opt.param_groups else None
         if isinstance(lr, (int, float)):
             metrics["lr"] = float(lr)
@@ -208,7 +304,7 @@ class Session:
             self.load(pack)
         self.model.eval()
         try:
-            with torch.no_grad(), user_code("evaluate()"):
+            with torch.no_grad(), user_code("evaluate()"), self._autocast():
                 m = self.workload.evaluate(self.model)
         finally:
             self.model.train()
@@ -225,13 +321,12 @@ class Session:
             seed_everything(self.seed)
             opt = self._optimizer()
             batches = self._batches(shards)
+            scaler = self._scaler()
             samples, seconds = 0, 0.0
             for i in range(steps + 1):
                 t0 = time.perf_counter()
                 loss, batch = self._step(opt, next(batches))
-                with user_code("backward()/optimizer.step()"):
-                    loss.backward()
-                    opt.step()
+                self._update(opt, loss, scaler)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
                 if i > 0:  # the first step warms up allocators and kernels

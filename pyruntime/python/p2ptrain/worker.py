@@ -130,6 +130,7 @@ class Worker:
         device = _str(params, "device", required=False) or "auto"
         threads = _int(params, "threads", required=False)
         seed = _int(params, "seed", required=False)
+        precision = _str(params, "precision", required=False) or "fp32"
         try:
             import torch  # noqa: F401
         except Exception as e:
@@ -138,7 +139,7 @@ class Worker:
             raise WorkloadError(f"torch is not importable by {sys.executable}: {type(e).__name__}: {e}") from e
         from .session import Session
 
-        self.session = Session(factory, config, include, exclude, device, threads, seed)
+        self.session = Session(factory, config, include, exclude, device, threads, seed, precision)
         result = {"protocol_version": max(common), "capabilities": list(CAPABILITIES)}
         result.update(self.session.info())
         return result

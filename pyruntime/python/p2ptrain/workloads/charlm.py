@@ -42,7 +42,8 @@ def corpus(limit):
                 continue
             try:
                 with open(os.path.join(dirpath, fn), "rb") as f:
-                    data = f.read(limit - total)
+                    # f.read(n) allocates n bytes up front: read the file, then cut.
+                    data = f.read()[: limit - total]
             except OSError:
                 continue
             out.append(data)

@@ -1,0 +1,441 @@
+//go:build wan
+
+package e2e
+
+// WAN tests: nodes in network namespaces on rate-limited links (internal/wan). They need
+// root, ip and tc, and take minutes, so they sit behind the wan build tag:
+//
+//	make wan          the swarm on home uplinks, a table per trainer and round
+//	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink, both yamux frame sizes
+//
+// Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
+// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_SIZE_MB (40), WAN_REPS (2).
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/wan"
+	"github.com/p2pnode/p2pnode/node"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envFloat(name string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// newLab builds the lab or fails the test with the reason (never skips: `make wan` was
+// asked for, and a missing prerequisite must say so).
+func newLab(t *testing.T, specs []wan.Spec) *wan.Lab {
+	t.Helper()
+	lab, err := wan.New(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Close(); err != nil {
+			t.Errorf("remove the lab: %v", err)
+		}
+		for _, ns := range wan.Namespaces() {
+			if strings.HasPrefix(ns, fmt.Sprintf("%s%d-", wan.NamePrefix, os.Getpid())) {
+				t.Errorf("namespace %s left behind", ns)
+			}
+		}
+	})
+	return lab
+}
+
+// ---- helper processes: the test binary run again inside a namespace ----
+
+const helperEnv = "P2PWAN_HELPER"
+
+// TestWANHelper is not a test: the goodput test runs the test binary in a namespace with
+// P2PWAN_HELPER=holder or fetcher, and this is what it does there.
+func TestWANHelper(t *testing.T) {
+	switch os.Getenv(helperEnv) {
+	case "":
+		t.Skip("helper process of the WAN tests")
+	case "holder":
+		wanHolder(t)
+	case "fetcher":
+		wanFetcher(t)
+	}
+}
+
+func helperHost(t *testing.T, listen []string, maxMessage uint32) host.Host {
+	opts := []libp2p.Option{
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Muxer(yamux.ID, node.Yamux(maxMessage)),
+	}
+	if len(listen) > 0 {
+		opts = append(opts, libp2p.ListenAddrStrings(listen...))
+	} else {
+		opts = append(opts, libp2p.NoListenAddrs)
+	}
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func goodputData(size int) []byte {
+	b := make([]byte, size)
+	rand.NewChaCha8([32]byte{'w', 'a', 'n'}).Read(b)
+	return b
+}
+
+// wanHolder stores the artifact, serves it with the artifact protocol on :4001 and as a
+// raw TCP stream on :4002 (the baseline), prints READY <addr> <artifact id> and serves
+// until stdin closes.
+func wanHolder(t *testing.T) {
+	size := envInt("WAN_SIZE_MB", 40) * 1_000_000
+	maxMsg, _ := strconv.Atoi(os.Getenv("P2PWAN_MAXMSG"))
+	addr := os.Getenv("P2PWAN_ADDR")
+	data := goodputData(size)
+	store, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := store.PutBytes(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := helperHost(t, []string{"/ip4/" + addr + "/tcp/4001"}, uint32(maxMsg))
+	defer h.Close()
+	x := artifact.NewExchange(h, store, artifact.ExchangeOptions{})
+	defer x.Close()
+	ln, err := net.Listen("tcp", addr+":4002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				c.Write(data)
+				c.Close()
+			}()
+		}
+	}()
+	fmt.Printf("READY /ip4/%s/tcp/4001/p2p/%s %s\n", addr, h.ID(), id)
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// wanFetcher fetches the holder's artifact (or, with P2PWAN_RAW, reads its raw stream) and
+// prints FETCHED <bytes> <seconds>.
+func wanFetcher(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if raw := os.Getenv("P2PWAN_RAW"); raw != "" {
+		c, err := net.Dial("tcp", raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		n, err := io.Copy(io.Discard, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("FETCHED %d %.6f\n", n, time.Since(start).Seconds())
+		return
+	}
+	maxMsg, _ := strconv.Atoi(os.Getenv("P2PWAN_MAXMSG"))
+	ai, err := peer.AddrInfoFromString(os.Getenv("P2PWAN_HOLDER"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := artifact.Parse(os.Getenv("P2PWAN_ARTIFACT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := helperHost(t, nil, uint32(maxMsg))
+	defer h.Close()
+	if err := h.Connect(ctx, *ai); err != nil {
+		t.Fatal(err)
+	}
+	store, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := artifact.NewExchange(h, store, artifact.ExchangeOptions{})
+	defer x.Close()
+	start := time.Now()
+	if err := x.Fetch(ctx, id, ai.ID); err != nil {
+		t.Fatal(err)
+	}
+	secs := time.Since(start).Seconds()
+	m, err := store.Manifest(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("FETCHED %d %.6f\n", m.Size, secs)
+}
+
+// helper runs the test binary in n's namespace as role; it returns the process and a
+// reader of its stdout.
+func helper(t *testing.T, n *wan.Node, role string, env ...string) (*exec.Cmd, *bufio.Scanner, io.WriteCloser) {
+	t.Helper()
+	cmd := n.Command(os.Args[0], "-test.run=^TestWANHelper$", "-test.v=false")
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+role, "P2PWAN_ADDR="+n.Addr), env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd, bufio.NewScanner(stdout), stdin
+}
+
+// expectLine reads lines until one starts with prefix and returns its fields.
+func expectLine(t *testing.T, sc *bufio.Scanner, prefix string) []string {
+	t.Helper()
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) > 0 && f[0] == prefix {
+			return f[1:]
+		}
+	}
+	t.Fatalf("helper ended without a %s line", prefix)
+	return nil
+}
+
+// TestWANGoodput: a 40 MB artifact over the holder's 20 Mbit/s uplink. Per repetition it
+// measures a raw TCP stream of the same bytes (the same-run baseline: what the shaped link
+// gives any TCP flow), then the artifact protocol with yamux's default 64 KiB frames and
+// with 65 519-byte frames (one Noise message per frame). Reports goodput as a share of the
+// link rate and of the raw stream, and the bytes on the holder's wire per payload byte.
+func TestWANGoodput(t *testing.T) {
+	up := envFloat("WAN_UP_MBIT", 20)
+	reps := envInt("WAN_REPS", 2)
+	lab := newLab(t, []wan.Spec{{Name: "holder", Link: wan.Link{UpMbit: up, DownMbit: envFloat("WAN_DOWN_MBIT", 100)}}, {Name: "fetcher"}})
+	holder, fetcher := lab.Nodes[0], lab.Nodes[1]
+	type result struct{ goodput, wire []float64 }
+	ways := []struct {
+		name   string
+		maxMsg uint32
+		raw    bool
+	}{{"raw TCP stream (baseline)", 0, true}, {"protocol, yamux frames 65536 (default)", 65536, false}, {"protocol, yamux frames 65519", 65519, false}}
+	results := make([]result, len(ways))
+	for range reps {
+		for i, w := range ways {
+			_, hsc, hin := helper(t, holder, "holder", fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg))
+			ready := expectLine(t, hsc, "READY")
+			before, err := holder.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + ready[0], "P2PWAN_ARTIFACT=" + ready[1]}
+			if w.raw {
+				env = append(env, "P2PWAN_RAW="+holder.Addr+":4002")
+			}
+			fcmd, fsc, _ := helper(t, fetcher, "fetcher", env...)
+			got := expectLine(t, fsc, "FETCHED")
+			fcmd.Wait()
+			after, err := holder.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			hin.Close()
+			bytes, _ := strconv.ParseFloat(got[0], 64)
+			secs, _ := strconv.ParseFloat(got[1], 64)
+			results[i].goodput = append(results[i].goodput, bytes*8/secs/1e6)
+			results[i].wire = append(results[i].wire, float64(after.Sub(before).TxBytes)/bytes)
+		}
+	}
+	med := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return (s[len(s)/2] + s[(len(s)-1)/2]) / 2
+	}
+	raw := med(results[0].goodput)
+	fmt.Printf("\n%d MB over a %.0f Mbit/s uplink (tbf), median of %d\n", envInt("WAN_SIZE_MB", 40), up, reps)
+	fmt.Printf("%-42s %10s %10s %10s %12s\n", "way", "Mbit/s", "% of link", "vs raw", "wire B/B")
+	best := 0.0
+	for i, w := range ways {
+		g := med(results[i].goodput)
+		fmt.Printf("%-42s %10.2f %9.1f%% %10.3f %12.4f\n", w.name, g, 100*g/up, g/raw, med(results[i].wire))
+		if !w.raw {
+			best = max(best, g)
+		}
+	}
+	// The artifact protocol must deliver nearly what the link gives any TCP flow.
+	if best < 0.9*raw {
+		t.Fatalf("protocol goodput %.2f Mbit/s is below 0.9 × the raw stream's %.2f Mbit/s on the same link", best, raw)
+	}
+}
+
+// ---- the swarm on home uplinks ----
+
+var (
+	trainedLine = regexp.MustCompile(`msg=trained .*round=(\d+) .*train_seconds=([\d.]+)`)
+	headLine    = regexp.MustCompile(`(?m)^round\s+(\d+)/`)
+)
+
+// TestWANSwarm runs the digits swarm with each node in its own namespace: the validator
+// unshaped (a datacentre node), each trainer on a home link (20 Mbit/s up, 100 down). It
+// prints, per trainer and round, the bytes on the trainer's wire (interface counters), its
+// training seconds and the round's wall time, and the compute utilization (training seconds
+// / wall seconds) over the run.
+func TestWANSwarm(t *testing.T) {
+	trainers := envInt("WAN_TRAINERS", 3)
+	rounds := envInt("WAN_ROUNDS", 4)
+	codec := os.Getenv("WAN_CODEC")
+	if codec == "" {
+		codec = "sparse"
+	}
+	specs := []wan.Spec{{Name: "validator"}}
+	for i := 1; i <= trainers; i++ {
+		specs = append(specs, wan.Spec{Name: fmt.Sprintf("trainer-%d", i),
+			Link: wan.Link{UpMbit: envFloat("WAN_UP_MBIT", 20), DownMbit: envFloat("WAN_DOWN_MBIT", 100)}})
+	}
+	lab := newLab(t, specs)
+	dir := t.TempDir()
+	vaddr := lab.Nodes[0].Addr
+	procs := swarm(t, dir, trainers, rounds, func(name string, c *config.Config) {
+		i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == name })
+		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", lab.Nodes[i].Addr)}
+		c.Node.MDNS = false
+		for j, b := range c.Node.Bootstrap {
+			_, id, _ := strings.Cut(b, "/p2p/")
+			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", vaddr, id)
+		}
+		c.Protocol.Codec = codec
+		if codec == "sparse" {
+			c.Protocol.DiLoCo.Momentum = 0
+		}
+	})
+	requirePython(t, procs[0].Cfg.Workload.Interpreter)
+	for i, p := range procs {
+		p.Wrap = []string{"ip", "netns", "exec", lab.Nodes[i].NS}
+		p.Start()
+	}
+	type sample struct {
+		at    time.Time
+		bytes []wan.Counters
+	}
+	counters := func() []wan.Counters {
+		var out []wan.Counters
+		for _, n := range lab.Nodes[1:] {
+			c, err := n.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, c)
+		}
+		return out
+	}
+	heads := map[int]sample{}
+	deadline := time.Now().Add(time.Duration(rounds)*2*time.Minute + 3*time.Minute)
+	for len(heads) <= rounds {
+		if time.Now().After(deadline) {
+			t.Fatalf("the swarm reached %d of %d rounds in time", len(heads)-1, rounds)
+		}
+		for _, m := range headLine.FindAllStringSubmatch(procs[0].Output(), -1) {
+			r, _ := strconv.Atoi(m[1])
+			if _, ok := heads[r]; !ok {
+				heads[r] = sample{at: time.Now(), bytes: counters()}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, p := range procs {
+		if err := p.Wait(2 * time.Minute); err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
+		}
+	}
+	// The fp32 size of the model: the genesis params pack.
+	stores, err := node.OpenStores(procs[0].Cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip, err := stores.ResolveHead("latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, h, err := stores.Heads.Get(tip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := h.ParamsID()
+	pm, err := stores.Artifacts.Manifest(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	modelBytes := pm.Size
+
+	fmt.Printf("\nWAN swarm: %d trainers, %s, %d rounds, links %.0f/%.0f Mbit/s up/down, fp32 model %d bytes\n",
+		trainers, codec, rounds, envFloat("WAN_UP_MBIT", 20), envFloat("WAN_DOWN_MBIT", 100), modelBytes)
+	fmt.Printf("%-10s %5s %12s %12s %9s %9s %9s %9s %6s\n", "trainer", "round", "sent B", "received B", "sent %", "recv %", "train s", "round s", "util")
+	for ti, p := range procs[1:] {
+		train := map[int]float64{}
+		for _, m := range trainedLine.FindAllStringSubmatch(p.Logs(), -1) {
+			r, _ := strconv.Atoi(m[1])
+			s, _ := strconv.ParseFloat(m[2], 64)
+			train[r] += s
+		}
+		var sumTrain float64
+		var sumSent uint64
+		for r := 1; r <= rounds; r++ {
+			d := heads[r].bytes[ti].Sub(heads[r-1].bytes[ti])
+			wall := heads[r].at.Sub(heads[r-1].at).Seconds()
+			sumTrain += train[r]
+			sumSent += d.TxBytes
+			fmt.Printf("%-10s %5d %12d %12d %8.1f%% %8.1f%% %9.2f %9.2f %5.0f%%\n", p.Name, r, d.TxBytes, d.RxBytes,
+				100*float64(d.TxBytes)/float64(modelBytes), 100*float64(d.RxBytes)/float64(modelBytes), train[r], wall, 100*train[r]/wall)
+			if d.TxBytes == 0 || d.RxBytes == 0 {
+				t.Errorf("%s round %d: no bytes on its wire", p.Name, r)
+			}
+		}
+		wall := heads[rounds].at.Sub(heads[0].at).Seconds()
+		fmt.Printf("%-10s %5s %12d %12s %9s %9s %9.2f %9.2f %5.0f%%\n", p.Name, "all", sumSent, "", "", "", sumTrain, wall, 100*sumTrain/wall)
+		if sumTrain == 0 {
+			t.Errorf("%s logged no training", p.Name)
+		}
+	}
+}

@@ -1,0 +1,222 @@
+package round
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"testing"
+
+	"github.com/ipfs/go-cid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/pack"
+)
+
+// A trainer on the sparse codec sends ≤ 1 % of its pseudo-gradient's coordinates per block
+// and keeps the rest: residual + decoded = the true delta. A second window adds the
+// residual back (the residual carries over), and a change of codec settings or of the
+// model's layout starts it again from zeros.
+func TestSparseTrainerKeepsResidual(t *testing.T) {
+	f := newFixture(t, dilocoPolicy)
+	tr := f.trainer(diloco.Sparse)
+	tr.SparseBlock, tr.SparseTopK = 64, 2
+	res, err := tr.Train(context.Background(), f.gen, []uint32{0, 1}, 5, 7)
+	require.NoError(t, err)
+	require.NotEmpty(t, tr.Residual)
+	require.Equal(t, ResidualTag(diloco.Sparse, 64, 2, f.gen.LayoutHash), tr.ResidualTag)
+
+	b, err := f.store.ReadAll(res.Delta)
+	require.NoError(t, err)
+	enc, err := ParseDelta(b, f.gen.LayoutHash, len(tr.Residual))
+	require.NoError(t, err)
+	require.Equal(t, diloco.Sparse, enc.Codec)
+	dec := make([]float32, enc.N)
+	require.NoError(t, diloco.Decode(enc, dec, 1))
+	nonZero := 0
+	var sumSq float64
+	for i, v := range dec {
+		if v != 0 {
+			nonZero++
+		}
+		x := float64(v) + float64(tr.Residual[i])
+		sumSq += x * x
+	}
+	blocks := (enc.N + 63) / 64
+	require.LessOrEqual(t, nonZero, 2*blocks)
+	require.Greater(t, nonZero, 0)
+	require.InDelta(t, res.DeltaNorm, math.Sqrt(sumSq), 1e-4*res.DeltaNorm, "decoded + residual is the delta")
+
+	first := append([]float32(nil), tr.Residual...)
+	_, err = tr.Train(context.Background(), f.gen, []uint32{2}, 5, 8)
+	require.NoError(t, err)
+	require.NotEqual(t, first, tr.Residual)
+
+	tr.SparseTopK = 3 // a new setting: the old remainder means nothing to it
+	tr.Residual = first
+	_, err = tr.Train(context.Background(), f.gen, []uint32{3}, 5, 9)
+	require.NoError(t, err)
+	require.Equal(t, ResidualTag(diloco.Sparse, 64, 3, f.gen.LayoutHash), tr.ResidualTag)
+
+	// fp32 has no error feedback and leaves the residual alone.
+	tr.Codec = diloco.FP32
+	kept := append([]float32(nil), tr.Residual...)
+	_, err = tr.Train(context.Background(), f.gen, []uint32{4}, 5, 9)
+	require.NoError(t, err)
+	require.Equal(t, kept, tr.Residual)
+}
+
+func TestResidualTagResetRules(t *testing.T) {
+	base := ResidualTag(diloco.Sparse, 4096, 64, "L")
+	require.Equal(t, base, ResidualTag(diloco.Sparse, 0, 0, "L"), "defaults spelled out or not")
+	for _, other := range []string{
+		ResidualTag(diloco.Sparse, 2048, 64, "L"),
+		ResidualTag(diloco.Sparse, 4096, 32, "L"),
+		ResidualTag(diloco.Sparse, 4096, 64, "M"),
+		ResidualTag(diloco.Int8, 4096, 0, "L"),
+	} {
+		require.NotEqual(t, base, other)
+	}
+}
+
+func TestResidualFileRoundTrip(t *testing.T) {
+	r := []float32{1, -0.5, 0, 3e-8}
+	b, err := EncodeResidual(r, "sparse/4096/64/L")
+	require.NoError(t, err)
+	got, tag, err := ParseResidual(b)
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+	require.Equal(t, "sparse/4096/64/L", tag)
+
+	nan, err := EncodeResidual([]float32{1, float32(math.NaN())}, "t")
+	require.NoError(t, err)
+	_, _, err = ParseResidual(nan)
+	require.ErrorContains(t, err, "element 1 is NaN")
+
+	var other bytes.Buffer
+	require.NoError(t, pack.Write(&other, []pack.Tensor{{Name: "residual", DType: pack.F32, Shape: []int64{1}, Data: make([]byte, 4)}}, map[string]string{"format": "p2ptrain-pack/1"}))
+	_, _, err = ParseResidual(other.Bytes())
+	require.ErrorContains(t, err, "p2ptrain-residual/1")
+	_, _, err = ParseResidual(pack.Float32Bytes(r)) // the raw bytes an older node wrote
+	require.Error(t, err)
+}
+
+func FuzzParseResidual(f *testing.F) {
+	b, _ := EncodeResidual([]float32{1, 2, 3}, "sparse/4096/64/L")
+	f.Add(b)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, _, err := ParseResidual(b)
+		if err != nil {
+			return
+		}
+		for i, v := range r {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				t.Fatalf("element %d is %v", i, v)
+			}
+		}
+	})
+}
+
+// A sparse contribution whose index is corrupt (positions out of order) is rejected as
+// malformed with its artifact named, never merged; the honest ones are.
+func TestMergeRejectsMalformedSparse(t *testing.T) {
+	f := newFixture(t, dilocoPolicy)
+	honest := f.candidates(t, diloco.Sparse, map[string][]uint32{"a": {0, 1}, "b": {2}})
+	b, err := f.store.ReadAll(honest[0].Delta)
+	require.NoError(t, err)
+	n := 0
+	{
+		id, err := f.gen.ParamsID()
+		require.NoError(t, err)
+		p, err := pack.Load(f.store.BlobPath(id))
+		require.NoError(t, err)
+		n = len(p.Values)
+		p.Close()
+	}
+	enc, err := ParseDelta(b, f.gen.LayoutHash, n)
+	require.NoError(t, err)
+	bad := enc
+	bad.Index = append([]byte(nil), enc.Index...)
+	// Flip the last index byte: the last block's upper bitmap and padding, so it no longer
+	// holds exactly k positions with zero padding (checked below with diloco.Decode).
+	bad.Index[len(bad.Index)-1] ^= 0xff
+	id, err := StoreDelta(f.store, bad, f.gen.LayoutHash)
+	require.NoError(t, err)
+	cands := append(honest, Candidate{Peer: "z-bad", Delta: id, Samples: 10, Microshards: []uint32{5}})
+	out, err := (&Merger{Store: f.store, Policy: dilocoPolicy}).Merge(context.Background(), f.genID, f.gen, cands)
+	require.NoError(t, err)
+	require.Len(t, out.Rejected, 1)
+	require.Equal(t, "z-bad", out.Rejected[0].Peer)
+	require.Equal(t, "malformed", out.Rejected[0].Reason)
+	require.Contains(t, out.Rejected[0].Detail, id.String())
+	require.ErrorIs(t, diloco.Decode(bad, make([]float32, n), 1), diloco.ErrMalformed)
+	require.Len(t, out.Head.Contributions, 2)
+}
+
+// A trainer that holds the base head's artifacts and the round's (sparse) contributions
+// rebuilds the next head's parameters and outer state bit for bit — two rounds running, so
+// the second starts from a momentum it rebuilt itself — without the dense downloads; a head
+// that does not match what its contributions give is refused and leaves nothing behind.
+func TestRebuildMatchesTheMerge(t *testing.T) {
+	f := newFixture(t, dilocoPolicy)
+	m := &Merger{Store: f.store, Policy: dilocoPolicy}
+	own, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
+	require.NoError(t, err)
+	copyIn := func(b []byte) {
+		id, err := cid.Cast(b)
+		require.NoError(t, err)
+		data, err := f.store.ReadAll(id)
+		require.NoError(t, err)
+		got, err := own.PutBytes(data)
+		require.NoError(t, err)
+		require.True(t, got.Equals(id))
+	}
+	copyIn(f.gen.Params)
+	rebuilder := &Merger{Store: own, Policy: dilocoPolicy}
+
+	baseID, base := f.genID, f.gen
+	for r := 1; r <= 2; r++ {
+		var cands []Candidate
+		for i, p := range []string{"a", "b", "c"} {
+			tr := f.trainer(diloco.Sparse)
+			res, err := tr.Train(context.Background(), base, []uint32{uint32(3*(r-1) + i)}, 5, int64(r))
+			require.NoError(t, err)
+			cands = append(cands, Candidate{Peer: p, Delta: res.Delta, Samples: res.Samples, Microshards: []uint32{uint32(3*(r-1) + i)}})
+		}
+		out, err := m.Merge(context.Background(), baseID, base, cands)
+		require.NoError(t, err)
+		next := out.Head
+		require.False(t, own.Has(mustCast(t, next.Params)))
+		err = rebuilder.Rebuild(context.Background(), baseID, base, next)
+		require.ErrorIs(t, err, artifact.ErrNotFound, "contributions not fetched yet")
+		for _, c := range next.Contributions {
+			copyIn(c.Artifact)
+		}
+
+		tampered := *next
+		tampered.Contributions = append([]chain.Contribution(nil), next.Contributions...)
+		tampered.Contributions[0].Weight *= 2
+		before, err := own.List()
+		require.NoError(t, err)
+		require.ErrorIs(t, rebuilder.Rebuild(context.Background(), baseID, base, &tampered), ErrMismatch)
+		after, err := own.List()
+		require.NoError(t, err)
+		require.ElementsMatch(t, before, after, "a failed rebuild leaves nothing behind")
+
+		require.NoError(t, rebuilder.Rebuild(context.Background(), baseID, base, next))
+		require.True(t, own.Has(mustCast(t, next.Params)))
+		require.True(t, own.Has(mustCast(t, next.OuterState)))
+		require.NoError(t, own.Verify(mustCast(t, next.Params)))
+		baseID, base = out.ID, next
+	}
+}
+
+func mustCast(t *testing.T, b []byte) cid.Cid {
+	t.Helper()
+	id, err := cid.Cast(b)
+	require.NoError(t, err)
+	return id
+}
