@@ -52,10 +52,16 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("open artifact store %s: %w", dir, err)
 		}
 	}
-	// Left-over temporary files belong to writes that never committed.
+	// Left-over temporary files belong to writes that never committed: whole artifacts
+	// in tmp/, manifests being renamed into manifests/ and partial/.
 	if ents, err := os.ReadDir(filepath.Join(dir, "tmp")); err == nil {
 		for _, e := range ents {
 			os.Remove(filepath.Join(dir, "tmp", e.Name()))
+		}
+	}
+	for _, sub := range []string{"manifests", "partial"} {
+		if _, err := atomicfile.RemoveTemps(filepath.Join(dir, sub)); err != nil {
+			return nil, fmt.Errorf("open artifact store %s: %w", dir, err)
 		}
 	}
 	return &Store{dir: dir, chunkSize: cs}, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -94,4 +96,31 @@ func TestSyncDropsStalledRequests(t *testing.T) {
 		require.LessOrEqual(t, d, deadline+time.Second, "%s: stream held %v, deadline %v", name, d, deadline)
 	}
 	t.Logf("stalled head-sync streams held at most %v (deadline %v)", held, deadline)
+}
+
+// A head being written when the process died leaves a temporary file; the store removes
+// it when it opens and keeps the heads.
+func TestOpenStoreRemovesTempFiles(t *testing.T) {
+	dir := t.TempDir()
+	st, err := OpenStore(dir)
+	require.NoError(t, err)
+	k, _ := key(t)
+	h := testHead(0, nil)
+	b, err := h.Encode()
+	require.NoError(t, err)
+	id, err := h.ID()
+	require.NoError(t, err)
+	sig, err := Sign(k, id)
+	require.NoError(t, err)
+	_, err = st.Put(&SignedHead{Head: b, Sigs: []Signature{sig}})
+	require.NoError(t, err)
+	leak := filepath.Join(dir, "."+id.String()+".tmp1234")
+	require.NoError(t, os.WriteFile(leak, []byte("half a head"), 0o644))
+
+	st, err = OpenStore(dir)
+	require.NoError(t, err)
+	require.NoFileExists(t, leak)
+	_, got, err := st.Get(id)
+	require.NoError(t, err)
+	require.Equal(t, h.Round, got.Round)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -16,6 +17,21 @@ import (
 // ErrUnavailable is returned for a dataset file that is neither in the artifact store nor
 // in the dataset directory, and that no Fetcher could get.
 var ErrUnavailable = errors.New("dataset file unavailable")
+
+// ShardError is a microshard that could not be made available; it names the microshard
+// and wraps the cause (artifact.ErrCorrupt for a file whose bytes do not match its CID,
+// ErrUnavailable for one nobody could provide). A trainer gives the lease back on it.
+type ShardError struct {
+	Index int     // the microshard's index in the plan
+	ID    cid.Cid // the microshard's id
+	Err   error
+}
+
+func (e *ShardError) Error() string {
+	return fmt.Sprintf("microshard %d (%s): %v", e.Index, e.ID, e.Err)
+}
+
+func (e *ShardError) Unwrap() error { return e.Err }
 
 // Fetcher gets an artifact into the artifact store from elsewhere (peers, a URL). It
 // returns nil only once the store holds the complete, verified artifact.
@@ -33,6 +49,7 @@ type ShardStore struct {
 	m     *Manifest
 	ids   []cid.Cid
 	fetch Fetcher
+	log   *slog.Logger
 }
 
 // NewShardStore serves m's files from store, importing them from root (the dataset
@@ -49,8 +66,11 @@ func NewShardStore(store *artifact.Store, root string, m *Manifest, fetch Fetche
 	if err != nil {
 		return nil, fmt.Errorf("new shard store: %w", err)
 	}
-	return &ShardStore{store: store, root: root, m: m, ids: ids, fetch: fetch}, nil
+	return &ShardStore{store: store, root: root, m: m, ids: ids, fetch: fetch, log: slog.New(slog.DiscardHandler)}, nil
 }
+
+// SetLogger sets where the store reports files it had to replace (default: nowhere).
+func (s *ShardStore) SetLogger(l *slog.Logger) { s.log = l }
 
 // Paths returns the paths of ms's files in the artifact store, importing or fetching the
 // ones it does not hold yet. The paths are read-only blob files named by CID, not by the
@@ -62,7 +82,7 @@ func (s *ShardStore) Paths(ctx context.Context, ms Microshard) ([]string, error)
 	paths := make([]string, len(ms.Files))
 	for k, i := range ms.Files {
 		if err := s.ensure(ctx, i); err != nil {
-			return nil, fmt.Errorf("microshard %d (%s): %w", ms.Index, ms.ID, err)
+			return nil, &ShardError{Index: ms.Index, ID: ms.ID, Err: err}
 		}
 		paths[k] = s.store.BlobPath(s.ids[i])
 	}
@@ -114,15 +134,25 @@ func (s *ShardStore) ImportAll(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// ensure gets file i into the artifact store: already there, else from the dataset
-// directory, else through the Fetcher.
+// ensure gets file i into the artifact store: already there (and still intact), else
+// from the dataset directory, else through the Fetcher.
 func (s *ShardStore) ensure(ctx context.Context, i int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	f, id := s.m.Files[i], s.ids[i]
 	if s.store.Has(id) {
-		return nil
+		// The blob is what the workload reads: checked again on every use (microshards are
+		// small next to a round's training), so bytes that rotted on disk since they were
+		// stored are replaced instead of failing every lease of this microshard.
+		err := s.store.Verify(id)
+		if err == nil {
+			return nil
+		}
+		if rerr := s.store.Remove(id); rerr != nil {
+			return fmt.Errorf("dataset file %q (%s) is damaged in the store (%v) and cannot be removed: %w", f.Path, id, err, rerr)
+		}
+		s.log.Warn("dataset file damaged in the store: getting it again", "file", f.Path, "cid", id.String(), "err", err)
 	}
 	err := s.importLocal(i)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {

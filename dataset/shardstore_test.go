@@ -282,3 +282,91 @@ func distinctCIDs(msg string) map[string]bool {
 	}
 	return ids
 }
+
+// A microshard whose bytes rotted in the store after it was stored is not served: it is
+// imported again from the dataset directory or fetched again from peers, and when neither
+// can provide it the error is a ShardError naming the microshard and the file's CID.
+func TestPathsReplacesShardsDamagedInTheStore(t *testing.T) {
+	tests := []struct {
+		name      string
+		root      bool
+		fetcher   bool
+		wantFetch bool
+		wantErr   error
+	}{
+		{"imported again from the dataset directory", true, true, false, nil},
+		{"fetched again from peers", false, true, true, nil},
+		{"nowhere to get it again", false, false, false, ErrUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir, m, plan := newFixture(t)
+			ms := plan.Shards[0]
+			peer := openStore(t)
+			local := openStore(t)
+			for _, f := range m.Files {
+				for _, s := range []*artifact.Store{peer, local} {
+					if _, err := s.PutFile(filepath.Join(dir, filepath.FromSlash(f.Path))); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// The stored copy of the microshard's first file rots.
+			bad := m.Files[ms.Files[0]]
+			id, err := cid.Decode(bad.CID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blob := local.BlobPath(id)
+			b, err := os.ReadFile(blob)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/3] ^= 0x01
+			if err := os.Chmod(blob, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(blob, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			root := ""
+			if tt.root {
+				root = dir
+			}
+			pf := &peerFetcher{from: peer, to: local}
+			var fetch Fetcher
+			if tt.fetcher {
+				fetch = pf
+			}
+			ss, err := NewShardStore(local, root, m, fetch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			paths, err := ss.Paths(context.Background(), ms)
+			if (pf.calls > 0) != tt.wantFetch {
+				t.Fatalf("fetcher called %d times, want called=%v", pf.calls, tt.wantFetch)
+			}
+			if tt.wantErr != nil {
+				var se *ShardError
+				if !errors.As(err, &se) || se.Index != ms.Index || !se.ID.Equals(ms.ID) || !errors.Is(err, tt.wantErr) {
+					t.Fatalf("err = %v, want a ShardError for microshard %d wrapping %v", err, ms.Index, tt.wantErr)
+				}
+				if !strings.Contains(err.Error(), bad.CID) || !strings.Contains(err.Error(), ms.ID.String()) {
+					t.Fatalf("error does not name the file's CID %s and the microshard's %s: %v", bad.CID, ms.ID, err)
+				}
+				if local.Has(id) {
+					t.Fatal("the damaged copy is still in the store")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkPaths(t, m, ms, paths)
+			if err := local.Verify(id); err != nil {
+				t.Fatalf("store copy after Paths: %v", err)
+			}
+		})
+	}
+}

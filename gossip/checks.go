@@ -58,6 +58,8 @@ func (c *checker) check(k Kind, from peer.ID, data []byte) (any, *outcome) {
 		return c.checkHead(from, data)
 	case KindAttestations:
 		return c.checkAttestation(from, data)
+	case KindReleases:
+		return c.checkRelease(from, data)
 	}
 	return nil, rejectf(reasonMalformed, "no rules for topic kind %q", k)
 }
@@ -115,6 +117,22 @@ func (c *checker) checkContribution(from peer.ID, data []byte) (any, *outcome) {
 	}
 	if m.Peer != from.String() {
 		return nil, rejectf(reasonAuthorMismatch, "contribution for round %d names peer %s", m.Round, m.Peer)
+	}
+	return m, nil
+}
+
+// checkRelease admits a release only from the trainer it names: nobody can give back
+// another trainer's lease. Whether that trainer holds the lease is the leader's check.
+func (c *checker) checkRelease(from peer.ID, data []byte) (any, *outcome) {
+	m, err := DecodeRelease(data)
+	if err != nil {
+		return nil, reject(reasonMalformed, err)
+	}
+	if o := c.sameExperiment("release", m.Experiment); o != nil {
+		return nil, o
+	}
+	if m.Peer != from.String() {
+		return nil, rejectf(reasonAuthorMismatch, "release for round %d names peer %s", m.Round, m.Peer)
 	}
 	return m, nil
 }

@@ -3,13 +3,14 @@
 //
 // # Topics
 //
-// Each experiment has five topics, /p2ptrain/<network>/<experiment>/<kind>:
+// Each experiment has six topics, /p2ptrain/<network>/<experiment>/<kind>:
 //
 //	heads          *Head         a signed head (proposal or canonical)    validators only
 //	leases         *Leases       the round leader's lease grant            validators only
 //	contributions  *Contribution a trainer's result for a lease            anyone
 //	peers          *Announce     periodic "I am here"                      anyone
 //	attestations   *Attestation  a validator's signature over a head       validators only
+//	releases       *Release      a lease its trainer cannot finish         its trainer only
 //
 // New joins and subscribes all of them; Publish routes a message by its type; Messages
 // yields every message that passed validation, ours included, decoded once.

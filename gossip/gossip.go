@@ -19,7 +19,7 @@ var ErrClosed = errors.New("gossip closed")
 type Message struct {
 	From  peer.ID // the author (StrictSign-verified), not the peer that relayed it
 	Topic string
-	Msg   any // *Announce, *Leases, *Contribution, *Head or *Attestation
+	Msg   any // *Announce, *Leases, *Contribution, *Head, *Attestation or *Release
 }
 
 // Gossip is a node's GossipSub presence in one experiment: every topic joined, validated
@@ -145,6 +145,10 @@ func (g *Gossip) read(sub *pubsub.Subscription) {
 // order pubsub delivers them per topic (GossipSub itself does not keep publish order across
 // paths). It has one consumer and is closed by Close.
 func (g *Gossip) Messages() <-chan Message { return g.out }
+
+// Rejections returns how many messages from peers this node's topic validators rejected
+// (forged or malformed), by "topic/reason" (e.g. "contributions/author_mismatch").
+func (g *Gossip) Rejections() map[string]uint64 { return g.rejects.rejections() }
 
 // SetValidators replaces the set of peers allowed to publish heads, leases and
 // attestations. It applies to every message validated after it returns.

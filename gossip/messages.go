@@ -23,6 +23,9 @@ const (
 	MaxContributionBytes = 64 << 10
 	MaxHeadBytes         = chain.MaxHeadBytes + 64<<10
 	MaxAttestationBytes  = MaxAnnounceBytes
+	MaxReleaseBytes      = 4 << 10
+	// MaxReleaseReason bounds the free-text reason of a release (it ends up in logs).
+	MaxReleaseReason = 256
 
 	// MaxHeadSigs bounds the signatures carried with a head (as chain.DecodeSigned does):
 	// each costs a signature check, so the bound is also a bound on validation work.
@@ -66,6 +69,18 @@ type Contribution struct {
 	Loss        float64  `cbor:"8,keyasint"`
 	Microshards []uint32 `cbor:"9,keyasint"`
 	Seconds     float64  `cbor:"10,keyasint"`
+}
+
+// Release is a trainer giving a lease back before its deadline because it cannot finish
+// it (its worker failed, the base head cannot be fetched): the round's leader returns the
+// lease's microshards to the pool at once instead of waiting out the deadline.
+type Release struct {
+	Experiment string `cbor:"1,keyasint"`
+	Round      uint64 `cbor:"2,keyasint"`
+	Base       []byte `cbor:"3,keyasint"`
+	Lease      []byte `cbor:"4,keyasint"`
+	Peer       string `cbor:"5,keyasint"` // the lease's trainer (the message's author)
+	Reason     string `cbor:"6,keyasint,omitempty"`
 }
 
 // Head carries a signed head (a proposal or the canonical head) and, outside the signed
@@ -199,6 +214,24 @@ func DecodeContribution(b []byte) (*Contribution, error) {
 	}
 	if !slices.IsSorted(m.Microshards) {
 		return nil, fmt.Errorf("%w: contribution from %s: microshards not sorted", ErrMalformed, m.Peer)
+	}
+	return &m, nil
+}
+
+// DecodeRelease decodes and schema-checks a lease release.
+func DecodeRelease(b []byte) (*Release, error) {
+	var m Release
+	if err := decode(b, MaxReleaseBytes, &m); err != nil {
+		return nil, err
+	}
+	if m.Peer == "" || m.Round == 0 || len(m.Reason) > MaxReleaseReason {
+		return nil, fmt.Errorf("%w: release from %q: bad fields", ErrMalformed, m.Peer)
+	}
+	if err := checkCID(m.Base, artifact.CodecCBOR, "release base"); err != nil {
+		return nil, err
+	}
+	if err := checkCID(m.Lease, artifact.CodecCBOR, "release lease"); err != nil {
+		return nil, err
 	}
 	return &m, nil
 }

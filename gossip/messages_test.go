@@ -36,6 +36,12 @@ func TestDecodersAcceptWhatEncodeWrites(t *testing.T) {
 	gc, err := DecodeContribution(b)
 	require.NoError(t, err)
 	require.Equal(t, c, gc)
+
+	r := &Release{Experiment: "e", Round: 2, Base: base, Lease: lid, Peer: "t", Reason: "worker exited"}
+	b, _ = Encode(r)
+	gr, err := DecodeRelease(b)
+	require.NoError(t, err)
+	require.Equal(t, r, gr)
 }
 
 func TestDecodersRejectBadMessages(t *testing.T) {
@@ -56,6 +62,15 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: artifact.RawCID([]byte("x")).Bytes()})},
 		{"contribution unsorted shards", func(b []byte) error { _, err := DecodeContribution(b); return err },
 			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: delta, Microshards: []uint32{3, 1}})},
+		{"release without peer", func(b []byte) error { _, err := DecodeRelease(b); return err },
+			enc(&Release{Round: 1, Base: base, Lease: lid})},
+		{"release of round 0", func(b []byte) error { _, err := DecodeRelease(b); return err },
+			enc(&Release{Base: base, Lease: lid, Peer: "t"})},
+		{"release with a raw lease cid", func(b []byte) error { _, err := DecodeRelease(b); return err },
+			enc(&Release{Round: 1, Base: base, Lease: artifact.RawCID([]byte("x")).Bytes(), Peer: "t"})},
+		{"release with a long reason", func(b []byte) error { _, err := DecodeRelease(b); return err },
+			enc(&Release{Round: 1, Base: base, Lease: lid, Peer: "t", Reason: string(make([]byte, MaxReleaseReason+1))})},
+		{"release oversized", func(b []byte) error { _, err := DecodeRelease(b); return err }, make([]byte, MaxReleaseBytes+1)},
 		{"unknown field", func(b []byte) error { _, err := DecodeContribution(b); return err }, enc(map[int]int{99: 1})},
 		{"head garbage", func(b []byte) error { _, _, err := DecodeHead(b); return err }, []byte{0xff, 0x00}},
 		{"head with too many signatures", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
@@ -77,6 +92,7 @@ func FuzzDecoders(f *testing.F) {
 		&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: delta},
 		&Leases{Round: 2, Base: base, Issuer: "v"},
 		&Attestation{Head: base},
+		&Release{Round: 1, Base: base, Lease: lid, Peer: "t"},
 	} {
 		b, _ := Encode(v)
 		f.Add(b)
@@ -87,5 +103,6 @@ func FuzzDecoders(f *testing.F) {
 		_, _ = DecodeContribution(b)
 		_, _, _ = DecodeHead(b)
 		_, _ = DecodeAttestation(b)
+		_, _ = DecodeRelease(b)
 	})
 }

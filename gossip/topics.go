@@ -19,10 +19,11 @@ const (
 	KindContributions Kind = "contributions"
 	KindPeers         Kind = "peers"
 	KindAttestations  Kind = "attestations"
+	KindReleases      Kind = "releases"
 )
 
 // kinds is every topic a node joins, in a fixed order (used for start-up and tests).
-var kinds = []Kind{KindHeads, KindLeases, KindContributions, KindPeers, KindAttestations}
+var kinds = []Kind{KindHeads, KindLeases, KindContributions, KindPeers, KindAttestations, KindReleases}
 
 // TopicName is the GossipSub topic of one kind of message in an experiment.
 func TopicName(network, experiment, kind string) string {
@@ -43,6 +44,8 @@ func (k Kind) maxBytes() int {
 		return MaxAnnounceBytes
 	case KindAttestations:
 		return MaxAttestationBytes
+	case KindReleases:
+		return MaxReleaseBytes
 	}
 	return 0
 }
@@ -69,6 +72,8 @@ func kindOf(msg any) (Kind, error) {
 		return KindPeers, nil
 	case *Attestation:
 		return KindAttestations, nil
+	case *Release:
+		return KindReleases, nil
 	}
 	return "", fmt.Errorf("%w: %T", ErrUnknownMessage, msg)
 }

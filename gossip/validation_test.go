@@ -72,6 +72,12 @@ func TestForgedAndMalformedNeverDelivered(t *testing.T) {
 		{"garbage on contributions", KindContributions, self, func(testing.TB, *attack) []byte {
 			return []byte{0xff, 0x00, 0x13, 0x37}
 		}, "reject", reasonMalformed, nil},
+		{"release naming another peer", KindReleases, self, func(t testing.TB, a *attack) []byte {
+			return encode(t, &Release{Experiment: testExp, Round: 1, Base: fixBase, Lease: fixLease, Peer: a.trainer.String()})
+		}, "reject", reasonAuthorMismatch, nil},
+		{"garbage on releases", KindReleases, self, func(testing.TB, *attack) []byte {
+			return []byte{0xff, 0x00, 0x13, 0x37}
+		}, "reject", reasonMalformed, nil},
 		{"announce naming another peer", KindPeers, self, func(t testing.TB, a *attack) []byte {
 			return encode(t, fixAnnounce(a.trainer, time.Now()))
 		}, "reject", reasonAuthorMismatch, nil},

@@ -1,4 +1,22 @@
 // Package lease owns who trains what: the round leader choice, lease issue, expiry and
 // reassignment, and the microshard ledger that proves every microshard is trained exactly
 // once per epoch. It does not touch the network.
+//
+// # No round held hostage
+//
+// A round's leader keeps a Book of the round. A trainer whose contribution is rejected (at
+// acceptance or by screening), whose lease expires, or who gives its lease back (a gossip
+// Release: its worker failed) is barred from the rest of the round, and the lease's
+// microshards go back to the pool for the others. An attempt ends as soon as all its
+// leases are settled, not only at its deadline. The round then closes with what passed once
+// it has the minimum group (or every leased trainer reported, or no microshard is left);
+// otherwise it leases again to trainers that are not barred, and when none is left it waits
+// one round deadline for trainers to join before closing with what it has. Attempts that
+// bring nothing are spaced by a doubling backoff (3 s up to 24 s). Only when nothing at all
+// was received and every live trainer is barred does a new pass readmit them, after the
+// backoff, so honest updates that screening happened to reject do not stall the run.
+//
+// Misses (expired or released leases) count toward Quarantine like soft rejections, and at
+// an epoch's tail, when microshards are fewer than trainers, trainers whose contributions
+// were merged recently are served before those that merely announce a high capacity.
 package lease

@@ -70,6 +70,10 @@ func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 type Trainer struct {
 	Peer     string
 	Capacity float64
+	// Proven: the trainer had a contribution merged recently. When microshards are short
+	// (an epoch's tail) proven trainers are served first: announced capacity is the peer's
+	// own claim, and a trainer whose updates fail or are rejected "finishes" fastest.
+	Proven bool
 }
 
 // Assign splits microshards among trainers in proportion to their capacity, so that trainers
@@ -98,7 +102,7 @@ func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte)
 		sum += want[i]
 	}
 	// Not enough microshards left: scale the shares down, keeping at least one each while
-	// they last (the fastest trainers first).
+	// they last (proven trainers first, the fastest of them first).
 	if sum > len(order) {
 		byCap := make([]int, len(ts))
 		for i := range byCap {
@@ -106,6 +110,11 @@ func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte)
 		}
 		slices.SortStableFunc(byCap, func(a, b int) int {
 			switch {
+			case ts[a].Proven != ts[b].Proven:
+				if ts[a].Proven {
+					return -1
+				}
+				return 1
 			case ts[a].Capacity > ts[b].Capacity:
 				return -1
 			case ts[a].Capacity < ts[b].Capacity:
@@ -113,7 +122,7 @@ func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte)
 			}
 			return 0
 		})
-		// One each, fastest first; then the rest by highest average (D'Hondt), so shares stay
+		// One each, proven and fastest first; then the rest by highest average (D'Hondt), so shares stay
 		// proportional to capacity and nobody gets more than they would unconstrained.
 		alloc := make([]int, len(ts))
 		left := len(order)

@@ -48,13 +48,16 @@ func TestAssign(t *testing.T) {
 		per        int
 		wantCounts map[string]int
 	}{
-		{"equal", avail, []Trainer{{"a", 10}, {"b", 10}, {"c", 10}}, 4, map[string]int{"a": 4, "b": 4, "c": 4}},
-		{"proportional to capacity", avail, []Trainer{{"fast", 30}, {"slow", 10}}, 4, map[string]int{"fast": 6, "slow": 2}},
-		{"unknown capacity counts as average", avail, []Trainer{{"a", 0}, {"b", 0}}, 3, map[string]int{"a": 3, "b": 3}},
-		{"scarce: everyone gets one first", avail[:3], []Trainer{{"a", 100}, {"b", 1}, {"c", 1}}, 4, map[string]int{"a": 1, "b": 1, "c": 1}},
-		{"scarce: the fastest get the rest", avail[:5], []Trainer{{"a", 100}, {"b", 1}, {"c", 1}}, 4, map[string]int{"a": 3, "b": 1, "c": 1}},
-		{"fewer shards than trainers", avail[:2], []Trainer{{"a", 1}, {"b", 5}, {"c", 3}}, 4, map[string]int{"b": 1, "c": 1}},
-		{"nothing left", nil, []Trainer{{"a", 1}}, 4, map[string]int{}},
+		{"equal", avail, []Trainer{{Peer: "a", Capacity: 10}, {Peer: "b", Capacity: 10}, {Peer: "c", Capacity: 10}}, 4, map[string]int{"a": 4, "b": 4, "c": 4}},
+		{"proportional to capacity", avail, []Trainer{{Peer: "fast", Capacity: 30}, {Peer: "slow", Capacity: 10}}, 4, map[string]int{"fast": 6, "slow": 2}},
+		{"unknown capacity counts as average", avail, []Trainer{{Peer: "a", Capacity: 0}, {Peer: "b", Capacity: 0}}, 3, map[string]int{"a": 3, "b": 3}},
+		{"scarce: everyone gets one first", avail[:3], []Trainer{{Peer: "a", Capacity: 100}, {Peer: "b", Capacity: 1}, {Peer: "c", Capacity: 1}}, 4, map[string]int{"a": 1, "b": 1, "c": 1}},
+		{"scarce: the fastest get the rest", avail[:5], []Trainer{{Peer: "a", Capacity: 100}, {Peer: "b", Capacity: 1}, {Peer: "c", Capacity: 1}}, 4, map[string]int{"a": 3, "b": 1, "c": 1}},
+		{"fewer shards than trainers", avail[:2], []Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 5}, {Peer: "c", Capacity: 3}}, 4, map[string]int{"b": 1, "c": 1}},
+		// At an epoch's tail, trainers with merged contributions come before faster claims.
+		{"fewer shards than trainers: proven first", avail[:2], []Trainer{{Peer: "a", Capacity: 1, Proven: true}, {Peer: "b", Capacity: 50}, {Peer: "c", Capacity: 3, Proven: true}}, 4, map[string]int{"a": 1, "c": 1}},
+		{"one shard: the proven one, not the fastest", avail[:1], []Trainer{{Peer: "attacker", Capacity: 1000}, {Peer: "honest", Capacity: 10, Proven: true}}, 4, map[string]int{"honest": 1}},
+		{"nothing left", nil, []Trainer{{Peer: "a", Capacity: 1}}, 4, map[string]int{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,8 +82,8 @@ func TestAssign(t *testing.T) {
 
 func TestAssignOrderDependsOnSeed(t *testing.T) {
 	avail := []uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
-	a := Assign(avail, []Trainer{{"t", 1}}, 4, []byte("round-1"))
-	b := Assign(avail, []Trainer{{"t", 1}}, 4, []byte("round-2"))
+	a := Assign(avail, []Trainer{{Peer: "t", Capacity: 1}}, 4, []byte("round-1"))
+	b := Assign(avail, []Trainer{{Peer: "t", Capacity: 1}}, 4, []byte("round-2"))
 	require.NotEqual(t, a["t"], b["t"])
 }
 
@@ -171,13 +174,13 @@ func TestLeaseCheck(t *testing.T) {
 }
 
 func TestStepsScaleWithCapacity(t *testing.T) {
-	got := Steps([]Trainer{{"fast", 30}, {"avg", 20}, {"slow", 10}, {"new", 0}}, 20)
+	got := Steps([]Trainer{{Peer: "fast", Capacity: 30}, {Peer: "avg", Capacity: 20}, {Peer: "slow", Capacity: 10}, {Peer: "new", Capacity: 0}}, 20)
 	require.Equal(t, map[string]int{"fast": 30, "avg": 20, "slow": 10, "new": 20}, got)
-	got = Steps([]Trainer{{"huge", 10000}, {"tiny", 1}, {"t2", 1}, {"t3", 1}}, 8)
+	got = Steps([]Trainer{{Peer: "huge", Capacity: 10000}, {Peer: "tiny", Capacity: 1}, {Peer: "t2", Capacity: 1}, {Peer: "t3", Capacity: 1}}, 8)
 	require.Equal(t, 32, got["huge"], "at most four times")
 	require.Equal(t, 2, got["tiny"], "at least a quarter")
-	require.Equal(t, map[string]int{"a": 5}, Steps([]Trainer{{"a", 0}}, 5))
-	require.Equal(t, map[string]int{"a": 20, "b": 20}, Steps([]Trainer{{"a", 11}, {"b", 9}}, 20), "close capacities: measurement noise")
+	require.Equal(t, map[string]int{"a": 5}, Steps([]Trainer{{Peer: "a", Capacity: 0}}, 5))
+	require.Equal(t, map[string]int{"a": 20, "b": 20}, Steps([]Trainer{{Peer: "a", Capacity: 11}, {Peer: "b", Capacity: 9}}, 20), "close capacities: measurement noise")
 }
 
 func TestDeadlineFollowsObservedPace(t *testing.T) {

@@ -56,6 +56,13 @@ func (q *Quarantine) Reject(peer string, round uint64, soft bool) bool {
 	return false
 }
 
+// Miss records that peer's lease of round came to nothing (it expired, or the trainer
+// released it because its worker failed) and reports whether that put the peer into
+// quarantine. A miss counts like a soft rejection (honest machines crash now and then): a
+// trainer that always fails is kept out after twice as many misses as rejections, instead
+// of being leased round after round.
+func (q *Quarantine) Miss(peer string, round uint64) bool { return q.Reject(peer, round, true) }
+
 // Eligible picks the trainers to lease to in round from those available: the ones not in
 // quarantine. Quarantine is counted in rounds, and rounds need trainers: when it leaves
 // none, or fewer than minGroup together with the have contributions already received,

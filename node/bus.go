@@ -37,6 +37,7 @@ type Inbox struct {
 	Contributions chan Received[gossip.Contribution]
 	Heads         chan Received[gossip.Head]
 	Attestations  chan Received[gossip.Attestation]
+	Releases      chan Received[gossip.Release]
 	close         func()
 }
 
@@ -49,6 +50,7 @@ func newInbox(close func()) *Inbox {
 		Contributions: make(chan Received[gossip.Contribution], inboxDepth),
 		Heads:         make(chan Received[gossip.Head], inboxDepth),
 		Attestations:  make(chan Received[gossip.Attestation], inboxDepth),
+		Releases:      make(chan Received[gossip.Release], inboxDepth),
 		close:         close,
 	}
 }
@@ -83,6 +85,8 @@ func (in *Inbox) deliver(from string, msg any) {
 		offer(in.Heads, Received[gossip.Head]{from, m})
 	case *gossip.Attestation:
 		offer(in.Attestations, Received[gossip.Attestation]{from, m})
+	case *gossip.Release:
+		offer(in.Releases, Received[gossip.Release]{from, m})
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +42,8 @@ type clusterNode struct {
 	err    chan error
 	out    *syncBuffer
 	stop   context.CancelFunc
+	// logs, when set, receives the node's log lines (text, info and up).
+	logs *syncBuffer
 }
 
 // newCluster makes validators+trainers hosts on a fully connected mocknet and their configs.
@@ -113,7 +117,11 @@ func (c *cluster) addPeer(i int, after string) host.Host {
 
 func (c *cluster) start(n *clusterNode) {
 	c.t.Helper()
-	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: testLogger(c.t, n.name), Poison: n.poison})
+	log := testLogger(c.t, n.name)
+	if n.logs != nil {
+		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
+	}
+	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Poison: n.poison})
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)
@@ -203,6 +211,17 @@ func TestMocknetClusterAgreesOnEveryHead(t *testing.T) {
 	rep, err := stores.Audit(mustDecode(t, ref.Head))
 	require.NoError(t, err)
 	require.Zero(t, rep.Duplicated)
+
+	// Trainers fetch the parameters they train on, never the validators' outer momentum.
+	outer, err := heads[len(heads)-1].OuterStateID()
+	require.NoError(t, err)
+	require.True(t, outer.Defined())
+	for _, n := range c.nodes {
+		s, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		require.Equal(t, n.cfg.Experiment.HasRole(config.RoleValidator), s.Artifacts.Has(outer),
+			"%s (roles %v) holds the outer state: %v", n.name, n.cfg.Experiment.Roles, s.Artifacts.Has(outer))
+	}
 }
 
 // kill stops a node abruptly: its loops end and its connections drop (its store stays).
@@ -286,3 +305,42 @@ func (c *cluster) heal() {
 }
 
 func leadersFor(validators []string, head cid.Cid) []string { return lease.Leaders(validators, head) }
+
+// On the sparse codec a trainer rebuilds every head after the one it joined on from the
+// parent and the round's contributions, as the validators computed it, instead of
+// downloading the dense parameters: its store ends with every head's parameters and outer
+// state, and its log says it rebuilt them.
+func TestMocknetSparseTrainersRebuildHeads(t *testing.T) {
+	c := newCluster(t, 1, 3, 4, 40)
+	for _, n := range c.nodes {
+		n.cfg.Protocol.Codec = "sparse"
+		n.cfg.Protocol.SparseBlock, n.cfg.Protocol.SparseTopK = 64, 4
+		n.cfg.Protocol.DiLoCo.Momentum = 0.5
+		n.cfg.Lease.MinGroup = 3
+		n.logs = &syncBuffer{}
+		require.NoError(t, n.cfg.Validate())
+	}
+	c.startAll()
+	c.waitDone(2 * time.Minute)
+	ref := c.nodes[0].n.Status()
+	require.Equal(t, uint64(4), ref.Round)
+	vs, err := OpenStores(c.nodes[0].cfg)
+	require.NoError(t, err)
+	_, heads, err := vs.Heads.Chain(mustDecode(t, ref.Head))
+	require.NoError(t, err)
+	for _, n := range c.nodes[1:] {
+		require.Equal(t, ref.Head, n.n.Status().Head, n.name)
+		s, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		for _, h := range heads[1:] {
+			for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
+				id, err := get()
+				require.NoError(t, err)
+				require.NoError(t, s.Artifacts.Verify(id), "%s round %d", n.name, h.Round)
+			}
+		}
+		rebuilt := strings.Count(n.logs.String(), "rebuilt head from its contributions")
+		require.GreaterOrEqual(t, rebuilt, 3, "%s rebuilt %d of 4 heads:\n%s", n.name, rebuilt, n.logs.String())
+		require.NotContains(t, n.logs.String(), "rebuild failed")
+	}
+}

@@ -65,6 +65,7 @@ func loadData(ctx context.Context, cfg *config.Config, rtOpts pyruntime.Options,
 	if err != nil {
 		return nil, err
 	}
+	shards.SetLogger(log.With("pkg", "dataset"))
 	return &dataState{manifest: m, plan: plan, planID: plan.ID().String(), shards: shards}, nil
 }
 

@@ -30,11 +30,17 @@ type openRound struct {
 	baseID   cid.Cid
 	base     *chain.Head
 	attempt  uint64
+	granted  bool                    // an attempt was granted (the next one increments attempt)
 	leases   map[cid.Cid]lease.Lease // the current attempt's
 	all      []lease.Lease           // every lease granted for the round (for the proposal)
 	received map[string]received     // by trainer, across attempts
 	deadline time.Time
+	window   time.Duration    // the last attempt's deadline, from its grant
 	merged   map[cid.Cid]bool // deltas merged in recent rounds: a replay is rejected
+	proven   map[string]bool  // trainers merged in recent rounds: served first at an epoch's tail
+	// book says who holds, reported or is barred from the round's leases, and what to do
+	// next (lease.Book): a peer that failed the round gets no further attempt in it.
+	book *lease.Book
 	// unbenched: quarantined trainers were leased to this round (too few others).
 	unbenched bool
 }
@@ -53,14 +59,15 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		return v.awaitQuorum(ctx, in, base.Round+1, l)
 	}
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
-		received: map[string]received{}, merged: v.recentDeltas(baseID)}
+		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now())}
+	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
+	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
 	start := time.Now()
 	for {
-		err := v.issue(ctx, in, r, changed)
-		var closeNow bool
-		if err == nil {
-			closeNow, err = v.collect(ctx, in, r, changed)
+		closeNow, err := v.issue(ctx, in, r, changed)
+		if err == nil && !closeNow {
+			err = v.collect(ctx, in, r, changed)
 		}
 		if errors.Is(err, errLocked) {
 			return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
@@ -69,7 +76,6 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 			return err
 		}
 		if !closeNow {
-			r.attempt++
 			continue
 		}
 		proposal, err := v.propose(ctx, r, time.Since(start))
@@ -77,34 +83,43 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 			return err
 		}
 		if proposal == nil {
-			r.attempt++
 			continue
 		}
 		return v.awaitQuorum(ctx, in, r.round, *proposal)
 	}
 }
 
-// recentDeltas returns the delta artifacts merged in the last replayWindow heads.
-func (v *validator) recentDeltas(from cid.Cid) map[cid.Cid]bool {
-	out := map[cid.Cid]bool{}
+// recentMerges returns the delta artifacts merged in the last replayWindow heads, and the
+// peers that contributed them.
+func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]bool) {
+	out, peers := map[cid.Cid]bool{}, map[string]bool{}
 	n := 0
 	_ = v.heads.Walk(from, func(_ cid.Cid, h *chain.Head) error {
 		for _, c := range h.Contributions {
 			if id, err := cid.Cast(c.Artifact); err == nil {
 				out[id] = true
 			}
+			peers[c.Peer] = true
 		}
 		if n++; n >= replayWindow {
 			return errStopped
 		}
 		return nil
 	})
-	return out
+	return out, peers
 }
 
-// issue waits for enough live trainers and grants leases for the round's next attempt.
-func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) error {
-	tick := time.NewTicker(500 * time.Millisecond)
+// recentDeltas returns the delta artifacts merged in the last replayWindow heads.
+func (v *validator) recentDeltas(from cid.Cid) map[cid.Cid]bool {
+	d, _ := v.recentMerges(from)
+	return d
+}
+
+// issue waits until the round's book says what to do next: it returns true when the round
+// should close with what it received, or false once it has granted the next attempt's
+// leases.
+func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
+	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	waitingSince := time.Now()
 	for {
@@ -120,90 +135,51 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 				avail = append(avail, s)
 			}
 		}
-		var open []lease.Trainer
-		for _, t := range v.trainers.live() {
-			if _, done := r.received[t.Peer]; !done {
-				open = append(open, t)
+		live := v.trainers.live()
+		barred := r.book.Barred()
+		nBarred := 0
+		for i, t := range live {
+			live[i].Proven = r.proven[t.Peer]
+			if barred[t.Peer] != "" {
+				nBarred++
 			}
 		}
+		open := r.book.Candidates(live)
 		cands, relaxed := v.quarantine.Eligible(open, r.round, len(r.received), v.cfg.Lease.MinGroup)
+		// A (re)started leader leases nothing before it has heard the fleet announce.
 		heard := time.Since(v.started) > announceEvery+250*time.Millisecond
-		if relaxed && heard && !r.unbenched {
-			r.unbenched = true
-			q := len(v.quarantine.List(r.round))
-			v.log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
-				"available", len(open), "quarantined", q, "min_group", v.cfg.Lease.MinGroup)
-			v.status.event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
+		step := lease.Wait
+		if heard {
+			step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.cfg.Lease.MinGroup,
+				Candidates: len(cands), Barred: nBarred, Available: len(avail), Patience: max(r.window, minRoundDeadline)})
 		}
-		if heard && len(cands) > 0 && len(avail) > 0 && len(cands)+len(r.received) >= v.cfg.Lease.MinGroup {
-			return v.grant(ctx, r, avail, cands)
+		switch step {
+		case lease.Close:
+			if len(r.received) < v.cfg.Lease.MinGroup && r.book.Attempts() > 1 {
+				v.log.Info("closing the round with fewer contributions than min_group: no other trainer to lease to",
+					"round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup, "barred", nBarred)
+			}
+			return true, nil
+		case lease.Grant:
+			if relaxed && !r.unbenched {
+				r.unbenched = true
+				q := len(v.quarantine.List(r.round))
+				v.log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
+					"available", len(open), "quarantined", q, "min_group", v.cfg.Lease.MinGroup)
+				v.status.event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
+			}
+			return false, v.grant(ctx, r, avail, cands)
+		case lease.NewPass:
+			v.log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
+				"barred", nBarred, "pass", r.book.Passes()+1)
+			v.status.event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
+			r.book.StartPass(time.Now())
+			continue
 		}
 		if time.Since(waitingSince) > 10*time.Second {
-			v.log.Info("waiting for trainers", "round", r.round, "live", len(cands), "min_group", v.cfg.Lease.MinGroup)
+			v.log.Info("waiting for trainers", "round", r.round, "live", len(live), "candidates", len(cands), "barred", nBarred,
+				"received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
 			waitingSince = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-			return errHeadMoved
-		case a := <-in.Announces:
-			v.trainers.seen(a.From, a.Msg)
-		case h := <-in.Heads:
-			v.verifyAndAttest(ctx, h.From, h.Msg)
-			if _, locked := v.locks[r.round]; locked {
-				return errLocked
-			}
-		case <-tick.C:
-		}
-	}
-}
-
-func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, cands []lease.Trainer) error {
-	// The data order depends on the model state (its parameters) and the attempt, not on the
-	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
-	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
-	plan := lease.Assign(avail, cands, v.cfg.Lease.MicroshardsPerTrainer, seed)
-	steps := lease.Steps(cands, v.cfg.Protocol.InnerSteps)
-	peers := make([]string, 0, len(plan))
-	for p := range plan {
-		peers = append(peers, p)
-	}
-	sort.Strings(peers)
-	var pace []lease.Pace
-	for _, p := range peers {
-		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Steps: steps[p]})
-	}
-	r.deadline = time.Now().Add(lease.Deadline(pace, min(minRoundDeadline, v.cfg.Lease.RoundTimeout), v.cfg.Lease.RoundTimeout))
-	msg := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
-		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}
-	r.leases = map[cid.Cid]lease.Lease{}
-	leased := map[string]int{}
-	for _, p := range peers {
-		l := lease.Lease{Round: r.round, Base: r.baseID.Bytes(), Trainer: p, Microshards: plan[p],
-			Expiry: r.deadline.UnixMilli(), Issuer: v.self, Epoch: r.base.Ledger.Epoch, Steps: uint32(steps[p])}
-		r.leases[l.ID()] = l
-		r.all = append(r.all, l)
-		msg.Leases = append(msg.Leases, l)
-		leased[p] = len(l.Microshards)
-	}
-	v.status.update(func(s *Status) {
-		q := v.quarantine.List(r.round)
-		s.Validator = &ValidatorStatus{Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands), Quarantined: q}
-	})
-	v.log.Info("issued leases", "round", r.round, "attempt", r.attempt, "trainers", len(peers), "deadline", time.Until(r.deadline).Round(time.Millisecond).String())
-	return v.bus.Publish(ctx, msg)
-}
-
-// collect gathers contributions for the current attempt. It returns true when the round
-// should close (everyone reported, or the deadline passed with the minimum group) and false
-// when the round must be leased again.
-func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
-	timer := time.NewTimer(time.Until(r.deadline))
-	defer timer.Stop()
-	for {
-		if v.allReported(r) {
-			return true, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -218,93 +194,201 @@ func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, change
 				return false, errLocked
 			}
 		case c := <-in.Contributions:
+			// No lease is outstanding: anything for this round is late or unleased.
 			v.accept(ctx, r, c.From, c.Msg)
-		case <-timer.C:
-			v.reportMissing(r)
-			if len(r.received) >= v.cfg.Lease.MinGroup {
-				return true, nil
+		case <-in.Releases:
+		case <-tick.C:
+		}
+	}
+}
+
+func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, cands []lease.Trainer) error {
+	if r.granted {
+		r.attempt++
+	}
+	r.granted = true
+	// The data order depends on the model state (its parameters) and the attempt, not on the
+	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
+	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
+	plan := lease.Assign(avail, cands, v.cfg.Lease.MicroshardsPerTrainer, seed)
+	steps := lease.Steps(cands, v.cfg.Protocol.InnerSteps)
+	peers := make([]string, 0, len(plan))
+	for p := range plan {
+		peers = append(peers, p)
+	}
+	sort.Strings(peers)
+	var pace []lease.Pace
+	for _, p := range peers {
+		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Steps: steps[p]})
+	}
+	r.window = lease.Deadline(pace, min(minRoundDeadline, v.cfg.Lease.RoundTimeout), v.cfg.Lease.RoundTimeout)
+	r.deadline = time.Now().Add(r.window)
+	msg := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
+		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}
+	r.leases = map[cid.Cid]lease.Lease{}
+	leased := map[string]int{}
+	for _, p := range peers {
+		l := lease.Lease{Round: r.round, Base: r.baseID.Bytes(), Trainer: p, Microshards: plan[p],
+			Expiry: r.deadline.UnixMilli(), Issuer: v.self, Epoch: r.base.Ledger.Epoch, Steps: uint32(steps[p])}
+		r.leases[l.ID()] = l
+		r.all = append(r.all, l)
+		msg.Leases = append(msg.Leases, l)
+		leased[p] = len(l.Microshards)
+	}
+	r.book.Grant(msg.Leases)
+	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+		*vs = ValidatorStatus{Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
+			Quarantined: v.quarantine.List(r.round), Barred: r.book.Barred(), Rejections: vs.Rejections, Recent: vs.Recent}
+	})
+	v.log.Info("issued leases", "round", r.round, "attempt", r.attempt, "trainers", len(peers), "deadline", time.Until(r.deadline).Round(time.Millisecond).String())
+	return v.bus.Publish(ctx, msg)
+}
+
+// collect gathers the current attempt's contributions and releases until every lease of it
+// is settled (reported, rejected or released) or its deadline passes, when the trainers
+// that did not report are barred from the round and their microshards return to the pool.
+func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) error {
+	timer := time.NewTimer(time.Until(r.deadline))
+	defer timer.Stop()
+	for {
+		if r.book.Settled() {
+			r.book.End(time.Now())
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+			return errHeadMoved
+		case a := <-in.Announces:
+			v.trainers.seen(a.From, a.Msg)
+		case h := <-in.Heads:
+			v.verifyAndAttest(ctx, h.From, h.Msg)
+			if _, locked := v.locks[r.round]; locked {
+				return errLocked
 			}
-			v.log.Warn("round deadline passed without the minimum group; leasing again", "round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
-			v.status.event("release", "round %d: deadline passed with %d of %d contributions; leasing again", r.round, len(r.received), v.cfg.Lease.MinGroup)
-			return false, nil
+		case c := <-in.Contributions:
+			v.accept(ctx, r, c.From, c.Msg)
+		case rl := <-in.Releases:
+			v.release(r, rl.From, rl.Msg)
+		case <-timer.C:
+			v.expire(r)
+			r.book.End(time.Now())
+			if len(r.received) < v.cfg.Lease.MinGroup {
+				v.log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
+				v.status.event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.cfg.Lease.MinGroup)
+			}
+			return nil
 		}
 	}
 }
 
-// reportMissing says which leased trainers did not report by the deadline: their
-// microshards go back to the pool.
-func (v *validator) reportMissing(r *openRound) {
-	for _, l := range r.leases {
-		if _, ok := r.received[l.Trainer]; !ok {
-			v.log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", l.Trainer, "microshards", len(l.Microshards))
-			v.status.event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, l.Trainer, len(l.Microshards))
+// expire bars the trainers that did not report by the deadline: their microshards go back
+// to the pool, and repeated misses count toward quarantine.
+func (v *validator) expire(r *openRound) {
+	for _, p := range r.book.Expire() {
+		n := 0
+		for _, l := range r.leases {
+			if l.Trainer == p {
+				n = len(l.Microshards)
+			}
 		}
+		v.metrics.leaseEnded("expired")
+		v.log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", p, "microshards", n)
+		v.status.event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, p, n)
+		v.missed(p, r.round, "expired")
 	}
+	v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
 }
 
-func (v *validator) allReported(r *openRound) bool {
-	if len(r.leases) == 0 {
-		return false
+// release takes back a lease its trainer gave up (its worker failed): the trainer gets no
+// further attempt in the round, and the lease's microshards return to the pool at once.
+func (v *validator) release(r *openRound, from string, m *gossip.Release) {
+	id, err := cid.Cast(m.Lease)
+	if err != nil || m.Round != r.round || !slices.Equal(m.Base, r.baseID.Bytes()) || !r.book.Holds(from, id) {
+		return // not a lease of the open attempt held by its sender: nothing to take back
 	}
-	for _, l := range r.leases {
-		if _, ok := r.received[l.Trainer]; !ok {
-			return false
-		}
+	r.book.Bar(from, "released")
+	v.metrics.leaseEnded("released")
+	v.log.Warn("trainer released its lease; its microshards return to the pool", "round", r.round, "peer", from,
+		"lease", id.String(), "reason", m.Reason)
+	v.status.event("release", "round %d: %s gave its lease back (%s)", r.round, from, m.Reason)
+	v.missed(from, r.round, "released")
+	v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+}
+
+// missed counts a lease that came to nothing toward the trainer's quarantine.
+func (v *validator) missed(peer string, round uint64, why string) {
+	if v.quarantine.Miss(peer, round) {
+		v.log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.cfg.Lease.QuarantineRounds, "reason", why)
+		v.status.event("quarantine", "%s quarantined for %d rounds after repeated missed leases (%s)", peer, v.cfg.Lease.QuarantineRounds, why)
+		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Quarantined = v.quarantine.List(round) })
 	}
-	return true
 }
 
 // accept checks a contribution against the leases of the open round and fetches its delta.
+// A leased trainer whose contribution is rejected gets no further attempt in the round.
 func (v *validator) accept(ctx context.Context, r *openRound, from string, c *gossip.Contribution) {
-	reject := func(reason, format string, args ...any) { v.rejected(from, r.round, reason, sprintf(format, args...)) }
+	delta := c.Delta
+	reject := func(bar bool, reason, format string, args ...any) {
+		art := ""
+		if id, err := cid.Cast(delta); err == nil {
+			art = id.String()
+		}
+		v.rejected(from, r.round, reason, sprintf(format, args...), art)
+		if bar && r.book.Bar(from, reason) {
+			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+		}
+	}
 	if c.Round != r.round || !slices.Equal(c.Base, r.baseID.Bytes()) {
 		if c.Round < r.round {
 			return // late for a closed round: nothing to do
 		}
-		reject("wrong_base", "for round %d on another base, open round is %d", c.Round, r.round)
+		reject(false, "wrong_base", "for round %d on another base, open round is %d", c.Round, r.round)
 		return
 	}
 	if c.Peer != from {
-		reject("forged_peer", "message from %s claims peer %s", from, c.Peer)
+		reject(false, "forged_peer", "message from %s claims peer %s", from, c.Peer)
 		return
 	}
 	leaseID, err := cid.Cast(c.Lease)
 	if err != nil {
-		reject("no_lease", "lease id: %v", err)
+		reject(true, "no_lease", "lease id: %v", err)
+		return
+	}
+	if _, dup := r.received[from]; dup {
+		reject(false, "replay", "second contribution for round %d", r.round)
 		return
 	}
 	l, ok := r.leases[leaseID]
-	if !ok || l.Trainer != from {
-		if slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }) {
-			reject("late", "lease %s expired with an earlier attempt", leaseID)
-		} else {
-			reject("no_lease", "lease %s was not granted to %s", leaseID, from)
+	if !ok || l.Trainer != from || !r.book.Holds(from, leaseID) {
+		switch {
+		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
+			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
+		default:
+			reject(true, "no_lease", "lease %s was not granted to %s", leaseID, from)
 		}
 		return
 	}
 	if !slices.Equal(l.Microshards, c.Microshards) {
-		reject("lease_mismatch", "microshards differ from the lease")
+		reject(true, "lease_mismatch", "microshards differ from the lease")
 		return
 	}
-	if _, dup := r.received[from]; dup {
-		reject("replay", "second contribution for round %d", r.round)
-		return
-	}
-	delta, err := cid.Cast(c.Delta)
+	deltaID, err := cid.Cast(c.Delta)
 	if err != nil {
-		reject("malformed", "delta id: %v", err)
+		reject(true, "malformed", "delta id: %v", err)
 		return
 	}
-	if r.merged[delta] {
-		reject("replay", "delta %s was merged in an earlier round", delta)
+	if r.merged[deltaID] {
+		reject(true, "replay", "delta %s was merged in an earlier round", deltaID)
 		return
 	}
 	hint, _ := peer.Decode(from)
 	// A holder that stalls must not hold the round past its deadline.
 	fctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
-	if err := v.bus.Fetch(fctx, delta, hint); err != nil || !v.store.Has(delta) {
-		reject("unavailable", "fetch delta %s: %v", delta, err)
+	if err := v.bus.Fetch(fctx, deltaID, hint); err != nil || !v.store.Has(deltaID) {
+		reject(true, "unavailable", "fetch delta %s: %v", deltaID, err)
 		return
 	}
 	steps := int(l.Steps)
@@ -313,10 +397,9 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 	}
 	v.paces.observe(from, c.Seconds, steps)
 	r.received[from] = received{msg: c, lease: l, id: leaseID}
-	v.status.update(func(s *Status) {
-		if s.Validator != nil {
-			s.Validator.Received = append(s.Validator.Received, from)
-		}
+	r.book.Report(from)
+	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+		vs.Received = append(slices.Clone(vs.Received), from)
 	})
 }
 
@@ -341,17 +424,25 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	rejected := map[string]string{}
 	if out != nil {
 		for _, rj := range out.Rejected {
-			v.rejected(rj.Peer, r.round, rj.Reason, rj.Detail)
+			art := ""
+			if rc, ok := r.received[rj.Peer]; ok {
+				if id, err := cid.Cast(rc.msg.Delta); err == nil {
+					art = id.String()
+				}
+			}
+			v.rejected(rj.Peer, r.round, rj.Reason, rj.Detail, art)
 			rejected[rj.Peer] = rj.Reason
 			delete(r.received, rj.Peer)
+			// Its microshards return to the pool, for other trainers: a rejected peer gets
+			// no second attempt in the round.
+			r.book.Bar(rj.Peer, rj.Reason)
 		}
 	}
-	v.status.update(func(s *Status) {
-		if s.Validator != nil {
-			s.Validator.Rejected = rejected
-		}
+	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+		vs.Rejected, vs.Barred = rejected, r.book.Barred()
 	})
 	if errors.Is(err, round.ErrNothingMerged) {
+		r.book.Discard(time.Now())
 		v.status.event("release", "round %d: no contribution passed screening; leasing again", r.round)
 		return nil, nil
 	}

@@ -60,6 +60,8 @@ type nodeMetrics struct {
 	round     prometheus.Gauge
 	trainLoss prometheus.Gauge
 	heldOut   *heldOutCollector
+	ended     *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
 	// Trainer.
 	contributions prometheus.Counter
 	trainSecs     prometheus.Counter
@@ -82,6 +84,10 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		trainLoss: prometheus.NewGauge(prometheus.GaugeOpts{Name: "p2ptrain_node_head_train_loss",
 			Help: "Training loss recorded in the canonical head (sample-weighted mean of its contributions)."}),
 		heldOut: newHeldOutCollector(),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_leases_failed_total",
+			Help: "Leases this node granted that came to nothing, by how: expired (no report by the deadline) or released (the trainer gave it back)."}, []string{"how"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_metrics_dropped_total",
+			Help: "Held-out metric values dropped because they were not finite (NaN or ±Inf), by metric."}, []string{"metric"}),
 		contributions: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_total",
 			Help: "Contributions this node trained and announced as a trainer."}),
 		trainSecs: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_train_seconds_total",
@@ -94,12 +100,19 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 	for _, r := range rejectReasons {
 		m.rejects.WithLabelValues(r)
 	}
+	for _, how := range []string{"expired", "released"} {
+		m.ended.WithLabelValues(how)
+	}
 	reg.MustRegister(m.rounds, m.roundSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
-		m.contributions, m.trainSecs, m.samples, m.lastLoss)
+		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped)
 	return m
 }
 
 func (m *nodeMetrics) rejected(reason string) { m.rejects.WithLabelValues(reason).Inc() }
+
+func (m *nodeMetrics) leaseEnded(how string) { m.ended.WithLabelValues(how).Inc() }
+
+func (m *nodeMetrics) metricDropped(name string) { m.dropped.WithLabelValues(name).Inc() }
 
 func (m *nodeMetrics) roundClosed(took time.Duration, merged int) {
 	m.rounds.Inc()

@@ -22,9 +22,12 @@ type Status struct {
 	Last        *ContributionInfo  `json:"last_contribution,omitempty"`
 	Worker      any                `json:"worker,omitempty"`
 	Validator   *ValidatorStatus   `json:"validator,omitempty"`
-	Events      []Event            `json:"events"`
-	History     []RoundPoint       `json:"history"`
-	Started     time.Time          `json:"started"`
+	// GossipRejections counts gossip messages from peers that failed topic validation
+	// (forged, malformed), by "topic/reason".
+	GossipRejections map[string]uint64 `json:"gossip_rejections,omitempty"`
+	Events           []Event           `json:"events"`
+	History          []RoundPoint      `json:"history"`
+	Started          time.Time         `json:"started"`
 }
 
 // LeaseStatus is a lease this node holds.
@@ -55,7 +58,26 @@ type ValidatorStatus struct {
 	Trainers    int               `json:"live_trainers"`
 	Rejected    map[string]string `json:"rejected_last_round,omitempty"`
 	Quarantined map[string]uint64 `json:"quarantined,omitempty"`
+	// Barred: trainers that get no further attempt in the open round, and why (rejected
+	// contribution, released or expired lease).
+	Barred map[string]string `json:"barred,omitempty"`
+	// Rejections counts every contribution this validator rejected, by reason; Recent
+	// lists the latest (newest last, at most maxRecentRejections).
+	Rejections map[string]uint64 `json:"rejections_by_reason,omitempty"`
+	Recent     []Rejection       `json:"recent_rejections,omitempty"`
 }
+
+// Rejection is one rejected contribution.
+type Rejection struct {
+	At       time.Time `json:"at"`
+	Peer     string    `json:"peer"`
+	Round    uint64    `json:"round"`
+	Reason   string    `json:"reason"`
+	Artifact string    `json:"artifact,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
+}
+
+const maxRecentRejections = 20
 
 // RoundPoint is one canonical head in the status history (for the dashboard's plot).
 type RoundPoint struct {
@@ -87,6 +109,8 @@ type statusBoard struct {
 	worker func() any
 	// conns reports connected peers and our addresses when there is a host.
 	conns func() (peers, addrs []string)
+	// gossipRejects reports gossip messages rejected by topic validation.
+	gossipRejects func() map[string]uint64
 }
 
 func (b *statusBoard) update(fn func(s *Status)) {
@@ -114,6 +138,11 @@ func (b *statusBoard) Snapshot() Status {
 	b.mu.Unlock()
 	if b.worker != nil {
 		s.Worker = b.worker()
+	}
+	if b.gossipRejects != nil {
+		if m := b.gossipRejects(); len(m) > 0 {
+			s.GossipRejections = m
+		}
 	}
 	if b.conns != nil {
 		s.Connected, s.Addrs = b.conns()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -12,6 +13,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
 )
 
@@ -48,7 +50,7 @@ func (t *trainer) run(ctx context.Context) error {
 	}
 }
 
-func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) error {
+func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (err error) {
 	if !t.isValidator(from) || m.Issuer != from {
 		return nil // only configured validators grant leases
 	}
@@ -66,6 +68,13 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) e
 	if time.Now().UnixMilli() > l.Expiry {
 		return nil // expired while queued
 	}
+	// A lease this trainer cannot finish is given back at once, so the round's leader
+	// returns its microshards to the pool instead of waiting out the deadline.
+	defer func() {
+		if err != nil && ctx.Err() == nil && time.Now().UnixMilli() <= l.Expiry {
+			t.release(ctx, l, err)
+		}
+	}()
 	baseID, err := cid.Cast(l.Base)
 	if err != nil {
 		return err
@@ -124,6 +133,20 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) e
 	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
 		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds))
 	return t.bus.Publish(ctx, c)
+}
+
+// release tells the round's leader that this trainer gives lease l back because of err.
+func (t *trainer) release(ctx context.Context, l lease.Lease, cause error) {
+	reason := cause.Error()
+	if len(reason) > gossip.MaxReleaseReason {
+		reason = strings.ToValidUTF8(reason[:gossip.MaxReleaseReason], "")
+	}
+	msg := &gossip.Release{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: l.ID().Bytes(), Peer: t.self, Reason: reason}
+	if err := t.bus.Publish(ctx, msg); err != nil {
+		t.log.Warn("release lease", "round", l.Round, "err", err)
+		return
+	}
+	t.log.Info("released lease", "round", l.Round, "microshards", len(l.Microshards), "reason", reason)
 }
 
 // baseHead returns the lease's base head, which must be (or become shortly) this node's

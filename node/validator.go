@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -34,8 +36,10 @@ type validator struct {
 	// never signs two heads for one round, so two heads of a round cannot both reach a
 	// majority quorum.
 	locks map[uint64]lockedHead
-	// rejects rate-limits rejection logs to one per peer and reason a minute.
+	// rejects rate-limits rejection logs to one per peer and round.
 	rejects *rateLog
+	// nonFinite warns once per metric name about NaN or ±Inf held-out metrics.
+	nonFinite *rateLog
 	// started is when this validator started: it leases nothing before it has had one
 	// announce interval to hear from the fleet, so a (re)started leader does not hand the
 	// whole round to the first trainers it happens to hear.
@@ -48,10 +52,18 @@ type lockedHead struct {
 }
 
 func newValidator(e *env, merger *round.Merger) *validator {
+	// Paces come back from the checkpoint and go into every later one.
+	pc := &paces{m: map[string]float64{}}
+	if e.keeper != nil {
+		maps.Copy(pc.m, e.keeper.restoredPaces())
+		e.keeper.trackPaces(pc.snapshot)
+	}
 	return &validator{env: e, merger: merger, trainers: newTrainerSet(),
 		quarantine: lease.NewQuarantine(2, 10, uint64(e.cfg.Lease.QuarantineRounds)),
-		paces:      &paces{m: map[string]float64{}}, locks: map[uint64]lockedHead{}, rejects: newRateLog(time.Minute),
-		started: time.Now()}
+		paces:      pc, locks: map[uint64]lockedHead{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
+			e.log.Warn("contribution rejections not logged (rate limit)", "count", n)
+		}),
+		nonFinite: newRateLog(100*365*24*time.Hour, 0, nil), started: time.Now()}
 }
 
 func (v *validator) run(ctx context.Context) error {
@@ -210,28 +222,77 @@ func (v *validator) evaluate(ctx context.Context, h *chain.Head) map[string]floa
 		v.status.event("evaluate", "round %d: %v", h.Round, err)
 		return nil
 	}
-	return m
+	return v.finiteMetrics(h.Round, m)
 }
 
-// rejected counts a rejected contribution, logs it once per peer and reason a minute,
-// and quarantines repeat offenders.
-func (v *validator) rejected(peer string, round uint64, reason, detail string) {
+// finiteMetrics drops the NaN and ±Inf values from held-out metrics (a model gone wrong
+// evaluates to NaN): metrics are data, not a reason to fail a round, and they travel in
+// CBOR and JSON, neither of which the node lets carry non-finite numbers. Each dropped
+// metric is counted, and warned about once per metric name.
+func (v *validator) finiteMetrics(round uint64, m map[string]float64) map[string]float64 {
+	var out map[string]float64
+	for k, x := range m {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			v.metrics.metricDropped(k)
+			if v.nonFinite.allow(k) {
+				v.log.Warn("held-out metric is not finite; dropped from the head's metrics", "round", round, "metric", k, "value", fmt.Sprint(x))
+				v.status.event("evaluate", "round %d: held-out %s is %v; dropped (further ones are counted in p2ptrain_node_metrics_dropped_total)", round, k, x)
+			}
+			continue
+		}
+		if out == nil {
+			out = make(map[string]float64, len(m))
+		}
+		out[k] = x
+	}
+	return out
+}
+
+// rejected counts a rejected contribution by reason (metrics and /status), logs it once
+// per peer and round (and at most rejectLogBudget lines a minute in all: peer ids are free
+// to mint), and quarantines repeat offenders.
+func (v *validator) rejected(peer string, round uint64, reason, detail, artifact string) {
 	v.metrics.rejected(reason)
-	if v.rejects.allow(peer + "/" + reason) {
-		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "detail", detail)
+	if v.rejects.allow(fmt.Sprintf("%s/%d", peer, round)) {
+		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "artifact", artifact, "detail", detail)
 	}
-	if reason == "late" {
-		return
+	quarantined := false
+	if reason != "late" {
+		quarantined = v.quarantine.Reject(peer, round, reason == string(merge.ReasonLowCosine))
 	}
-	if v.quarantine.Reject(peer, round, reason == string(merge.ReasonLowCosine)) {
+	if quarantined {
 		v.log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.cfg.Lease.QuarantineRounds)
 		v.status.event("quarantine", "%s quarantined for %d rounds after repeated rejections (%s)", peer, v.cfg.Lease.QuarantineRounds, reason)
 	}
-	v.status.update(func(s *Status) {
-		if s.Validator == nil {
-			s.Validator = &ValidatorStatus{}
+	if len(detail) > 200 {
+		detail = detail[:200]
+	}
+	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+		counts := make(map[string]uint64, len(vs.Rejections)+1)
+		for k, n := range vs.Rejections {
+			counts[k] = n
 		}
-		s.Validator.Quarantined = v.quarantine.List(round)
+		counts[reason]++
+		vs.Rejections = counts
+		recent := append(slices.Clone(vs.Recent), Rejection{At: time.Now(), Peer: peer, Round: round, Reason: reason, Artifact: artifact, Detail: detail})
+		if len(recent) > maxRecentRejections {
+			recent = recent[len(recent)-maxRecentRejections:]
+		}
+		vs.Recent = recent
+		vs.Quarantined = v.quarantine.List(round)
+	})
+}
+
+// updateValidatorStatus changes a copy of the validator's status and publishes the copy,
+// so a snapshot being read is never changed under its reader.
+func (v *validator) updateValidatorStatus(fn func(vs *ValidatorStatus)) {
+	v.status.update(func(s *Status) {
+		var vs ValidatorStatus
+		if s.Validator != nil {
+			vs = *s.Validator
+		}
+		fn(&vs)
+		s.Validator = &vs
 	})
 }
 
@@ -254,33 +315,61 @@ func (p *paces) observe(peer string, seconds float64, steps int) {
 	p.m[peer] = x
 }
 
+// snapshot copies the paces for a checkpoint.
+func (p *paces) snapshot() map[string]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.m)
+}
+
 func (p *paces) get(peer string) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.m[peer]
 }
 
-// rateLog allows one log line per key per period.
+// rateLog allows one log line per key per period, and at most budget lines a minute over
+// all keys; what it holds back is summed up in one line a minute. Its memory is bounded.
 type rateLog struct {
-	mu     sync.Mutex
-	period time.Duration
-	last   map[string]time.Time
+	mu         sync.Mutex
+	period     time.Duration
+	budget     int
+	last       map[string]time.Time
+	minute     time.Time
+	lines      int
+	suppressed int
+	log        func(suppressed int) // called with what was held back over the last minute
 }
 
-func newRateLog(period time.Duration) *rateLog {
-	return &rateLog{period: period, last: map[string]time.Time{}}
+// rejectLogBudget bounds the rejection lines a validator logs a minute.
+const rejectLogBudget = 30
+
+func newRateLog(period time.Duration, budget int, summary func(suppressed int)) *rateLog {
+	return &rateLog{period: period, budget: budget, last: map[string]time.Time{}, log: summary}
 }
 
 func (r *rateLog) allow(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t, ok := r.last[key]; ok && time.Since(t) < r.period {
+	now := time.Now()
+	if now.Sub(r.minute) >= time.Minute {
+		if r.suppressed > 0 && r.log != nil {
+			r.log(r.suppressed)
+		}
+		r.minute, r.lines, r.suppressed = now, 0, 0
+	}
+	if t, ok := r.last[key]; ok && now.Sub(t) < r.period {
+		return false
+	}
+	if r.budget > 0 && r.lines >= r.budget {
+		r.suppressed++
 		return false
 	}
 	if len(r.last) > 4096 {
 		clear(r.last)
 	}
-	r.last[key] = time.Now()
+	r.last[key] = now
+	r.lines++
 	return true
 }
 

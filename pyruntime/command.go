@@ -112,6 +112,7 @@ func (c *Command) start(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	c.pkgDir = src.Dir
+	sweepScratchDirs(c.log, scratchBases()...)
 	if c.scratch, c.ownDir, err = makeScratch(c.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}
@@ -426,7 +427,7 @@ func (c *Command) Close() error {
 	c.mu.Unlock()
 	<-c.sem
 	if c.ownDir && c.scratch != "" {
-		if err := os.RemoveAll(c.scratch); err != nil {
+		if err := removeScratch(c.scratch); err != nil {
 			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
 		}
 	}

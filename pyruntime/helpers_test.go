@@ -147,6 +147,9 @@ func digitsDataset(t testing.TB) []string {
 }
 
 func TestMain(m *testing.M) {
+	if base := os.Getenv(scratchHelperEnv); base != "" {
+		scratchHelper(base) // a child process of a scratch test; never returns
+	}
 	code := m.Run()
 	if digitsDir != "" {
 		os.RemoveAll(digitsDir)

@@ -14,14 +14,13 @@ func makeScratch(dir string) (string, bool, error) {
 		}
 		return dir, false, nil
 	}
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		if d, err := os.MkdirTemp("/dev/shm", "p2pnode-*"); err == nil {
+	var last error
+	for _, base := range scratchBases() {
+		d, err := newScratchDir(base)
+		if err == nil {
 			return d, true, nil
 		}
+		last = err
 	}
-	d, err := os.MkdirTemp("", "p2pnode-*")
-	if err != nil {
-		return "", false, fmt.Errorf("pyruntime: scratch dir: %w", err)
-	}
-	return d, true, nil
+	return "", false, fmt.Errorf("pyruntime: scratch dir: %w", last)
 }

@@ -61,7 +61,7 @@ func fitScratch(dir string, params int64, fallback string) (scratchChoice, error
 		return c, fmt.Errorf("pyruntime: scratch: packs of %d parameters need %s; %s has %s free and the disk scratch dir %s %s",
 			params, humanBytes(c.need), dir, humanBytes(free), fallback, humanBytes(diskFree))
 	}
-	d, err := os.MkdirTemp(fallback, "p2pnode-*")
+	d, err := newScratchDir(fallback)
 	if err != nil {
 		return c, fmt.Errorf("pyruntime: disk scratch dir %s: %w", fallback, err)
 	}

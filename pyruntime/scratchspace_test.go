@@ -60,7 +60,7 @@ func TestFitScratch(t *testing.T) {
 				if filepath.Dir(c.dir) != tc.fallback || !c.own {
 					t.Fatalf("dir %s (own %v), want a fresh owned directory under %s", c.dir, c.own, tc.fallback)
 				}
-				os.RemoveAll(c.dir)
+				removeScratch(c.dir)
 			} else if c.dir != tc.dir {
 				t.Fatalf("dir %s, want %s kept", c.dir, tc.dir)
 			}

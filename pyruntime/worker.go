@@ -135,6 +135,7 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	w.pkgDir = w.src.Dir
+	sweepScratchDirs(w.log, append(scratchBases(), w.opts.DiskScratchDir)...)
 	if w.scratch, w.ownDir, err = makeScratch(w.opts.ScratchDir); err != nil {
 		return Info{}, err
 	}
@@ -309,6 +310,10 @@ func (w *Worker) respawn(ctx context.Context) (*workerProc, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed || ctx.Err() != nil || errors.Is(err, ErrClosed) {
+		w.log.Debug("python worker not restarted: shutting down", "err", err)
+		return nil, err
+	}
 	w.failedRestarts++
 	w.fail(err)
 	if w.failedRestarts >= w.opts.MaxRestarts {
@@ -392,7 +397,11 @@ func (w *Worker) call(ctx context.Context, method string, params, out any, timeo
 	if err != nil {
 		err = fmt.Errorf("pyruntime: %s on worker %d (factory %s): %w", method, p.pid, w.opts.Factory, err)
 		var re *RemoteError
-		if errors.As(err, &re) && re.Traceback != "" {
+		if ctx.Err() != nil || w.life.Err() != nil {
+			// The caller gave up or the runtime is closing (a node shutting down): expected,
+			// and not worth a warning on every Ctrl-C.
+			w.log.Debug("python call abandoned", "worker", p.pid, "method", method, "err", err)
+		} else if errors.As(err, &re) && re.Traceback != "" {
 			w.log.Warn("python call failed", "worker", p.pid, "method", method, "type", re.Type, "message", re.Message, "traceback", re.Traceback)
 		} else {
 			w.log.Warn("python call failed", "worker", p.pid, "method", method, "err", err)
@@ -665,7 +674,7 @@ func (w *Worker) fitScratch(params int64) error {
 	logScratch(w.log, w.scratch, c, w.opts.DiskScratchDir != "")
 	if c.switched {
 		if w.ownDir {
-			_ = os.RemoveAll(w.scratch)
+			_ = removeScratch(w.scratch)
 		}
 		w.scratch, w.ownDir = c.dir, c.own
 	}
@@ -721,7 +730,7 @@ func (w *Worker) Close() error {
 	w.state = StateClosed
 	w.mu.Unlock()
 	if w.ownDir && w.scratch != "" {
-		if err := os.RemoveAll(w.scratch); err != nil {
+		if err := removeScratch(w.scratch); err != nil {
 			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
 		}
 	}

@@ -6,8 +6,11 @@ import (
 	"math"
 	"testing"
 
+	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/pack"
 )
@@ -151,4 +154,69 @@ func TestMergeRejectsMalformedSparse(t *testing.T) {
 	require.Contains(t, out.Rejected[0].Detail, id.String())
 	require.ErrorIs(t, diloco.Decode(bad, make([]float32, n), 1), diloco.ErrMalformed)
 	require.Len(t, out.Head.Contributions, 2)
+}
+
+// A trainer that holds the base head's artifacts and the round's (sparse) contributions
+// rebuilds the next head's parameters and outer state bit for bit — two rounds running, so
+// the second starts from a momentum it rebuilt itself — without the dense downloads; a head
+// that does not match what its contributions give is refused and leaves nothing behind.
+func TestRebuildMatchesTheMerge(t *testing.T) {
+	f := newFixture(t, dilocoPolicy)
+	m := &Merger{Store: f.store, Policy: dilocoPolicy}
+	own, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
+	require.NoError(t, err)
+	copyIn := func(b []byte) {
+		id, err := cid.Cast(b)
+		require.NoError(t, err)
+		data, err := f.store.ReadAll(id)
+		require.NoError(t, err)
+		got, err := own.PutBytes(data)
+		require.NoError(t, err)
+		require.True(t, got.Equals(id))
+	}
+	copyIn(f.gen.Params)
+	rebuilder := &Merger{Store: own, Policy: dilocoPolicy}
+
+	baseID, base := f.genID, f.gen
+	for r := 1; r <= 2; r++ {
+		var cands []Candidate
+		for i, p := range []string{"a", "b", "c"} {
+			tr := f.trainer(diloco.Sparse)
+			res, err := tr.Train(context.Background(), base, []uint32{uint32(3*(r-1) + i)}, 5, int64(r))
+			require.NoError(t, err)
+			cands = append(cands, Candidate{Peer: p, Delta: res.Delta, Samples: res.Samples, Microshards: []uint32{uint32(3*(r-1) + i)}})
+		}
+		out, err := m.Merge(context.Background(), baseID, base, cands)
+		require.NoError(t, err)
+		next := out.Head
+		require.False(t, own.Has(mustCast(t, next.Params)))
+		err = rebuilder.Rebuild(context.Background(), baseID, base, next)
+		require.ErrorIs(t, err, artifact.ErrNotFound, "contributions not fetched yet")
+		for _, c := range next.Contributions {
+			copyIn(c.Artifact)
+		}
+
+		tampered := *next
+		tampered.Contributions = append([]chain.Contribution(nil), next.Contributions...)
+		tampered.Contributions[0].Weight *= 2
+		before, err := own.List()
+		require.NoError(t, err)
+		require.ErrorIs(t, rebuilder.Rebuild(context.Background(), baseID, base, &tampered), ErrMismatch)
+		after, err := own.List()
+		require.NoError(t, err)
+		require.ElementsMatch(t, before, after, "a failed rebuild leaves nothing behind")
+
+		require.NoError(t, rebuilder.Rebuild(context.Background(), baseID, base, next))
+		require.True(t, own.Has(mustCast(t, next.Params)))
+		require.True(t, own.Has(mustCast(t, next.OuterState)))
+		require.NoError(t, own.Verify(mustCast(t, next.Params)))
+		baseID, base = out.ID, next
+	}
+}
+
+func mustCast(t *testing.T, b []byte) cid.Cid {
+	t.Helper()
+	id, err := cid.Cast(b)
+	require.NoError(t, err)
+	return id
 }

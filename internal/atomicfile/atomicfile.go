@@ -3,16 +3,21 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
+
+// tempSuffix marks Write's temporary files: "." + the file's name + tempSuffix + random.
+const tempSuffix = ".tmp"
 
 // Write writes data to path so that a crash at any moment leaves either the old
 // file or the new one: temp file in the same directory, fsync, rename, fsync directory.
 func Write(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempSuffix+"*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -56,4 +61,31 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("sync dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// RemoveTemps removes the temporary files that Writes into dir left when their process
+// died before the rename, and returns their names. Call it before anything writes into
+// dir: a Write in progress has such a file too.
+func RemoveTemps(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("remove temporary files in %s: %w", dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, ".") || !strings.Contains(name, tempSuffix) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
 }

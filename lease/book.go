@@ -1,0 +1,273 @@
+package lease
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ipfs/go-cid"
+)
+
+// Book is a round leader's record of one round's leases: who holds a lease of the current
+// attempt, who reported, and who is barred from the round's further attempts. It decides
+// what the leader does next once an attempt is over (Next), so that no trainer can hold a
+// round hostage:
+//
+//   - a trainer whose contribution was rejected, whose lease was released (its worker
+//     failed) or expired gets no further attempt in the round: its microshards go back to
+//     the pool for the others, and the fastest-failing peer cannot take every re-lease;
+//   - an attempt is over as soon as every lease of it is settled (reported or barred), not
+//     only at its deadline;
+//   - an attempt that brought no accepted contribution delays the next one (Backoff,
+//     doubling up to MaxBackoff), so nothing a peer sends can make the leader spin;
+//   - when every live trainer is barred and nothing was received, a new pass readmits them
+//     (after the backoff): the round is not stalled for good by honest updates that
+//     screening happened to reject.
+//
+// A Book is not safe for concurrent use; the leader's loop owns it.
+type Book struct {
+	Round uint64
+	// Backoff is the delay after the first fruitless attempt, doubled after each further
+	// one up to MaxBackoff.
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+
+	attempts  int                // attempts granted in this round
+	held      map[string]cid.Cid // the current attempt's unsettled leases, by trainer
+	leased    map[string]bool    // every trainer leased in the round (any attempt)
+	reported  map[string]bool    // trainers whose contribution is accepted (and not rejected since)
+	barred    map[string]string  // trainer → why it gets no further attempt this pass
+	passes    int
+	clean     bool // the last attempt ended with every lease reported
+	fresh     int  // contributions accepted in the current attempt
+	dropped   int  // leases of the current attempt settled by a bar
+	fruitless int  // consecutive attempts (and passes) that brought nothing
+	ended     time.Time
+	notBefore time.Time
+}
+
+// Default backoff between fruitless attempts.
+const (
+	DefaultBackoff    = 3 * time.Second
+	DefaultMaxBackoff = 24 * time.Second
+)
+
+// NewBook starts the book of a round at now.
+func NewBook(round uint64, now time.Time) *Book {
+	return &Book{Round: round, Backoff: DefaultBackoff, MaxBackoff: DefaultMaxBackoff,
+		held: map[string]cid.Cid{}, leased: map[string]bool{}, reported: map[string]bool{}, barred: map[string]string{},
+		ended: now, notBefore: now}
+}
+
+// Candidates returns, in peer order, the trainers that may be leased in the next attempt:
+// those in live that did not report, are not barred and hold no lease.
+func (b *Book) Candidates(live []Trainer) []Trainer {
+	var out []Trainer
+	for _, t := range live {
+		if _, held := b.held[t.Peer]; held || b.reported[t.Peer] || b.barred[t.Peer] != "" {
+			continue
+		}
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b Trainer) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
+
+// Grant records a new attempt's leases. Leases of an earlier attempt still unsettled are
+// dropped (the caller grants only once the last attempt is over).
+func (b *Book) Grant(leases []Lease) {
+	b.attempts++
+	clear(b.held)
+	b.fresh, b.dropped, b.clean = 0, 0, false
+	for _, l := range leases {
+		b.held[l.Trainer] = l.ID()
+		b.leased[l.Trainer] = true
+	}
+}
+
+// Holds reports whether peer holds the lease id in the current attempt, unsettled.
+func (b *Book) Holds(peer string, id cid.Cid) bool {
+	h, ok := b.held[peer]
+	return ok && h.Equals(id)
+}
+
+// Leased reports whether peer was leased in any attempt of the round.
+func (b *Book) Leased(peer string) bool { return b.leased[peer] }
+
+// Report settles peer's lease with an accepted contribution.
+func (b *Book) Report(peer string) {
+	if _, ok := b.held[peer]; !ok {
+		return
+	}
+	delete(b.held, peer)
+	b.reported[peer] = true
+	b.fresh++
+}
+
+// Bar keeps peer out of the round's further attempts (its contribution was rejected, or its
+// lease released or expired) and settles its lease; a contribution of peer accepted earlier
+// no longer counts. Only peers leased in the round are barred (anyone else has nothing to
+// take back, and a flood under fresh peer ids must not grow the book). It reports whether
+// peer was newly barred.
+func (b *Book) Bar(peer, reason string) bool {
+	if !b.leased[peer] || b.barred[peer] != "" {
+		return false
+	}
+	if reason == "" {
+		reason = "barred"
+	}
+	if _, held := b.held[peer]; held {
+		delete(b.held, peer)
+		b.dropped++
+	}
+	delete(b.reported, peer)
+	b.barred[peer] = reason
+	return true
+}
+
+// Barred returns the barred peers with the reason of each.
+func (b *Book) Barred() map[string]string {
+	out := make(map[string]string, len(b.barred))
+	for p, r := range b.barred {
+		out[p] = r
+	}
+	return out
+}
+
+// Settled reports whether the current attempt has no lease left unsettled.
+func (b *Book) Settled() bool { return len(b.held) == 0 }
+
+// Expire bars every holder of an unsettled lease (the attempt's deadline passed) and
+// returns them in peer order.
+func (b *Book) Expire() []string {
+	var out []string
+	for p := range b.held {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	for _, p := range out {
+		b.Bar(p, "expired")
+	}
+	return out
+}
+
+// End closes the current attempt at now (all settled or the deadline passed, after
+// Expire): an attempt that brought no accepted contribution delays the next by the
+// backoff.
+func (b *Book) End(now time.Time) {
+	if b.attempts == 0 {
+		return
+	}
+	b.clean = len(b.held) == 0 && b.fresh > 0 && b.dropped == 0
+	clear(b.held)
+	b.ended = now
+	if b.fresh > 0 {
+		b.fruitless = 0
+		b.notBefore = now
+		return
+	}
+	b.fruitless++
+	b.notBefore = now.Add(b.delay())
+}
+
+func (b *Book) delay() time.Duration {
+	d := b.Backoff
+	for i := 1; i < b.fruitless && d < b.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, b.MaxBackoff)
+}
+
+// Discard records that every contribution received so far was rejected at screening
+// (nothing merged): like a fruitless attempt, it delays the next.
+func (b *Book) Discard(now time.Time) {
+	b.clean = false
+	b.fruitless++
+	b.ended = now
+	b.notBefore = now.Add(b.delay())
+}
+
+// Attempts is how many attempts were granted in the round.
+func (b *Book) Attempts() int { return b.attempts }
+
+// Passes is how many times every barred peer was readmitted.
+func (b *Book) Passes() int { return b.passes }
+
+// Step is what a leader does next in a round.
+type Step int
+
+const (
+	// Wait for trainers, microshards or the backoff to pass.
+	Wait Step = iota
+	// Grant leases to the candidates.
+	Grant
+	// Close the round: merge what was received and propose.
+	Close
+	// NewPass readmits every barred peer (nothing was received and no one else is left).
+	NewPass
+)
+
+func (s Step) String() string {
+	switch s {
+	case Grant:
+		return "grant"
+	case Close:
+		return "close"
+	case NewPass:
+		return "new_pass"
+	}
+	return "wait"
+}
+
+// Situation is what the leader knows when it decides.
+type Situation struct {
+	Received   int // contributions accepted in the round and not rejected since
+	MinGroup   int
+	Candidates int // trainers that may be leased now (Candidates, after quarantine)
+	Barred     int // live trainers barred this pass
+	Available  int // microshards not covered by received contributions
+	// Patience is how long a round that has contributions, but fewer than MinGroup, waits
+	// for further trainers once no candidate is left (one round deadline).
+	Patience time.Duration
+}
+
+// Next decides the leader's next step at now. The round closes with what it received once
+// that is the minimum group, once the last attempt's trainers all reported (an epoch tail
+// with fewer microshards than trainers), once no microshard is left, or once it has waited
+// Patience with no candidate to lease to. It leases again to candidates (never to barred
+// peers) after the backoff; the round's first attempt waits for a minimum group.
+func (b *Book) Next(now time.Time, s Situation) Step {
+	switch {
+	case s.Received > 0 && s.Received >= s.MinGroup:
+		return Close
+	case s.Received > 0 && b.clean:
+		return Close
+	case s.Received > 0 && s.Available == 0:
+		return Close
+	}
+	ready := !now.Before(b.notBefore)
+	// The round's first attempt waits for a minimum group; once the round is under way,
+	// whoever is left gets the microshards the others failed.
+	if s.Candidates > 0 && s.Available > 0 && (s.Received > 0 || s.Candidates >= s.MinGroup || b.attempts > 0) {
+		if ready {
+			return Grant
+		}
+		return Wait
+	}
+	if s.Received > 0 && now.Sub(b.ended) >= s.Patience {
+		return Close
+	}
+	if s.Received == 0 && s.Candidates == 0 && s.Barred > 0 && s.Available > 0 && s.Barred >= s.MinGroup && ready {
+		return NewPass
+	}
+	return Wait
+}
+
+// StartPass readmits every barred peer (see NewPass); the backoff keeps growing, so a
+// fleet whose every update is rejected is re-leased ever more slowly, never in a spin.
+func (b *Book) StartPass(now time.Time) {
+	clear(b.barred)
+	b.passes++
+	b.fruitless++
+	b.notBefore = now
+}
