@@ -48,6 +48,9 @@ func restore(ctx context.Context, e *env, work *round.Trainer) error {
 	if r.residualErr != nil {
 		e.log.Warn("error-feedback residual dropped; it starts again from zeros", "err", r.residualErr)
 	}
+	if r.pacesErr != nil {
+		e.log.Warn("trainer paces dropped; round deadlines are learnt again", "err", r.pacesErr)
+	}
 	if tid, th, ok := newerTip(e, id, h); ok {
 		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
 		id, h = tid, th

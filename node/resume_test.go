@@ -150,3 +150,37 @@ func TestRestartedValidatorRefetchesItsDamagedTipHead(t *testing.T) {
 	require.Contains(t, v.logs.String(), "damaged head replaced with a peer's copy")
 	require.Contains(t, v.logs.String(), path)
 }
+
+// A restarted validator sets its first deadline from the trainer paces it checkpointed,
+// not from lease.round_timeout: a trainer lost in that round costs seconds, not the
+// whole timeout.
+func TestRestartedValidatorKeepsItsPaces(t *testing.T) {
+	const rounds, timeout = 8, 2 * time.Minute
+	c := newCluster(t, 1, 2, rounds, 24)
+	for _, n := range c.nodes {
+		n.cfg.Lease.RoundTimeout = timeout
+	}
+	for _, n := range c.nodes[1:] {
+		n.rt.Delay = 200 * time.Millisecond
+	}
+	v := c.nodes[0]
+	c.startAll()
+	require.Eventually(t, func() bool { return v.n.Status().Round >= 3 }, time.Minute, 10*time.Millisecond)
+	c.kill(v)
+	c.restart(v)
+	restarted := time.Now()
+	var window time.Duration
+	require.Eventually(t, func() bool {
+		vs := v.n.Status().Validator
+		if vs == nil || len(vs.Leased) == 0 {
+			return false
+		}
+		window = time.Until(vs.Deadline)
+		return true
+	}, time.Minute, 2*time.Millisecond, "no leases after the restart")
+	t.Logf("first deadline after the restart: %v ahead (round_timeout %v); leases %v after the restart",
+		window.Round(time.Millisecond), timeout, time.Since(restarted).Round(time.Millisecond))
+	require.Less(t, window, timeout/4, "the first deadline after a restart came from round_timeout, not the trainers' paces")
+	c.waitDone(2 * time.Minute)
+	c.requireOneChain(c.nodes, rounds)
+}
