@@ -387,7 +387,11 @@ func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, mom
 	if !diloCo && m.Policy.Kind != "ema" {
 		return cid.Undef, cid.Undef, fmt.Errorf("unknown merge policy %q", m.Policy.Kind)
 	}
-	pw, err := newPackSink(m.Store, layout, nil)
+	buffers, paramsMeta, err := bufferRanges(layout, baseR.Header.Metadata)
+	if err != nil {
+		return cid.Undef, cid.Undef, fmt.Errorf("base params: %w", err)
+	}
+	pw, err := newPackSink(m.Store, layout, paramsMeta)
 	if err != nil {
 		return cid.Undef, cid.Undef, err
 	}
@@ -401,6 +405,10 @@ func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, mom
 	}
 	bl := min(B, n)
 	mean, params, mom, scratch := make([]float32, bl), make([]float32, bl), make([]float32, bl), make([]float32, bl)
+	var baseCopy []float32
+	if diloCo && len(buffers) > 0 {
+		baseCopy = make([]float32, bl)
+	}
 	xs := make([][]float32, len(accepted))
 	for lo := 0; lo < n; lo += B {
 		if err := ctx.Err(); err != nil {
@@ -431,8 +439,14 @@ func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, mom
 			} else {
 				clear(mb)
 			}
+			if baseCopy != nil {
+				copy(baseCopy, p)
+			}
 			if err := diloco.OuterStep(p, mb, g, m.Policy.Outer, m.Workers); err != nil {
 				return cid.Undef, cid.Undef, err
+			}
+			if baseCopy != nil {
+				averageBuffers(buffers, lo, p, mb, baseCopy[:hi-lo], g)
 			}
 			if err := mw.write(mb); err != nil {
 				return cid.Undef, cid.Undef, err
@@ -595,8 +609,12 @@ func Genesis(store *artifact.Store, initPack, network, experiment, planID string
 	if name := p.Finite(); name != "" {
 		return nil, cid.Undef, fmt.Errorf("genesis: %w: initial parameters hold NaN/Inf in %q", ErrNonFinite, name)
 	}
+	_, meta, err := bufferRanges(p.Layout, p.Meta)
+	if err != nil {
+		return nil, cid.Undef, fmt.Errorf("genesis: %w", err)
+	}
 	m := &Merger{Store: store}
-	paramsID, err := m.storePack(p.Layout, p.Values, nil)
+	paramsID, err := m.storePack(p.Layout, p.Values, meta)
 	if err != nil {
 		return nil, cid.Undef, fmt.Errorf("genesis: %w", err)
 	}

@@ -91,6 +91,9 @@ func mergeInMemory(t *testing.T, m *Merger, baseID cid.Cid, base *chain.Head, ca
 	var outerID cid.Cid
 	if m.Policy.Kind == "diloco" {
 		require.NoError(t, diloco.OuterStep(params, momentum, mean, m.Policy.Outer, 1))
+		ranges, _, err := bufferRanges(basePack.Layout, basePack.Meta)
+		require.NoError(t, err)
+		averageBuffers(ranges, 0, params, momentum, basePack.Values, mean)
 		outerID, err = m.storePack(basePack.Layout, momentum, map[string]string{"kind": "outer_momentum"})
 		require.NoError(t, err)
 	} else {
@@ -98,7 +101,9 @@ func mergeInMemory(t *testing.T, m *Merger, baseID cid.Cid, base *chain.Head, ca
 		require.NoError(t, diloco.PseudoGradient(local, basePack.Values, mean, 1))
 		require.NoError(t, merge.EMA(params, basePack.Values, local, m.Policy.Decay, 1))
 	}
-	pid, err := m.storePack(basePack.Layout, params, nil)
+	_, meta, err := bufferRanges(basePack.Layout, basePack.Meta)
+	require.NoError(t, err)
+	pid, err := m.storePack(basePack.Layout, params, meta)
 	require.NoError(t, err)
 	h, err := buildHead(m.Policy, base, baseID, pid, outerID, merged)
 	require.NoError(t, err)
@@ -110,7 +115,7 @@ func mergeInMemory(t *testing.T, m *Merger, baseID cid.Cid, base *chain.Head, ca
 }
 
 // bigGenesis stores a genesis head whose pack has n values over three tensors, so blocks
-// straddle tensor boundaries.
+// straddle tensor boundaries; the small one is a buffer.
 func bigGenesis(t *testing.T, store *artifact.Store, n int, policy Policy, seed uint64) (*chain.Head, cid.Cid) {
 	t.Helper()
 	a := int64(n / 3)
@@ -120,7 +125,7 @@ func bigGenesis(t *testing.T, store *artifact.Store, n int, policy Policy, seed 
 	for i := range vals {
 		vals[i] = float32(rng.NormFloat64())
 	}
-	p, err := pack.New(layout, vals, nil)
+	p, err := pack.New(layout, vals, map[string]string{BuffersMeta: "b"})
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "init.safetensors")
 	require.NoError(t, p.WriteFile(path))
@@ -186,6 +191,9 @@ func TestStreamingMergeMatchesInMemory(t *testing.T) {
 	codecs := []codecCase{{diloco.FP32, 0}, {diloco.FP16, 0}, {diloco.Int8, 256}, {diloco.Int8, 100}, {diloco.Sparse, 4096}, {diloco.Sparse, 1000}}
 	for _, agg := range merge.Aggregators() {
 		for _, cc := range codecs {
+			if (cc.codec == diloco.Sparse || cc.block == 100) && agg != merge.AggMean && agg != merge.AggNormClip {
+				continue // the odd codecs with the two aggregators that differ most, to keep -race quick
+			}
 			kinds := []string{"diloco"}
 			if agg == merge.AggMean && cc.codec == diloco.FP32 {
 				kinds = append(kinds, "ema")
