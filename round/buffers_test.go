@@ -97,4 +97,3 @@ func headValues(t *testing.T, store *artifact.Store, id []byte) []float32 {
 	defer p.Close()
 	return append([]float32(nil), p.Values...)
 }
-
