@@ -26,8 +26,12 @@ import (
 	"github.com/p2pnode/p2pnode/node"
 )
 
-// Binary builds bin/p2pnode for the tests once per test binary and returns its path.
+// Binary builds bin/p2pnode for the tests once per test binary and returns its path;
+// $P2PNODE_E2E_BINARY names a prebuilt one instead (a machine without Go).
 var Binary = sync.OnceValues(func() (string, error) {
+	if b := os.Getenv("P2PNODE_E2E_BINARY"); b != "" {
+		return filepath.Abs(b)
+	}
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Dir(filepath.Dir(file))
 	out := filepath.Join(os.TempDir(), fmt.Sprintf("p2pnode-e2e-%d", os.Getpid()))

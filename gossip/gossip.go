@@ -146,6 +146,10 @@ func (g *Gossip) read(sub *pubsub.Subscription) {
 // paths). It has one consumer and is closed by Close.
 func (g *Gossip) Messages() <-chan Message { return g.out }
 
+// Rejections returns how many messages from peers this node's topic validators rejected
+// (forged or malformed), by "topic/reason" (e.g. "contributions/author_mismatch").
+func (g *Gossip) Rejections() map[string]uint64 { return g.rejects.rejections() }
+
 // SetValidators replaces the set of peers allowed to publish heads, leases and
 // attestations. It applies to every message validated after it returns.
 func (g *Gossip) SetValidators(ids []peer.ID) { g.check.setValidators(ids) }

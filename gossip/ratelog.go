@@ -18,6 +18,7 @@ type rejectLog struct {
 	budget int           // lines per minute over all keys
 
 	mu         sync.Mutex
+	counts     map[string]uint64 // every rejection, by "topic/reason" (a bounded set of keys)
 	last       map[string]time.Time
 	minute     time.Time
 	lines      int
@@ -29,12 +30,24 @@ type rejectLog struct {
 const maxRejectKeys = 4096
 
 func newRejectLog(log *slog.Logger) *rejectLog {
-	return &rejectLog{log: log, quiet: 10 * time.Minute, budget: 20, last: map[string]time.Time{}}
+	return &rejectLog{log: log, quiet: 10 * time.Minute, budget: 20, last: map[string]time.Time{}, counts: map[string]uint64{}}
+}
+
+// rejections returns how many messages were rejected, by "topic/reason".
+func (r *rejectLog) rejections() map[string]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]uint64, len(r.counts))
+	for k, n := range r.counts {
+		out[k] = n
+	}
+	return out
 }
 
 func (r *rejectLog) reject(now time.Time, k Kind, author, via peer.ID, o *outcome) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.counts[string(k)+"/"+o.reason]++
 	if now.Sub(r.minute) >= time.Minute {
 		if r.suppressed > 0 {
 			r.log.Warn("gossip rejections not logged (rate limit)", "count", r.suppressed, "since", r.minute)

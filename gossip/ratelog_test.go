@@ -54,4 +54,6 @@ func TestRejectLogIsRateLimited(t *testing.T) {
 	r.reject(now.Add(r.quiet+time.Minute), KindHeads, p, p, bad)
 	require.Len(t, h.msgs, r.budget+3, "the first peer is told again after the quiet period")
 	require.LessOrEqual(t, len(r.last), maxRejectKeys)
+	// Logs are rate-limited; the counts shown in /status are not.
+	require.Equal(t, map[string]uint64{"heads/malformed": 100 + 1000 + 2, "heads/bad_signature": 1}, r.rejections())
 }

@@ -235,7 +235,7 @@ type Situation struct {
 // that is the minimum group, once the last attempt's trainers all reported (an epoch tail
 // with fewer microshards than trainers), once no microshard is left, or once it has waited
 // Patience with no candidate to lease to. It leases again to candidates (never to barred
-// peers) after the backoff; with nothing received it leases only to a minimum group.
+// peers) after the backoff; the round's first attempt waits for a minimum group.
 func (b *Book) Next(now time.Time, s Situation) Step {
 	switch {
 	case s.Received > 0 && s.Received >= s.MinGroup:
@@ -246,7 +246,9 @@ func (b *Book) Next(now time.Time, s Situation) Step {
 		return Close
 	}
 	ready := !now.Before(b.notBefore)
-	if s.Candidates > 0 && s.Available > 0 && (s.Received > 0 || s.Candidates >= s.MinGroup) {
+	// The round's first attempt waits for a minimum group; once the round is under way,
+	// whoever is left gets the microshards the others failed.
+	if s.Candidates > 0 && s.Available > 0 && (s.Received > 0 || s.Candidates >= s.MinGroup || b.attempts > 0) {
 		if ready {
 			return Grant
 		}
@@ -255,7 +257,7 @@ func (b *Book) Next(now time.Time, s Situation) Step {
 	if s.Received > 0 && now.Sub(b.ended) >= s.Patience {
 		return Close
 	}
-	if s.Received == 0 && s.Barred > 0 && s.Available > 0 && s.Candidates+s.Barred >= s.MinGroup && ready {
+	if s.Received == 0 && s.Candidates == 0 && s.Barred > 0 && s.Available > 0 && s.Barred >= s.MinGroup && ready {
 		return NewPass
 	}
 	return Wait

@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -139,6 +141,7 @@ func TestBookNext(t *testing.T) {
 		{"backs off after a fruitless attempt", fruitless, DefaultBackoff - time.Millisecond, Situation{MinGroup: 1, Candidates: 1, Barred: 1, Available: 1}, Wait},
 		{"leases after the backoff", fruitless, DefaultBackoff, Situation{MinGroup: 1, Candidates: 1, Barred: 1, Available: 1}, Grant},
 		{"everyone barred, nothing received: a new pass after the backoff", fruitless, DefaultBackoff, Situation{MinGroup: 1, Barred: 1, Available: 1}, NewPass},
+		{"after a failed attempt, fewer than the minimum group get the microshards", fruitless, DefaultBackoff, Situation{MinGroup: 3, Candidates: 1, Barred: 2, Available: 3}, Grant},
 		{"not before the backoff", fruitless, time.Second, Situation{MinGroup: 1, Barred: 1, Available: 1}, Wait},
 		{"no new pass that could not make the minimum group", fruitless, time.Hour, Situation{MinGroup: 3, Barred: 1, Available: 1}, Wait},
 	}
@@ -209,4 +212,87 @@ func TestBookNewPassReadmits(t *testing.T) {
 	b.End(t0.Add(DefaultBackoff))
 	require.Equal(t, Wait, b.Next(t0.Add(2*DefaultBackoff), s), "the second pass waits longer")
 	require.Equal(t, NewPass, b.Next(t0.Add(DefaultBackoff+4*DefaultBackoff), s))
+}
+
+// TestBookRoundsEnd simulates a leader over random fleets: honest trainers report, bad ones
+// are rejected, release or let their lease expire, flaky ones are rejected half the time.
+// Every round closes whenever at least one honest or flaky trainer is live, and no peer is
+// leased twice in one pass.
+func TestBookRoundsEnd(t *testing.T) {
+	for seed := range 200 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 12))
+		n := 1 + rng.IntN(8)
+		behaviour := map[string]int{} // 0 honest, 1 rejected, 2 released, 3 expired, 4 rejected half the time
+		var live []Trainer
+		honest := 0
+		for i := range n {
+			p := fmt.Sprintf("t%d", i)
+			behaviour[p] = rng.IntN(5)
+			if behaviour[p] == 0 || behaviour[p] == 4 {
+				honest++
+			}
+			live = append(live, Trainer{Peer: p, Capacity: 1})
+		}
+		minGroup := 1 + rng.IntN(4)
+		shards := 1 + rng.IntN(10)
+		now := time.Unix(1000, 0)
+		b := NewBook(1, now)
+		received, leasedInPass := 0, map[string]int{}
+		closed := false
+		for step := 0; step < 10000 && !closed; step++ {
+			cands := b.Candidates(live)
+			barred := len(b.Barred())
+			s := Situation{Received: received, MinGroup: minGroup, Candidates: len(cands), Barred: barred,
+				Available: shards - received, Patience: 5 * time.Second}
+			switch b.Next(now, s) {
+			case Close:
+				closed = true
+			case NewPass:
+				require.Zero(t, received, "seed %d: a new pass with contributions in hand", seed)
+				b.StartPass(now)
+				clear(leasedInPass)
+			case Grant:
+				// One microshard each, as far as they go.
+				if len(cands) > shards-received {
+					cands = cands[:shards-received]
+				}
+				var ls []Lease
+				for _, c := range cands {
+					leasedInPass[c.Peer]++
+					require.Equal(t, 1, leasedInPass[c.Peer], "seed %d: %s leased twice in a pass", seed, c.Peer)
+					ls = append(ls, Lease{Round: 1, Trainer: c.Peer, Microshards: []uint32{0}})
+				}
+				b.Grant(ls)
+				for _, c := range cands {
+					switch behaviour[c.Peer] {
+					case 0:
+						b.Report(c.Peer)
+						received++
+					case 1:
+						b.Bar(c.Peer, "norm_outlier")
+					case 2:
+						b.Bar(c.Peer, "released")
+					case 4:
+						if rng.IntN(2) == 0 {
+							b.Report(c.Peer)
+							received++
+						} else {
+							b.Bar(c.Peer, "low_cosine")
+						}
+					}
+				}
+				b.Expire()
+				now = now.Add(time.Second)
+				b.End(now)
+			default:
+				now = now.Add(250 * time.Millisecond)
+			}
+		}
+		if honest > 0 && n >= minGroup {
+			require.True(t, closed, "seed %d: %d trainers (%d honest), min_group %d, %d shards: the round never closed", seed, n, honest, minGroup, shards)
+		}
+		if closed {
+			require.Positive(t, received, "seed %d: closed with nothing", seed)
+		}
+	}
 }

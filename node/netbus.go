@@ -70,6 +70,9 @@ func (b *netBus) learnHolders(from peer.ID, msg any) {
 	}
 }
 
+// Rejections reports the gossip messages rejected by topic validation, by "topic/reason".
+func (b *netBus) Rejections() map[string]uint64 { return b.g.Rejections() }
+
 func (b *netBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
 
 func (b *netBus) Subscribe() *Inbox { return b.subscribe() }

@@ -22,9 +22,12 @@ type Status struct {
 	Last        *ContributionInfo  `json:"last_contribution,omitempty"`
 	Worker      any                `json:"worker,omitempty"`
 	Validator   *ValidatorStatus   `json:"validator,omitempty"`
-	Events      []Event            `json:"events"`
-	History     []RoundPoint       `json:"history"`
-	Started     time.Time          `json:"started"`
+	// GossipRejections counts gossip messages from peers that failed topic validation
+	// (forged, malformed), by "topic/reason".
+	GossipRejections map[string]uint64 `json:"gossip_rejections,omitempty"`
+	Events           []Event           `json:"events"`
+	History          []RoundPoint      `json:"history"`
+	Started          time.Time         `json:"started"`
 }
 
 // LeaseStatus is a lease this node holds.
@@ -106,6 +109,8 @@ type statusBoard struct {
 	worker func() any
 	// conns reports connected peers and our addresses when there is a host.
 	conns func() (peers, addrs []string)
+	// gossipRejects reports gossip messages rejected by topic validation.
+	gossipRejects func() map[string]uint64
 }
 
 func (b *statusBoard) update(fn func(s *Status)) {
@@ -133,6 +138,11 @@ func (b *statusBoard) Snapshot() Status {
 	b.mu.Unlock()
 	if b.worker != nil {
 		s.Worker = b.worker()
+	}
+	if b.gossipRejects != nil {
+		if m := b.gossipRejects(); len(m) > 0 {
+			s.GossipRejections = m
+		}
 	}
 	if b.conns != nil {
 		s.Connected, s.Addrs = b.conns()
