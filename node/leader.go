@@ -175,7 +175,7 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 			v.log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
 				"barred", nBarred, "pass", r.book.Passes()+1)
 			v.status.event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
-			r.book.StartPass(time.Now())
+			r.book.StartPass()
 			continue
 		}
 		if r.granted && time.Since(beat) >= heartbeatEvery {
