@@ -4,6 +4,9 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 PY ?= /usr/bin/python3
 BIN := bin/p2pnode
+# The release `p2pnode --version` reports (the VCS revision is recorded by go build).
+VERSION ?= 0.1.0
+LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 
 .PHONY: all setup build image demo demo-local test test-go test-py bench e2e wan wan-goodput lint clean
 
@@ -15,7 +18,7 @@ setup:
 
 ## build: build bin/p2pnode (static, so the same binary runs in the Docker image)
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/p2pnode
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/p2pnode
 
 ## demo: set up, build, and run the default experiment (a local swarm: 1 validator, 3 trainers)
 demo: setup build

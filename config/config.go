@@ -73,6 +73,11 @@ type Dataset struct {
 	MicroshardBytes int64  `yaml:"microshard_bytes"`
 }
 
+// DefaultRounds is experiment.rounds when a config does not say: a finite run (digits:
+// about 30 s on 2 CPU cores to 97% held-out accuracy, 35 MB of store) rather than one that
+// trains, and fills the store, until interrupted. Set rounds: 0 to run until stopped.
+const DefaultRounds = 100
+
 // Training precisions (workload.precision).
 const (
 	PrecisionFP32 = "fp32"

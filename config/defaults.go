@@ -20,6 +20,7 @@ func Default() *Config {
 			ID:        "digits",
 			Roles:     []string{RoleValidator, RoleTrainer},
 			Quorum:    1,
+			Rounds:    DefaultRounds,
 			Seed:      1,
 			EvalEvery: 1,
 		},

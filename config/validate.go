@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
 	"math"
 	"strings"
@@ -67,6 +68,20 @@ func (c *Config) validateNode(v *validator) {
 			v.add(fmt.Sprintf("node.bootstrap[%d]", i), "%q must end in /p2p/<peer id>", a)
 		}
 	}
+	if n.PSK != "" {
+		if b, err := hex.DecodeString(strings.TrimSpace(n.PSK)); err != nil || len(b) != 32 {
+			v.add("node.psk", "must be 64 hex characters (32 bytes; `openssl rand -hex 32` makes one), got %d characters", len(strings.TrimSpace(n.PSK)))
+		}
+		tcp := false
+		for _, a := range n.Listen {
+			if ma, err := multiaddr.NewMultiaddr(a); err == nil {
+				if _, err := ma.ValueForProtocol(multiaddr.P_TCP); err == nil {
+					tcp = true
+				}
+			}
+		}
+		v.check(tcp, "node.psk", "a private network runs over TCP only, but node.listen has no /tcp address")
+	}
 	if n.HTTP != "" && n.HTTP != "off" {
 		v.check(strings.Contains(n.HTTP, ":"), "node.http", "must be host:port or \"off\", got %q", n.HTTP)
 	}
@@ -103,6 +118,17 @@ func (c *Config) validateExperiment(v *validator) {
 	v.check(e.Quorum >= 1, "experiment.quorum", "must be >= 1, got %d", e.Quorum)
 	if len(e.Validators) > 0 {
 		v.check(e.Quorum <= len(e.Validators), "experiment.quorum", "%d exceeds the %d configured validators", e.Quorum, len(e.Validators))
+	} else {
+		// Empty validators means this node alone signs heads: a quorum above 1 could never
+		// be met, and the node would stall after genesis without a word.
+		v.check(e.Quorum <= 1, "experiment.quorum", "%d needs experiment.validators to list at least %d peer ids "+
+			"(an empty list means this node alone validates, with quorum 1)", e.Quorum, e.Quorum)
+		// A trainer that is not a validator would trust only its own signature and so
+		// accept no head from anyone.
+		if c.Experiment.HasRole(RoleTrainer) && !c.Experiment.HasRole(RoleValidator) {
+			v.add("experiment.validators", "a trainer without the validator role needs the validators' peer ids "+
+				"(an empty list means this node alone validates)")
+		}
 	}
 	v.check(e.EvalEvery >= 0, "experiment.eval_every", "must be >= 0 (0 = never), got %d", e.EvalEvery)
 	v.check(e.Rounds >= 0, "experiment.rounds", "must be >= 0 (0 = no limit), got %d", e.Rounds)

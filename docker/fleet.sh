@@ -15,9 +15,12 @@
 #   FLEET_OVERLAYS  space-separated overlays: scale, poison, public
 #   FLEET_ROUNDS    experiment.rounds when writing configs (default 0: train until stopped)
 #   P2PNODE_IMAGE   image (default p2pnode:latest, built by `make image`)
+#
+# Needs Docker and the image only: the configs are written by `p2pnode fleet-config`, run
+# from the image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PATH:/usr/local/go/bin
+image="${P2PNODE_IMAGE:-p2pnode:latest}"
 
 FLEET_DIR="${FLEET_DIR:-.p2pnode/fleet}"
 mkdir -p "$FLEET_DIR"
@@ -36,8 +39,15 @@ files=(-f e2e/compose.yaml)
 for o in ${FLEET_OVERLAYS:-}; do files+=(-f "e2e/compose.$o.yaml"); done
 dc() { "${compose[@]}" -p "$project" "${files[@]}" "$@"; }
 
+need_image() {
+	docker image inspect "$image" >/dev/null 2>&1 || { echo "fleet: no image $image: run make image" >&2; exit 1; }
+}
+
+# As root in the container, so that validator.key is handed to the image's user.
 write_config() {
-	go run ./docker/fleet/cmd/p2pnode-fleet --dir "$P2PNODE_FLEET" --rounds "${FLEET_ROUNDS:-0}"
+	need_image
+	docker run --rm --network none --user 0 -v "$P2PNODE_FLEET:/fleet" "$image" \
+		fleet-config --dir /fleet --rounds "${FLEET_ROUNDS:-0}"
 }
 
 status() {
@@ -53,15 +63,15 @@ status() {
 case "${1:-}" in
 config) write_config ;;
 up)
+	need_image
 	[[ -f "$P2PNODE_FLEET/validator.yaml" ]] || write_config
-	docker image inspect "${P2PNODE_IMAGE:-p2pnode:latest}" >/dev/null 2>&1 || { echo "fleet: no image ${P2PNODE_IMAGE:-p2pnode:latest}: run make image" >&2; exit 1; }
 	dc up -d
 	echo "fleet: up. Watch it with: docker/fleet.sh status (or logs)"
 	;;
 status) status ;;
 logs) dc logs -f --tail 20 validator ;;
-down) dc down ;;
-purge) dc down -v ;;
+down) dc down --remove-orphans ;;
+purge) dc down -v --remove-orphans ;;
 *)
 	sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2

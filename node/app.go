@@ -23,11 +23,12 @@ import (
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/pyruntime"
 )
 
-// Version is announced to peers and shown in status.
-const Version = "p2pnode/0.1.0"
+// Version is announced to peers (the libp2p user agent) and shown in status.
+var Version = "p2pnode/" + version.Version
 
 // Options are what the caller adds to a config.
 type Options struct {
@@ -64,18 +65,24 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	if _, err := poisonDelta(opts.Poison, 0); err != nil {
 		return nil, err
 	}
+	if err := ensureWritableDir(cfg.Node.StoreDir); err != nil {
+		return nil, fmt.Errorf("node.store_dir: %w", err)
+	}
 	n := &Node{}
 	app := fx.New(
 		fx.WithLogger(func() fxevent.Logger {
 			l := &fxevent.SlogLogger{Logger: opts.Logger.With("pkg", "fx")}
+			// fx's own errors too: New and Run return the root cause, which the caller
+			// reports once, instead of fx's wrapped chain of reflect stubs.
 			l.UseLogLevel(slog.LevelDebug)
+			l.UseErrorLevel(slog.LevelDebug)
 			return l
 		}),
 		Module(cfg, opts),
 		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
 	)
 	if err := app.Err(); err != nil {
-		return nil, fmt.Errorf("assemble node: %w", dig.RootCause(err))
+		return nil, dig.RootCause(err) // it names the setting; fx's wrapping only adds reflect stubs
 	}
 	n.app = app
 	return n, nil
@@ -98,9 +105,11 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		discoveryModule(cfg, opts),
 		runtimeModule(cfg, opts),
 		busModule(cfg),
+		// HTTP before the roles: its OnStart (binding the port) runs before the role loops
+		// start, so a port in use fails start-up before any work begins.
+		httpModule(cfg),
 		rolesModule(cfg),
 		exportModule(cfg),
-		httpModule(cfg),
 		fx.Invoke(registerPeersGauge),
 	)
 }
@@ -143,7 +152,16 @@ func identityModule(cfg *config.Config, opts Options) fx.Option {
 	}
 	return fx.Module("identity",
 		fx.Provide(
-			func(log *slog.Logger) (crypto.PrivKey, error) { return LoadIdentity(path, log) },
+			func(log *slog.Logger) (crypto.PrivKey, error) {
+				k, err := LoadIdentity(path, log)
+				if err != nil && cfg.Node.Identity != "" {
+					return nil, fmt.Errorf("node.identity: %w", err)
+				}
+				if err != nil {
+					return nil, fmt.Errorf("node.store_dir: %w", err)
+				}
+				return k, nil
+			},
 			func(k crypto.PrivKey) (peer.ID, error) { return peer.IDFromPrivateKey(k) },
 		),
 	)
@@ -258,6 +276,7 @@ func httpModule(cfg *config.Config) fx.Option {
 			fx.OnStart(func(ctx context.Context, h *httpServer) error { return h.start(ctx) }),
 			fx.OnStop(func(ctx context.Context, h *httpServer) error { return h.stop(ctx) }),
 		)),
+		fx.Invoke(func(*httpServer) {}),
 	)
 }
 
@@ -285,7 +304,7 @@ func (l *loopErrors) get() error {
 // reached, or a role loop fails; it returns that failure.
 func (n *Node) Run(ctx context.Context) error {
 	if err := n.app.Start(ctx); err != nil {
-		return fmt.Errorf("start node: %w", dig.RootCause(err))
+		return dig.RootCause(err)
 	}
 	select {
 	case <-ctx.Done():

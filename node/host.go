@@ -3,9 +3,14 @@ package node
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -151,7 +156,67 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw *metrics.Bandw
 	if err != nil {
 		return nil, fmt.Errorf("node.listen: start libp2p host: %w", err)
 	}
+	if err := checkListening(cfg.Node.Listen, listen, h); err != nil {
+		h.Close()
+		return nil, err
+	}
 	return h, nil
+}
+
+var portRe = regexp.MustCompile(`/(tcp|udp)/(\d+)`)
+
+// checkListening fails when an address of node.listen got no listener: libp2p starts as
+// long as one address works, so a TCP port in use would otherwise leave a node silently
+// reachable over QUIC alone. A port of 0 matches any port.
+func checkListening(configured, used []string, h host.Host) error {
+	var have []string
+	for _, a := range h.Network().ListenAddresses() {
+		have = append(have, a.String())
+	}
+	for _, want := range used {
+		wildPort := strings.Contains(want, "/tcp/0") || strings.Contains(want, "/udp/0")
+		norm := func(s string) string {
+			if wildPort {
+				return portRe.ReplaceAllString(s, "/$1/0")
+			}
+			return s
+		}
+		found := false
+		for _, a := range have {
+			if strings.HasPrefix(norm(a), norm(want)) { // webtransport appends certhashes
+				found = true
+				break
+			}
+		}
+		if found {
+			continue
+		}
+		field := "node.listen"
+		if i := slices.Index(configured, want); i >= 0 {
+			field = fmt.Sprintf("node.listen[%d]", i)
+		}
+		return fmt.Errorf("%s: could not listen on %s: %s", field, want, listenFailure(want))
+	}
+	return nil
+}
+
+var tcpAddrRe = regexp.MustCompile(`^/ip[46]/([^/]+)/tcp/(\d+)$`)
+
+// listenFailure says why a listen address failed, as far as the OS tells.
+func listenFailure(addr string) string {
+	m := tcpAddrRe.FindStringSubmatch(addr)
+	if m == nil {
+		return "the transport refused it"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(m[1], m[2]))
+	if err == nil {
+		ln.Close()
+		return "the transport refused it"
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Sprintf("port %s is already in use (another p2pnode with this config?); set another port, or 0 for a free one", m[2])
+	}
+	return err.Error()
 }
 
 // parsePSK reads node.psk: 64 hex characters (32 bytes).

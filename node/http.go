@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +53,9 @@ func newHTTPServer(addr, addrFile string, board *statusBoard, reg *prometheus.Re
 
 func (h *httpServer) start(context.Context) error {
 	ln, err := net.Listen("tcp", h.addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("node.http: %s is already in use (another p2pnode with this config?); set another port, or port 0 for a free one", h.addr)
+	}
 	if err != nil {
 		return fmt.Errorf("node.http: listen on %s: %w", h.addr, err)
 	}
@@ -69,7 +74,14 @@ func (h *httpServer) start(context.Context) error {
 	return nil
 }
 
-func (h *httpServer) stop(ctx context.Context) error { return h.srv.Shutdown(ctx) }
+// stop shuts the server down and removes the address file, so that `p2pnode status` can
+// tell a stopped node from one that died.
+func (h *httpServer) stop(ctx context.Context) error {
+	if h.addrFile != "" && h.ln != nil {
+		_ = os.Remove(h.addrFile)
+	}
+	return h.srv.Shutdown(ctx)
+}
 
 // Addr is the bound address (after start).
 func (h *httpServer) Addr() string {

@@ -115,7 +115,8 @@ func startLoops(lc fx.Lifecycle, sd fx.Shutdowner, e *env, errs *loopErrors) {
 			go func() {
 				defer wg.Done()
 				if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
-					e.log.Error("node failed", "err", err)
+					// Run returns err to the caller, which reports it once.
+					e.log.Debug("node failed", "err", err)
 					errs.set(err)
 					_ = sd.Shutdown(fx.ExitCode(1))
 				}
@@ -154,7 +155,7 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	}
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
 		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK}
-	if err := restore(e, work); err != nil {
+	if err := restore(ctx, e, work); err != nil {
 		return err
 	}
 	if e.poison != "" {
@@ -194,36 +195,6 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		cancel()
 	}
 	return first
-}
-
-// restore resumes from the newest good checkpoint, if any.
-func restore(e *env, work *round.Trainer) error {
-	r, err := e.keeper.restore()
-	if errors.Is(err, checkpoint.ErrNoState) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("load checkpoint: %w", err)
-	}
-	id, err := cid.Decode(r.state.Head)
-	if err != nil {
-		return fmt.Errorf("checkpoint head %q: %w", r.state.Head, err)
-	}
-	_, h, err := e.heads.Get(id)
-	if err != nil {
-		return fmt.Errorf("checkpoint head: %w", err)
-	}
-	work.OptState, work.Residual, work.ResidualTag = r.optPath, r.residual, r.residualTag
-	if r.residualErr != nil {
-		e.log.Warn("error-feedback residual dropped; it starts again from zeros", "err", r.residualErr)
-	}
-	if tid, th, ok := newerTip(e, id, h); ok {
-		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
-		id, h = tid, th
-	}
-	e.tips.Restore(id, h)
-	e.log.Info("resumed", "round", h.Round, "head", id.String(), "checkpoint_generation", r.state.Seq)
-	return nil
 }
 
 // newerTip returns the head recorded in the tip file when it descends from the

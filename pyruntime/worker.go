@@ -310,6 +310,10 @@ func (w *Worker) respawn(ctx context.Context) (*workerProc, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed || ctx.Err() != nil || errors.Is(err, ErrClosed) {
+		w.log.Debug("python worker not restarted: shutting down", "err", err)
+		return nil, err
+	}
 	w.failedRestarts++
 	w.fail(err)
 	if w.failedRestarts >= w.opts.MaxRestarts {
@@ -393,7 +397,11 @@ func (w *Worker) call(ctx context.Context, method string, params, out any, timeo
 	if err != nil {
 		err = fmt.Errorf("pyruntime: %s on worker %d (factory %s): %w", method, p.pid, w.opts.Factory, err)
 		var re *RemoteError
-		if errors.As(err, &re) && re.Traceback != "" {
+		if ctx.Err() != nil || w.life.Err() != nil {
+			// The caller gave up or the runtime is closing (a node shutting down): expected,
+			// and not worth a warning on every Ctrl-C.
+			w.log.Debug("python call abandoned", "worker", p.pid, "method", method, "err", err)
+		} else if errors.As(err, &re) && re.Traceback != "" {
 			w.log.Warn("python call failed", "worker", p.pid, "method", method, "type", re.Type, "message", re.Message, "traceback", re.Traceback)
 		} else {
 			w.log.Warn("python call failed", "worker", p.pid, "method", method, "err", err)

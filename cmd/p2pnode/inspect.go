@@ -2,20 +2,24 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ipfs/go-cid"
 	"github.com/spf13/cobra"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/node"
 )
 
@@ -29,19 +33,31 @@ func newStatusCmd() *cobra.Command {
 HTTP address to <store_dir>/http.addr when it starts).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg *config.Config
 			if addr == "" {
-				cfg, err := config.Load(cfgPath)
-				if err != nil {
+				var err error
+				if cfg, err = config.Load(cfgPath); err != nil {
 					return err
 				}
 				b, err := os.ReadFile(filepath.Join(cfg.Node.StoreDir, node.HTTPAddrFile))
+				if errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("the node of %s is not running (it stopped, or never started: no %s in %s)%s",
+						cfgPath, node.HTTPAddrFile, cfg.Node.StoreDir, lastHead(cfg))
+				}
 				if err != nil {
-					return fmt.Errorf("is the node running? %w", err)
+					return fmt.Errorf("find the node of %s: %w", cfgPath, err)
 				}
 				addr = strings.TrimSpace(string(b))
 			}
 			client := &http.Client{Timeout: 5 * time.Second}
 			resp, err := client.Get("http://" + addr + "/status")
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				if cfg != nil {
+					return fmt.Errorf("the node of %s is not running: nothing answers at %s, where it last served (killed or crashed?)%s",
+						cfgPath, addr, lastHead(cfg))
+				}
+				return fmt.Errorf("no node is running at %s (connection refused)", addr)
+			}
 			if err != nil {
 				return fmt.Errorf("read status from %s: %w", addr, err)
 			}
@@ -69,6 +85,26 @@ HTTP address to <store_dir>/http.addr when it starts).`,
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", "p2pnode.yaml", "experiment config file (to find the address)")
 	cmd.Flags().BoolVar(&raw, "json", false, "print the raw JSON")
 	return cmd
+}
+
+// lastHead describes the newest head in a stopped node's store ("" if there is none).
+func lastHead(cfg *config.Config) string {
+	if _, err := os.Stat(filepath.Join(cfg.Node.StoreDir, "heads")); err != nil {
+		return "" // never ran here; do not create a store by looking
+	}
+	st, err := node.OpenStores(cfg)
+	if err != nil {
+		return ""
+	}
+	id, err := st.ResolveHead("latest")
+	if err != nil {
+		return ""
+	}
+	_, h, err := st.Heads.Get(id)
+	if err != nil {
+		return fmt.Sprintf("; its last head is %s", id)
+	}
+	return fmt.Sprintf("; its last head is %s (round %d)", id, h.Round)
 }
 
 func printStatus(w io.Writer, s *node.Status) {
@@ -145,7 +181,7 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintln(cmd.OutOrStdout(), node.Version)
+			fmt.Fprintln(cmd.OutOrStdout(), version.String())
 		},
 	}
 }

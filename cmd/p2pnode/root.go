@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/p2pnode/p2pnode/internal/version"
 )
 
 type globalFlags struct {
@@ -28,10 +30,12 @@ the model with DiLoCo outer steps or EMA merges, signed by the experiment's vali
 An experiment is one YAML file: start with 'p2pnode init', run with 'p2pnode run'.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.Version,
 	}
+	root.SetVersionTemplate(version.String() + "\n")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "auto", "log format: auto (text on a terminal, else JSON), text or json")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default: the config's node.log_level)")
-	root.AddCommand(newRunCmd(g), newDemoCmd(g), newInitCmd(), newDatasetCmd(g), newStatusCmd(), newAuditCmd(g), newExportCmd(g), newVerifyCmd(g), newVersionCmd(), newPythonPackageCmd())
+	root.AddCommand(newRunCmd(g), newDemoCmd(g), newInitCmd(), newDatasetCmd(g), newStatusCmd(), newAuditCmd(g), newExportCmd(g), newVerifyCmd(g), newVersionCmd(), newPythonPackageCmd(), newFleetConfigCmd())
 	return root
 }
 

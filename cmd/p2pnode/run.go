@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -26,7 +25,7 @@ stops after experiment.rounds rounds (0 = until interrupted).`,
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(g, cfg.Node.LogLevel, os.Stderr)
+			log, err := newLogger(g, cfg.Node.LogLevel, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

@@ -4,12 +4,20 @@
 package version
 
 import (
+	"fmt"
+	"runtime"
 	"runtime/debug"
 	"sync"
 )
 
-// Version is the release, or "dev" for a plain `go build` / `go run`.
-var Version = "dev"
+// String is the one-line version: "p2pnode 0.1.0 (revision 1a2b3c4d5e6f, go1.26.8)".
+func String() string {
+	return fmt.Sprintf("p2pnode %s (revision %s, %s)", Version, Revision(), runtime.Version())
+}
+
+// Version is the release: the Makefile sets it (VERSION); a plain `go build` or `go run`
+// reports the next release with "-dev".
+var Version = "0.1.0-dev"
 
 // Revision is the VCS commit the binary was built from (with "+dirty" when the tree had
 // uncommitted changes), or "unknown" when Go recorded none (go run, tests, -buildvcs=false).
