@@ -92,6 +92,9 @@ func NewProc(t testing.TB, dir, name string, cfg *config.Config) *Proc {
 	return &Proc{t: t, Name: name, Dir: dir, Config: path, Cfg: loaded}
 }
 
+// maxLine is the longest output line a Proc keeps; longer ones are cut.
+const maxLine = 64 << 10
+
 // Start runs `p2pnode run --config` in the background.
 func (p *Proc) Start() {
 	p.t.Helper()
@@ -113,14 +116,25 @@ func (p *Proc) Start() {
 	p.cmd, p.done, p.exit = cmd, make(chan struct{}), nil
 	var wg sync.WaitGroup
 	wg.Add(2)
+	// collect drains r to the end whatever its lines' lengths: a reader that stopped at an
+	// overlong line would leave the pipe full and the node blocked on its next write.
 	collect := func(r io.Reader, into *strings.Builder) {
 		defer wg.Done()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			into.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
+		br := bufio.NewReaderSize(r, 64<<10)
+		for {
+			line, err := br.ReadString('\n')
+			if line != "" {
+				line = strings.TrimSuffix(line, "\n")
+				if len(line) > maxLine {
+					line = line[:maxLine] + fmt.Sprintf(" … (%d bytes more)", len(line)-maxLine)
+				}
+				p.mu.Lock()
+				into.WriteString(line + "\n")
+				p.mu.Unlock()
+			}
+			if err != nil {
+				return
+			}
 		}
 	}
 	go collect(stdout, &p.out)
