@@ -223,8 +223,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// The data order depends on the model state (its parameters) and the attempt, not on the
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
-	plan := lease.Assign(avail, cands, v.cfg.Lease.MicroshardsPerTrainer, seed)
-	steps := lease.Steps(cands, v.cfg.Protocol.InnerSteps)
+	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
+	plan := lease.Assign(avail, work, v.cfg.Lease.MicroshardsPerTrainer, seed)
+	steps := lease.Steps(work, v.cfg.Protocol.InnerSteps)
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)
@@ -514,4 +515,18 @@ func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l 
 			}
 		}
 	}
+}
+
+// workCandidates are the trainers as lease sizing sees them: with speed-proportional work
+// their measured capacities, otherwise all alike (capacity unknown counts as average), so
+// every trainer gets inner_steps and microshards_per_trainer.
+func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
+	if proportional {
+		return cands
+	}
+	out := slices.Clone(cands)
+	for i := range out {
+		out[i].Capacity = 0
+	}
+	return out
 }
