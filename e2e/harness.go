@@ -67,8 +67,10 @@ type Proc struct {
 	cmd  *exec.Cmd
 	out  strings.Builder // progress lines (stdout)
 	logs strings.Builder // stderr
-	done chan struct{}
-	exit error
+	// roundAt is when each progress line was read (stdout lines that are rounds).
+	roundAt []time.Time
+	done    chan struct{}
+	exit    error
 }
 
 // NewProc writes cfg to dir/name.yaml; relative paths in cfg are relative to dir.
@@ -130,6 +132,9 @@ func (p *Proc) Start() {
 				}
 				p.mu.Lock()
 				into.WriteString(line + "\n")
+				if into == &p.out && roundLine.MatchString(line) {
+					p.roundAt = append(p.roundAt, time.Now())
+				}
 				p.mu.Unlock()
 			}
 			if err != nil {
@@ -212,6 +217,13 @@ func (p *Proc) Rounds() []int {
 		out = append(out, n)
 	}
 	return out
+}
+
+// RoundTimes returns when each progress line of Rounds was read.
+func (p *Proc) RoundTimes() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.roundAt)
 }
 
 // LastAccuracy returns the held-out accuracy of the last progress line that has one.

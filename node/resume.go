@@ -51,7 +51,7 @@ func restore(ctx context.Context, e *env, work *round.Trainer) error {
 	if r.pacesErr != nil {
 		e.log.Warn("trainer paces dropped; round deadlines are learnt again", "err", r.pacesErr)
 	}
-	if tid, th, ok := newerTip(e, id, h); ok {
+	if tid, th, ok := newerTip(ctx, e, id, h, until); ok {
 		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
 		id, h = tid, th
 	}

@@ -200,13 +200,14 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 // newerTip returns the head recorded in the tip file when it descends from the
 // checkpointed head and its artifacts verify: a node killed between making a head
 // canonical and checkpointing it resumes at that head, not one round earlier.
-func newerTip(e *env, ckID cid.Cid, ck *chain.Head) (cid.Cid, *chain.Head, bool) {
+func newerTip(ctx context.Context, e *env, ckID cid.Cid, ck *chain.Head, until time.Time) (cid.Cid, *chain.Head, bool) {
 	stores := &Stores{Artifacts: e.store, Heads: e.heads, dir: e.cfg.Node.StoreDir}
 	tid, err := stores.ResolveHead("latest")
 	if err != nil || tid.Equals(ckID) {
 		return cid.Undef, nil, false
 	}
-	_, th, err := e.heads.Get(tid)
+	// A damaged tip head is asked from peers like the checkpoint's own.
+	th, err := e.headOrRefetch(ctx, tid, until)
 	if err != nil || th.Round <= ck.Round {
 		return cid.Undef, nil, false
 	}
