@@ -21,6 +21,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/pack"
 )
 
 // memEnv selects the sizes TestMergeMemory measures, as "params:K,K;params:K": e.g.
@@ -174,6 +175,103 @@ func TestMergeMemoryChild(t *testing.T) {
 	// The child reports its own peak: the rusage a parent gets counts the pages the child
 	// shared with the parent before exec, and the parent holds the inputs it generated.
 	b, err = os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			fmt.Printf("\npeak-rss-kib %s\n", strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		}
+	}
+}
+
+// encodeMemEnv selects the model sizes TestEncodeMemory measures (comma-separated
+// parameter counts, e.g. P2PNODE_ENCODE_MEM=100000000); skipped without it.
+const encodeMemEnv = "P2PNODE_ENCODE_MEM"
+
+// TestEncodeMemory measures the Go side of a trainer turning the worker's output into a
+// stored int8 contribution with error feedback (the residual, one model of float32, is
+// kept by the trainer whatever the encoder): streaming (encodeStreaming) against the
+// whole-vector path (load, delta, Encode, StoreDelta), each in a child process. It
+// asserts the bound for streaming: ≤ 2 × model bytes + 256 MiB.
+func TestEncodeMemory(t *testing.T) {
+	spec := os.Getenv(encodeMemEnv)
+	if spec == "" {
+		t.Skipf("set %s (e.g. 100000000) to measure trainer encode memory", encodeMemEnv)
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	for _, ps := range strings.Split(spec, ",") {
+		p, err := strconv.Atoi(ps)
+		require.NoError(t, err)
+		dir := t.TempDir()
+		layout := pack.Layout{{Name: "w", Shape: []int64{int64(p)}}}
+		vals := make([]float32, p)
+		for i := range vals {
+			vals[i] = float32(i%1000) * 0.001
+		}
+		for _, name := range []string{"base", "local"} {
+			pk, err := pack.New(layout, vals, nil)
+			require.NoError(t, err)
+			require.NoError(t, pk.WriteFile(filepath.Join(dir, name)))
+			for i := range vals {
+				vals[i] += 0.0001 * float32(i%7)
+			}
+		}
+		vals = nil
+		model := float64(4*p) / (1 << 20)
+		for _, mode := range []string{"stream", "inmem"} {
+			cmd := exec.Command(exe, "-test.run=^TestEncodeMemoryChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), memChildEnv+"="+dir+"|"+mode)
+			start := time.Now()
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "child: %s", out)
+			_, after, ok := strings.Cut(string(out), "peak-rss-kib ")
+			require.True(t, ok, "child did not report its peak RSS: %s", out)
+			kib, err := strconv.Atoi(strings.Fields(after)[0])
+			require.NoError(t, err)
+			rss := float64(kib) / 1024
+			row := fmt.Sprintf("trainer encode P=%-10d int8+residual %-6s peak RSS %8.1f MiB = %5.2f × model (%6.1f MiB)  wall %v",
+				p, mode, rss, rss/model, model, time.Since(start).Round(time.Millisecond))
+			t.Log(row)
+			fmt.Println(row)
+			if mode == "stream" {
+				require.LessOrEqual(t, rss, 2*model+256, row)
+			}
+		}
+	}
+}
+
+// TestEncodeMemoryChild runs one encode for TestEncodeMemory; it does nothing otherwise.
+func TestEncodeMemoryChild(t *testing.T) {
+	env := os.Getenv(memChildEnv)
+	if env == "" {
+		t.Skip("run by TestEncodeMemory")
+	}
+	dir, mode, _ := strings.Cut(env, "|")
+	store, err := artifact.OpenStore(filepath.Join(dir, "store-"+mode), artifact.Options{})
+	require.NoError(t, err)
+	switch mode {
+	case "stream":
+		baseR, err := pack.OpenPackReader(filepath.Join(dir, "base"))
+		require.NoError(t, err)
+		localR, err := pack.OpenPackReader(filepath.Join(dir, "local"))
+		require.NoError(t, err)
+		residual := make([]float32, baseR.Layout.Params())
+		_, _, err = encodeStreaming(store, baseR, localR, diloco.Int8, 0, residual, 0)
+		require.NoError(t, err)
+	case "inmem":
+		base, err := pack.Load(filepath.Join(dir, "base"))
+		require.NoError(t, err)
+		local, err := pack.Load(filepath.Join(dir, "local"))
+		require.NoError(t, err)
+		delta := make([]float32, len(base.Values))
+		require.NoError(t, diloco.PseudoGradient(delta, base.Values, local.Values, 0))
+		residual := make([]float32, len(delta))
+		enc, err := diloco.Encode(diloco.Int8, delta, residual, 0, 0)
+		require.NoError(t, err)
+		_, err = StoreDelta(store, enc, base.Layout.Hash())
+		require.NoError(t, err)
+	}
+	b, err := os.ReadFile("/proc/self/status")
 	require.NoError(t, err)
 	for _, l := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
