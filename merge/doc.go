@@ -17,4 +17,11 @@
 //
 // Contribution order is part of the input: callers pass contributions sorted canonically
 // (by peer id). Heavy functions take a trailing workers argument (0 = GOMAXPROCS).
+//
+// At scale nothing here needs the contributions whole: Screening takes them block by
+// block in at most two O(K·n) passes (one reference per round, not one per pair), and
+// AggregateBlock aggregates a block given the whole inputs' norms, with the bits of the
+// whole-vector functions; a validator streams contributions from disk through them. The
+// screening bars are calibrated on History, the statistics of what earlier rounds merged,
+// which heads carry so that every validator reaches the same verdicts.
 package merge
