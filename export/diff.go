@@ -24,7 +24,11 @@ type fileDiff struct {
 // diffFile maps the file at path read-only and compares it with the planned file block by
 // block (blocks aligned to file offsets, the last one shorter). The caller has checked
 // that the file has the planned size.
-func diffFile(ctx context.Context, path string, fp *filePlan, src []byte, block int) (d *fileDiff, err error) {
+//
+// Both mappings are walked once, front to back; drop releases each block of src once
+// compared (and the old file's pages go the same way), so the resident set stays a few
+// blocks whatever the model size.
+func diffFile(ctx context.Context, path string, fp *filePlan, src []byte, block int, drop func([]byte)) (d *fileDiff, err error) {
 	// A file truncated by someone else while mapped faults on access: make that an error
 	// naming the file instead of a crash.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
@@ -62,7 +66,13 @@ func diffFile(ctx context.Context, path string, fp *filePlan, src []byte, block 
 		}
 		n := int(min(int64(block), size-off))
 		d.compared += int64(n)
-		if !bytes.Equal(old[off:off+int64(n)], fp.at(src, off, n, buf)) {
+		want := fp.at(src, off, n, buf)
+		same := bytes.Equal(old[off:off+int64(n)], want)
+		dropPages(old, old[off:off+int64(n)])
+		if drop != nil {
+			drop(want)
+		}
+		if !same {
 			d.blocks = append(d.blocks, off)
 			d.changed += int64(n)
 			if 2*d.changed > size {

@@ -28,7 +28,11 @@ type Source struct {
 	Layout pack.Layout
 	Data   []byte
 	close  func() error
+	mapped []byte // the mapping Data views, if any (see drop)
 }
+
+// drop releases the resident pages of b, a part of Data already exported (see dropPages).
+func (s *Source) drop(b []byte) { dropPages(s.mapped, b) }
 
 // Close releases the mapping behind Data, if any. It is safe to call more than once.
 func (s *Source) Close() error {
@@ -102,6 +106,7 @@ func OpenHead(arts *artifact.Store, heads *chain.Store, id cid.Cid) (*Source, er
 					Layout: p.Layout,
 					Data:   f.Data(),
 					close:  blob.Close,
+					mapped: blob.Bytes(),
 				}, nil
 			}
 		}

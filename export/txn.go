@@ -69,7 +69,7 @@ func (t *txn) prepare(ctx context.Context, ex *existingModel, rep *Report) error
 	for i := range t.p.files {
 		fp, fr := &t.p.files[i], &rep.Files[i]
 		if ex != nil {
-			d, err := diffFile(ctx, filepath.Join(t.dir, fp.name), fp, t.src.Data, t.opts.BlockBytes)
+			d, err := diffFile(ctx, filepath.Join(t.dir, fp.name), fp, t.src.Data, t.opts.BlockBytes, t.src.drop)
 			if err != nil {
 				return err
 			}
@@ -138,6 +138,7 @@ func (t *txn) writeTemp(ctx context.Context, name string, parts ...[]byte) (stri
 				if _, err := cf.Write(p[:n]); err != nil {
 					return err
 				}
+				t.src.drop(p[:n])
 				p = p[n:]
 			}
 		}
@@ -170,9 +171,11 @@ func (t *txn) writeJournal(ctx context.Context) error {
 		size := b.fp.size()
 		for _, off := range b.diff.blocks {
 			n := int(min(int64(t.opts.BlockBytes), size-off))
-			if err := j.block(b.fp.name, size, off, b.fp.at(t.src.Data, off, n, buf)); err != nil {
+			data := b.fp.at(t.src.Data, off, n, buf)
+			if err := j.block(b.fp.name, size, off, data); err != nil {
 				return err
 			}
+			t.src.drop(data)
 		}
 	}
 	for _, r := range t.renames {
@@ -215,9 +218,11 @@ func (t *txn) apply() error {
 				return errCrash
 			}
 			n := int(min(int64(t.opts.BlockBytes), size-off))
-			if err := t.a.block(b.fp.name, size, off, b.fp.at(t.src.Data, off, n, buf)); err != nil {
+			data := b.fp.at(t.src.Data, off, n, buf)
+			if err := t.a.block(b.fp.name, size, off, data); err != nil {
 				return err
 			}
+			t.src.drop(data)
 			done++
 		}
 		b.rep.Written = t.c.written - before

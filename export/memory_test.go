@@ -1,0 +1,99 @@
+package export
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/pack"
+)
+
+// exportMemEnv selects the model sizes TestExportMemory measures (comma-separated
+// parameter counts, e.g. P2PNODE_EXPORT_MEM=100000000); skipped without it.
+const exportMemEnv = "P2PNODE_EXPORT_MEM"
+
+const exportChildEnv = "P2PNODE_EXPORT_MEM_CHILD"
+
+// TestExportMemory measures the peak RSS of exporting a head (fresh, then in place over
+// the previous round with every block changed), each in a child process that reports its
+// own VmHWM, and asserts ≤ 2 × model bytes + 256 MiB.
+func TestExportMemory(t *testing.T) {
+	spec := os.Getenv(exportMemEnv)
+	if spec == "" {
+		t.Skipf("set %s (e.g. 100000000) to measure export memory", exportMemEnv)
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	for _, ps := range strings.Split(spec, ",") {
+		p, err := strconv.Atoi(ps)
+		require.NoError(t, err)
+		dir := t.TempDir()
+		s := newStores(t, filepath.Join(dir, "node"), 0)
+		layout := pack.Layout{{Name: "a", Shape: []int64{int64(p / 2)}}, {Name: "b", Shape: []int64{int64(p - p/2)}}}
+		vals := make([]float32, p)
+		for i := range vals {
+			vals[i] = float32(i%977) * 0.01
+		}
+		h0 := s.putHead(t, layout, vals, 0, cid.Undef)
+		for i := range vals {
+			vals[i] -= 1
+		}
+		h1 := s.putHead(t, layout, vals, 1, h0)
+		for i := range vals {
+			vals[i] += 1
+		}
+		h2 := s.putHead(t, layout, vals, 2, h1)
+		vals = nil
+		model := float64(4*p) / (1 << 20)
+		for _, step := range []struct{ name, head string }{{"fresh", h1.String()}, {"in-place", h2.String()}} {
+			cmd := exec.Command(exe, "-test.run=^TestExportMemoryChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), exportChildEnv+"="+dir+"|"+step.head)
+			start := time.Now()
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "child: %s", out)
+			_, after, ok := strings.Cut(string(out), "peak-rss-kib ")
+			require.True(t, ok, "child did not report its peak RSS: %s", out)
+			kib, err := strconv.Atoi(strings.Fields(after)[0])
+			require.NoError(t, err)
+			rss := float64(kib) / 1024
+			row := fmt.Sprintf("export P=%-10d %-8s peak RSS %8.1f MiB = %5.2f × model (%6.1f MiB)  wall %v",
+				p, step.name, rss, rss/model, model, time.Since(start).Round(time.Millisecond))
+			t.Log(row)
+			fmt.Println(row)
+			require.LessOrEqual(t, rss, 2*model+256, row)
+		}
+	}
+}
+
+// TestExportMemoryChild exports one head for TestExportMemory (in place into dir/model).
+func TestExportMemoryChild(t *testing.T) {
+	env := os.Getenv(exportChildEnv)
+	if env == "" {
+		t.Skip("run by TestExportMemory")
+	}
+	dir, head, _ := strings.Cut(env, "|")
+	s := newStores(t, filepath.Join(dir, "node"), 0)
+	id, err := cid.Decode(head)
+	require.NoError(t, err)
+	src, err := OpenHead(s.arts, s.heads, id)
+	require.NoError(t, err)
+	defer src.Close()
+	_, err = Export(context.Background(), src, filepath.Join(dir, "model"), Options{InPlace: true})
+	require.NoError(t, err)
+	b, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			fmt.Printf("\npeak-rss-kib %s\n", strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		}
+	}
+}
