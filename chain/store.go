@@ -40,6 +40,25 @@ func OpenStore(dir string) (*Store, error) {
 
 func (s *Store) path(id cid.Cid) string { return filepath.Join(s.dir, id.String()) }
 
+// Path is the file a head is stored in, for messages about a damaged one.
+func (s *Store) Path(id cid.Cid) string { return s.path(id) }
+
+// List returns the ids of the heads stored (in no particular order); files that are not
+// named by a head id are skipped.
+func (s *Store) List() ([]cid.Cid, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list heads in %s: %w", s.dir, err)
+	}
+	var out []cid.Cid
+	for _, e := range ents {
+		if id, err := cid.Decode(e.Name()); err == nil && e.Type().IsRegular() {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
 // Put stores a signed head, merging signatures with any copy already stored. It returns the
 // merged signed head.
 func (s *Store) Put(sh *SignedHead) (*SignedHead, error) {

@@ -126,12 +126,16 @@ const (
 type Protocol struct {
 	MergePolicy string `yaml:"merge_policy"`
 	InnerSteps  int    `yaml:"inner_steps"`
-	Codec       string `yaml:"codec"`
-	Int8Block   int    `yaml:"int8_block"`
-	SparseBlock int    `yaml:"sparse_block"`
-	SparseTopK  int    `yaml:"sparse_topk"`
-	DiLoCo      DiLoCo `yaml:"diloco"`
-	EMA         EMA    `yaml:"ema"`
+	// SpeedProportional scales each trainer's inner steps and microshards to its measured
+	// speed (a mixed fleet). Off (default), every trainer runs inner_steps on
+	// lease.microshards_per_trainer, so timing noise never changes H or the weights.
+	SpeedProportional bool   `yaml:"speed_proportional"`
+	Codec             string `yaml:"codec"`
+	Int8Block         int    `yaml:"int8_block"`
+	SparseBlock       int    `yaml:"sparse_block"`
+	SparseTopK        int    `yaml:"sparse_topk"`
+	DiLoCo            DiLoCo `yaml:"diloco"`
+	EMA               EMA    `yaml:"ema"`
 }
 
 // DiLoCo is the outer optimizer.

@@ -26,8 +26,12 @@ import (
 	"github.com/p2pnode/p2pnode/node"
 )
 
-// Binary builds bin/p2pnode for the tests once per test binary and returns its path.
+// Binary builds bin/p2pnode for the tests once per test binary and returns its path;
+// $P2PNODE_E2E_BINARY names a prebuilt one instead (a machine without Go).
 var Binary = sync.OnceValues(func() (string, error) {
+	if b := os.Getenv("P2PNODE_E2E_BINARY"); b != "" {
+		return filepath.Abs(b)
+	}
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Dir(filepath.Dir(file))
 	out := filepath.Join(os.TempDir(), fmt.Sprintf("p2pnode-e2e-%d", os.Getpid()))
@@ -63,8 +67,10 @@ type Proc struct {
 	cmd  *exec.Cmd
 	out  strings.Builder // progress lines (stdout)
 	logs strings.Builder // stderr
-	done chan struct{}
-	exit error
+	// roundAt is when each progress line was read (stdout lines that are rounds).
+	roundAt []time.Time
+	done    chan struct{}
+	exit    error
 }
 
 // NewProc writes cfg to dir/name.yaml; relative paths in cfg are relative to dir.
@@ -88,6 +94,9 @@ func NewProc(t testing.TB, dir, name string, cfg *config.Config) *Proc {
 	return &Proc{t: t, Name: name, Dir: dir, Config: path, Cfg: loaded}
 }
 
+// maxLine is the longest output line a Proc keeps; longer ones are cut.
+const maxLine = 64 << 10
+
 // Start runs `p2pnode run --config` in the background.
 func (p *Proc) Start() {
 	p.t.Helper()
@@ -109,14 +118,28 @@ func (p *Proc) Start() {
 	p.cmd, p.done, p.exit = cmd, make(chan struct{}), nil
 	var wg sync.WaitGroup
 	wg.Add(2)
+	// collect drains r to the end whatever its lines' lengths: a reader that stopped at an
+	// overlong line would leave the pipe full and the node blocked on its next write.
 	collect := func(r io.Reader, into *strings.Builder) {
 		defer wg.Done()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			into.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
+		br := bufio.NewReaderSize(r, 64<<10)
+		for {
+			line, err := br.ReadString('\n')
+			if line != "" {
+				line = strings.TrimSuffix(line, "\n")
+				if len(line) > maxLine {
+					line = line[:maxLine] + fmt.Sprintf(" … (%d bytes more)", len(line)-maxLine)
+				}
+				p.mu.Lock()
+				into.WriteString(line + "\n")
+				if into == &p.out && roundLine.MatchString(line) {
+					p.roundAt = append(p.roundAt, time.Now())
+				}
+				p.mu.Unlock()
+			}
+			if err != nil {
+				return
+			}
 		}
 	}
 	go collect(stdout, &p.out)
@@ -194,6 +217,13 @@ func (p *Proc) Rounds() []int {
 		out = append(out, n)
 	}
 	return out
+}
+
+// RoundTimes returns when each progress line of Rounds was read.
+func (p *Proc) RoundTimes() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.roundAt)
 }
 
 // LastAccuracy returns the held-out accuracy of the last progress line that has one.

@@ -9,7 +9,8 @@ package e2e
 //	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink, both yamux frame sizes
 //
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
-// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_SIZE_MB (40), WAN_REPS (2).
+// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_HIDDEN (the digits MLP's width; 4096 makes it
+// 300 K parameters), WAN_SIZE_MB (40), WAN_REPS (2).
 
 import (
 	"bufio"
@@ -346,6 +347,9 @@ func TestWANSwarm(t *testing.T) {
 			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", vaddr, id)
 		}
 		c.Protocol.Codec = codec
+		if hidden := envInt("WAN_HIDDEN", 0); hidden > 0 {
+			c.Workload.Config["hidden"] = hidden
+		}
 		if codec == "sparse" {
 			c.Protocol.DiLoCo.Momentum = 0
 		}

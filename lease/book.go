@@ -18,35 +18,34 @@ import (
 //     the pool for the others, and the fastest-failing peer cannot take every re-lease;
 //   - an attempt is over as soon as every lease of it is settled (reported or barred), not
 //     only at its deadline;
-//   - an attempt that brought no accepted contribution delays the next one (Backoff,
-//     doubling up to MaxBackoff), so nothing a peer sends can make the leader spin;
+//   - each trainer gets at most one attempt per pass, so a pass has at most as many
+//     attempts as there are trainers, however fast they fail;
 //   - when every live trainer is barred and nothing was received, a new pass readmits them
-//     (after the backoff): the round is not stalled for good by honest updates that
-//     screening happened to reject.
+//     after a backoff (Backoff, doubling with each pass up to MaxBackoff): the round is not
+//     stalled for good by honest updates that screening happened to reject, and nothing a
+//     peer sends can make the leader spin.
 //
 // A Book is not safe for concurrent use; the leader's loop owns it.
 type Book struct {
 	Round uint64
-	// Backoff is the delay after the first fruitless attempt, doubled after each further
+	// Backoff is the wait before the round's first new pass, doubled before each further
 	// one up to MaxBackoff.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 
-	attempts  int                // attempts granted in this round
-	held      map[string]cid.Cid // the current attempt's unsettled leases, by trainer
-	leased    map[string]bool    // every trainer leased in the round (any attempt)
-	reported  map[string]bool    // trainers whose contribution is accepted (and not rejected since)
-	barred    map[string]string  // trainer → why it gets no further attempt this pass
-	passes    int
-	clean     bool // the last attempt ended with every lease reported
-	fresh     int  // contributions accepted in the current attempt
-	dropped   int  // leases of the current attempt settled by a bar
-	fruitless int  // consecutive attempts (and passes) that brought nothing
-	ended     time.Time
-	notBefore time.Time
+	attempts int                // attempts granted in this round
+	held     map[string]cid.Cid // the current attempt's unsettled leases, by trainer
+	leased   map[string]bool    // every trainer leased in the round (any attempt)
+	reported map[string]bool    // trainers whose contribution is accepted (and not rejected since)
+	barred   map[string]string  // trainer → why it gets no further attempt this pass
+	passes   int
+	clean    bool      // the last attempt ended with every lease reported
+	fresh    int       // contributions accepted in the current attempt
+	dropped  int       // leases of the current attempt settled by a bar
+	ended    time.Time // when the last attempt ended (or the round started)
 }
 
-// Default backoff between fruitless attempts.
+// Default backoff before a new pass.
 const (
 	DefaultBackoff    = 3 * time.Second
 	DefaultMaxBackoff = 24 * time.Second
@@ -56,7 +55,7 @@ const (
 func NewBook(round uint64, now time.Time) *Book {
 	return &Book{Round: round, Backoff: DefaultBackoff, MaxBackoff: DefaultMaxBackoff,
 		held: map[string]cid.Cid{}, leased: map[string]bool{}, reported: map[string]bool{}, barred: map[string]string{},
-		ended: now, notBefore: now}
+		ended: now}
 }
 
 // Candidates returns, in peer order, the trainers that may be leased in the next attempt:
@@ -151,9 +150,8 @@ func (b *Book) Expire() []string {
 	return out
 }
 
-// End closes the current attempt at now (all settled or the deadline passed, after
-// Expire): an attempt that brought no accepted contribution delays the next by the
-// backoff.
+// End closes the current attempt at now (all settled, or the deadline passed after
+// Expire).
 func (b *Book) End(now time.Time) {
 	if b.attempts == 0 {
 		return
@@ -161,30 +159,22 @@ func (b *Book) End(now time.Time) {
 	b.clean = len(b.held) == 0 && b.fresh > 0 && b.dropped == 0
 	clear(b.held)
 	b.ended = now
-	if b.fresh > 0 {
-		b.fruitless = 0
-		b.notBefore = now
-		return
-	}
-	b.fruitless++
-	b.notBefore = now.Add(b.delay())
 }
 
-func (b *Book) delay() time.Duration {
+// passDelay is how long after the last attempt the next new pass may start.
+func (b *Book) passDelay() time.Duration {
 	d := b.Backoff
-	for i := 1; i < b.fruitless && d < b.MaxBackoff; i++ {
+	for i := 0; i < b.passes && d < b.MaxBackoff; i++ {
 		d *= 2
 	}
 	return min(d, b.MaxBackoff)
 }
 
 // Discard records that every contribution received so far was rejected at screening
-// (nothing merged): like a fruitless attempt, it delays the next.
+// (nothing merged) at now.
 func (b *Book) Discard(now time.Time) {
 	b.clean = false
-	b.fruitless++
 	b.ended = now
-	b.notBefore = now.Add(b.delay())
 }
 
 // Attempts is how many attempts were granted in the round.
@@ -234,8 +224,8 @@ type Situation struct {
 // Next decides the leader's next step at now. The round closes with what it received once
 // that is the minimum group, once the last attempt's trainers all reported (an epoch tail
 // with fewer microshards than trainers), once no microshard is left, or once it has waited
-// Patience with no candidate to lease to. It leases again to candidates (never to barred
-// peers) after the backoff; the round's first attempt waits for a minimum group.
+// Patience with no candidate to lease to. It leases again to candidates at once (never to
+// barred peers); the round's first attempt waits for a minimum group.
 func (b *Book) Next(now time.Time, s Situation) Step {
 	switch {
 	case s.Received > 0 && s.Received >= s.MinGroup:
@@ -245,29 +235,24 @@ func (b *Book) Next(now time.Time, s Situation) Step {
 	case s.Received > 0 && s.Available == 0:
 		return Close
 	}
-	ready := !now.Before(b.notBefore)
 	// The round's first attempt waits for a minimum group; once the round is under way,
 	// whoever is left gets the microshards the others failed.
 	if s.Candidates > 0 && s.Available > 0 && (s.Received > 0 || s.Candidates >= s.MinGroup || b.attempts > 0) {
-		if ready {
-			return Grant
-		}
-		return Wait
+		return Grant
 	}
 	if s.Received > 0 && now.Sub(b.ended) >= s.Patience {
 		return Close
 	}
-	if s.Received == 0 && s.Candidates == 0 && s.Barred > 0 && s.Available > 0 && s.Barred >= s.MinGroup && ready {
+	if s.Received == 0 && s.Candidates == 0 && s.Barred > 0 && s.Available > 0 && s.Barred >= s.MinGroup && !now.Before(b.ended.Add(b.passDelay())) {
 		return NewPass
 	}
 	return Wait
 }
 
-// StartPass readmits every barred peer (see NewPass); the backoff keeps growing, so a
-// fleet whose every update is rejected is re-leased ever more slowly, never in a spin.
-func (b *Book) StartPass(now time.Time) {
+// StartPass readmits every barred peer (see NewPass); the wait before the next pass
+// doubles, so a fleet whose every update is rejected is re-leased ever more slowly, never
+// in a spin.
+func (b *Book) StartPass() {
 	clear(b.barred)
 	b.passes++
-	b.fruitless++
-	b.notBefore = now
 }

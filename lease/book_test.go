@@ -138,10 +138,9 @@ func TestBookNext(t *testing.T) {
 		{"re-leases a failed lease's microshards to a candidate", partial, 0, Situation{Received: 1, MinGroup: 3, Candidates: 1, Barred: 1, Available: 1}, Grant},
 		{"never re-leases to the barred: waits", partial, patience / 2, Situation{Received: 1, MinGroup: 3, Barred: 1, Available: 1, Patience: patience}, Wait},
 		{"then closes with what passed", partial, patience, Situation{Received: 1, MinGroup: 3, Barred: 1, Available: 1, Patience: patience}, Close},
-		{"backs off after a fruitless attempt", fruitless, DefaultBackoff - time.Millisecond, Situation{MinGroup: 1, Candidates: 1, Barred: 1, Available: 1}, Wait},
-		{"leases after the backoff", fruitless, DefaultBackoff, Situation{MinGroup: 1, Candidates: 1, Barred: 1, Available: 1}, Grant},
+		{"after a failed attempt, the others get its microshards at once", fruitless, 0, Situation{MinGroup: 1, Candidates: 1, Barred: 1, Available: 1}, Grant},
 		{"everyone barred, nothing received: a new pass after the backoff", fruitless, DefaultBackoff, Situation{MinGroup: 1, Barred: 1, Available: 1}, NewPass},
-		{"after a failed attempt, fewer than the minimum group get the microshards", fruitless, DefaultBackoff, Situation{MinGroup: 3, Candidates: 1, Barred: 2, Available: 3}, Grant},
+		{"after a failed attempt, fewer than the minimum group get the microshards", fruitless, 0, Situation{MinGroup: 3, Candidates: 1, Barred: 2, Available: 3}, Grant},
 		{"not before the backoff", fruitless, time.Second, Situation{MinGroup: 1, Barred: 1, Available: 1}, Wait},
 		{"no new pass that could not make the minimum group", fruitless, time.Hour, Situation{MinGroup: 3, Barred: 1, Available: 1}, Wait},
 	}
@@ -152,41 +151,37 @@ func TestBookNext(t *testing.T) {
 	}
 }
 
-// TestBookBackoffDoublesAndResets: fruitless attempts (and passes) delay the next ever
-// longer, up to the cap; an attempt that brings a contribution resets the delay.
-func TestBookBackoffDoublesAndResets(t *testing.T) {
+// TestBookPassBackoffDoubles: every new pass (everyone failed, nothing received) waits
+// twice as long as the one before, up to the cap.
+func TestBookPassBackoffDoubles(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	b := NewBook(1, t0)
 	b.MaxBackoff = 20 * time.Second
-	s := Situation{MinGroup: 1, Candidates: 1, Available: 1}
+	s := Situation{MinGroup: 1, Barred: 1, Available: 1}
 	now := t0
 	var waits []time.Duration
-	for i := range 5 {
-		require.Equal(t, Grant, b.Next(now, s), "attempt %d", i)
+	for range 5 {
 		b.Grant(bookLeases(1, "x"))
 		b.Bar("x", "released")
 		b.End(now)
 		d := time.Duration(0)
-		for b.Next(now.Add(d), s) != Grant {
+		for b.Next(now.Add(d), s) != NewPass {
 			d += 100 * time.Millisecond
 		}
 		waits = append(waits, d)
 		now = now.Add(d)
-		b = rebar(b)
+		b.StartPass()
 	}
 	require.Equal(t, []time.Duration{3 * time.Second, 6 * time.Second, 12 * time.Second, 20 * time.Second, 20 * time.Second}, waits)
-	b.Grant(bookLeases(1, "y"))
-	b.Report("y")
+	// Screening rejected everything received: the same wait before the next pass.
+	b.Grant(bookLeases(1, "x"))
+	b.Report("x")
 	b.End(now)
 	require.Equal(t, Close, b.Next(now, Situation{Received: 1, MinGroup: 1}))
-	b.Discard(now) // screening rejected it after all
-	require.Equal(t, Wait, b.Next(now, s), "a discarded attempt is fruitless: backoff again")
-}
-
-// rebar readmits the barred so the same trainer can fail again in the backoff test.
-func rebar(b *Book) *Book {
-	clear(b.barred)
-	return b
+	b.Bar("x", "norm_outlier")
+	b.Discard(now)
+	require.Equal(t, Wait, b.Next(now.Add(19*time.Second), s))
+	require.Equal(t, NewPass, b.Next(now.Add(20*time.Second), s))
 }
 
 // TestBookNewPassReadmits: when everyone failed and nothing was received, a new pass gives
@@ -202,7 +197,7 @@ func TestBookNewPassReadmits(t *testing.T) {
 	require.Empty(t, b.Candidates(live))
 	s := Situation{MinGroup: 2, Barred: 2, Available: 2}
 	require.Equal(t, NewPass, b.Next(t0.Add(DefaultBackoff), s))
-	b.StartPass(t0.Add(DefaultBackoff))
+	b.StartPass()
 	require.Equal(t, 1, b.Passes())
 	require.Equal(t, []string{"a", "b"}, peersOf(b.Candidates(live)))
 	require.Equal(t, Grant, b.Next(t0.Add(DefaultBackoff), Situation{MinGroup: 2, Candidates: 2, Available: 2}))
@@ -249,7 +244,7 @@ func TestBookRoundsEnd(t *testing.T) {
 				closed = true
 			case NewPass:
 				require.Zero(t, received, "seed %d: a new pass with contributions in hand", seed)
-				b.StartPass(now)
+				b.StartPass()
 				clear(leasedInPass)
 			case Grant:
 				// One microshard each, as far as they go.

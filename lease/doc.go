@@ -11,10 +11,12 @@
 // leases are settled, not only at its deadline. The round then closes with what passed once
 // it has the minimum group (or every leased trainer reported, or no microshard is left);
 // otherwise it leases again to trainers that are not barred, and when none is left it waits
-// one round deadline for trainers to join before closing with what it has. Attempts that
-// bring nothing are spaced by a doubling backoff (3 s up to 24 s). Only when nothing at all
-// was received and every live trainer is barred does a new pass readmit them, after the
-// backoff, so honest updates that screening happened to reject do not stall the run.
+// one round deadline for trainers to join before closing with what it has. Each trainer
+// gets at most one attempt per pass, so however fast attempts fail, a pass has no more of
+// them than there are trainers. Only when nothing at all was received and every live
+// trainer is barred does a new pass readmit them, after a backoff that doubles with each
+// pass (3 s up to 24 s), so honest updates that screening happened to reject do not stall
+// the run, and nothing a peer sends makes the leader spin.
 //
 // Misses (expired or released leases) count toward Quarantine like soft rejections, and at
 // an epoch's tail, when microshards are fewer than trainers, trainers whose contributions

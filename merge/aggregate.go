@@ -1,6 +1,9 @@
 package merge
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Aggregator names a way of combining contributions; the values are the config spellings.
 type Aggregator string
@@ -64,4 +67,27 @@ func Aggregate(kind Aggregator, dst []float32, xs [][]float32, weights []float64
 	default:
 		return fmt.Errorf("aggregate: %w %q", ErrUnknownAggregator, kind)
 	}
+}
+
+// AggregateBlock is Aggregate on one block of values of each input, for merges that stream
+// their inputs: norms are the norms of the WHOLE inputs (as Norm computes them), which
+// norm_clip needs and the others ignore. Given the norms every aggregator works per
+// coordinate, so aggregating block by block gives the bits of Aggregate on whole vectors.
+func AggregateBlock(kind Aggregator, dst []float32, xs [][]float32, weights, norms []float64, opts AggregateOptions, workers int) error {
+	if kind != AggNormClip {
+		return Aggregate(kind, dst, xs, weights, opts, workers)
+	}
+	const op = "norm clip"
+	if err := checkInputs(op, dst, xs, weights); err != nil {
+		return err
+	}
+	if !inRange(opts.ClipNorm, 0, math.MaxFloat64) {
+		return fmt.Errorf("%s: %w: max norm %v (want finite and ≥ 0)", op, ErrBadOption, opts.ClipNorm)
+	}
+	sum, err := weightSum(op, weights)
+	if err != nil {
+		return err
+	}
+	_, err = clipMean(op, dst, xs, weights, sum, norms, opts.ClipNorm, workers)
+	return err
 }

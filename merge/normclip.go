@@ -47,8 +47,19 @@ func NormClip(dst []float32, xs [][]float32, weights []float64, maxNorm float64,
 	norms := make([]float64, len(xs))
 	for k, x := range xs {
 		norms[k] = Norm(x, workers)
-		if math.IsNaN(norms[k]) || math.IsInf(norms[k], 0) {
-			return nil, fmt.Errorf("%s: %w: input %d (norm %v)", op, ErrNonFinite, k, norms[k])
+	}
+	return clipMean(op, dst, xs, weights, sum, norms, maxNorm, workers)
+}
+
+// clipMean is NormClip with the inputs' norms given (they may be of longer vectors than
+// xs: the blocks of a streamed merge).
+func clipMean(op string, dst []float32, xs [][]float32, weights []float64, sum float64, norms []float64, maxNorm float64, workers int) ([]float64, error) {
+	if len(norms) != len(xs) {
+		return nil, fmt.Errorf("%s: %w: %d norms for %d inputs", op, ErrLengthMismatch, len(norms), len(xs))
+	}
+	for k, n := range norms {
+		if math.IsNaN(n) || math.IsInf(n, 0) {
+			return nil, fmt.Errorf("%s: %w: input %d (norm %v)", op, ErrNonFinite, k, n)
 		}
 	}
 	if maxNorm == 0 {

@@ -129,3 +129,39 @@ func dotLanes(x, y []float32) float64 {
 	}
 	return (s0 + s1) + (s2 + s3)
 }
+
+// NormAccumulator computes the Norm of a vector handed over in consecutive pieces of any
+// length, with Norm's bits: it sums whole parallel.ChunkLen chunks as Norm does, holding
+// back at most one chunk that straddles two pieces.
+type NormAccumulator struct {
+	pending []float32
+	total   float64
+}
+
+// Add appends the next values of the vector.
+func (a *NormAccumulator) Add(x []float32) {
+	if len(a.pending) > 0 {
+		take := min(parallel.ChunkLen-len(a.pending), len(x))
+		a.pending = append(a.pending, x[:take]...)
+		x = x[take:]
+		if len(a.pending) < parallel.ChunkLen {
+			return
+		}
+		a.total += sumSquares(a.pending)
+		a.pending = a.pending[:0]
+	}
+	for len(x) >= parallel.ChunkLen {
+		a.total += sumSquares(x[:parallel.ChunkLen])
+		x = x[parallel.ChunkLen:]
+	}
+	a.pending = append(a.pending, x...)
+}
+
+// Norm returns the norm of everything added.
+func (a *NormAccumulator) Norm() float64 {
+	t := a.total
+	if len(a.pending) > 0 {
+		t += sumSquares(a.pending)
+	}
+	return math.Sqrt(t)
+}

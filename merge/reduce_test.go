@@ -5,6 +5,7 @@ import (
 
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -98,6 +99,24 @@ func TestFirstNonFiniteLowestAcrossChunks(t *testing.T) {
 			if got := FirstNonFinite(x, w); got != 3*parallel.ChunkLen+17 {
 				t.Fatalf("workers %d: got %d, want %d", w, got, 3*parallel.ChunkLen+17)
 			}
+		}
+	}
+}
+
+// TestNormAccumulatorMatchesNorm: pieces of any length give Norm's bits.
+func TestNormAccumulatorMatchesNorm(t *testing.T) {
+	x := randVecs(3, 1, 3*parallel.ChunkLen+777)[0]
+	want := Norm(x, 2)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20 {
+		var a NormAccumulator
+		for lo := 0; lo < len(x); {
+			hi := min(len(x), lo+1+rng.IntN(parallel.ChunkLen*2))
+			a.Add(x[lo:hi])
+			lo = hi
+		}
+		if got := a.Norm(); math.Float64bits(got) != math.Float64bits(want) {
+			t.Fatalf("accumulated %v, Norm %v", got, want)
 		}
 	}
 }

@@ -43,7 +43,8 @@ type ScreenConfig struct {
 	// CosineTolerance, when > 0, calibrates the cosine bar from history: once the history
 	// holds HistoryWarmup rounds, a delta is rejected when its cosine is below
 	// mean − CosineTolerance × max(spread, MinSpread) of the cosines accepted in recent
-	// rounds (History), instead of below the fixed *MinCosine. 0 keeps the fixed bar. The
+	// rounds (History), or below half that mean if lower, instead of below the fixed
+	// *MinCosine. 0 keeps the fixed bar. The
 	// cosine checks run only when MinCosine is set.
 	CosineTolerance float64
 }

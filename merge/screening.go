@@ -28,7 +28,7 @@ import (
 //
 // The cosine bar is the fixed *MinCosine until the history holds HistoryWarmup rounds
 // and, when CosineTolerance > 0, mean − CosineTolerance × max(spread, MinSpread) of the
-// cosines accepted in recent rounds afterwards (see History).
+// cosines accepted in recent rounds afterwards, capped at half that mean (see bar).
 //
 // Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
 // end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
@@ -307,9 +307,15 @@ func (s *Screening) decideCosines() {
 
 // bar is the cosine bar from history m: calibrated once warm when CosineTolerance > 0,
 // else the fixed MinCosine (which the reference check does not use: it needs history).
+//
+// The calibrated bar is mean − CosineTolerance × max(spread, MinSpread), and never above
+// half the mean: when honest updates agree closely the spread is tiny, and a bar just
+// below the mean would reject honest updates as soon as training moves on faster than the
+// history follows. Half the mean still rejects what screening is for — a sign flip (cosine
+// about −mean) and noise (about 0) — whenever honest updates agree at all.
 func (s *Screening) bar(m Moments, fixedOK bool) float64 {
 	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
-		return m.Mean - s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread)
+		return min(m.Mean-s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread), m.Mean/2)
 	}
 	if fixedOK {
 		return *s.cfg.MinCosine

@@ -47,7 +47,27 @@ func LoadIdentity(path string, log *slog.Logger) (crypto.PrivKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identity %s is not a libp2p private key: %w", path, err)
 	}
+	if err := selfCheck(key); err != nil {
+		return nil, fmt.Errorf("identity %s is damaged: %w; restore it from a backup, or delete it to start under a new peer id", path, err)
+	}
 	return key, nil
+}
+
+// selfCheck signs a message with key and verifies it with the key's public half. An
+// Ed25519 key file holds the seed and the public key side by side: with the seed damaged
+// the key still decodes and still names the same peer, but every signature it makes is
+// invalid, and the node would be ignored by everyone without knowing why.
+func selfCheck(key crypto.PrivKey) error {
+	msg := []byte("p2pnode identity self-check")
+	sig, err := key.Sign(msg)
+	if err != nil {
+		return fmt.Errorf("cannot sign: %w", err)
+	}
+	ok, err := key.GetPublic().Verify(msg, sig)
+	if err != nil || !ok {
+		return errors.New("its signatures do not verify with its own public key")
+	}
+	return nil
 }
 
 // PeerID is the peer id of a private key.

@@ -1,7 +1,9 @@
 package node
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -21,6 +23,10 @@ const (
 	blobResidual  = "ef_residual"
 	refHeadParams = "head_params"
 	refHeadOuter  = "head_outer"
+	// metaPaces holds a validator's trainer paces (JSON: peer id -> seconds per inner
+	// step), so that a restarted validator sets its first deadlines from what it had
+	// observed rather than from lease.round_timeout.
+	metaPaces = "paces"
 )
 
 // keeper turns the node's state into checkpoint snapshots: the canonical head, the
@@ -34,6 +40,22 @@ type keeper struct {
 	optPath     string // newest inner-optimizer state file
 	residual    []float32
 	residualTag string
+	paces       func() map[string]float64 // the validator's paces to checkpoint; nil on trainers
+	restored    map[string]float64        // paces of the checkpoint resumed from
+}
+
+// trackPaces has every later checkpoint carry the paces f returns.
+func (k *keeper) trackPaces(f func() map[string]float64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.paces = f
+}
+
+// restoredPaces returns the paces of the checkpoint the node resumed from (nil if none).
+func (k *keeper) restoredPaces() map[string]float64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.restored)
 }
 
 // keepOuter says whether the head's outer optimizer state is this node's to keep (a
@@ -51,6 +73,8 @@ type resumed struct {
 	// residualErr is why a checkpointed residual was dropped (error feedback then starts
 	// from zeros: only the unsent remainder of earlier rounds is lost).
 	residualErr error
+	// pacesErr is why checkpointed paces were dropped (deadlines are then learnt again).
+	pacesErr error
 }
 
 // restore loads the newest good checkpoint (checkpoint.ErrNoState when there is none).
@@ -60,6 +84,16 @@ func (k *keeper) restore() (*resumed, error) {
 		return nil, err
 	}
 	r := &resumed{state: st}
+	if s, ok := st.Meta[metaPaces]; ok {
+		var p map[string]float64
+		if err := json.Unmarshal([]byte(s), &p); err != nil {
+			r.pacesErr = fmt.Errorf("checkpoint %s: %w", metaPaces, err)
+		} else {
+			k.mu.Lock()
+			k.restored = p
+			k.mu.Unlock()
+		}
+	}
 	if _, ok := st.Blobs[blobInnerOpt]; ok {
 		if r.optPath, err = k.ck.BlobPath(st, blobInnerOpt); err != nil {
 			return nil, err
@@ -118,6 +152,15 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 			return snap, fmt.Errorf("checkpoint inner optimizer state %s: %w", k.optPath, err)
 		}
 		snap.Large[blobInnerOpt] = b
+	}
+	if k.paces != nil {
+		if p := k.paces(); len(p) > 0 {
+			b, err := json.Marshal(p) // keys sorted: the same paces give the same bytes
+			if err != nil {
+				return snap, fmt.Errorf("checkpoint %s: %w", metaPaces, err)
+			}
+			snap.Meta = map[string]string{metaPaces: string(b)}
+		}
 	}
 	if k.residual != nil {
 		b, err := round.EncodeResidual(k.residual, k.residualTag)

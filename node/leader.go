@@ -22,6 +22,7 @@ const (
 	minRoundDeadline = 3 * time.Second // the adaptive deadline never goes below this
 	republishEvery   = 3 * time.Second // a proposal waiting for quorum is sent again
 	replayWindow     = 64              // rounds back in which a merged delta counts as a replay
+	heartbeatEvery   = time.Second     // a leader waiting within its round says it is alive
 )
 
 // openRound is the leader's state for the round it runs.
@@ -122,6 +123,7 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	waitingSince := time.Now()
+	var beat time.Time
 	for {
 		taken := map[uint32]bool{}
 		for _, rc := range r.received {
@@ -173,8 +175,19 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 			v.log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
 				"barred", nBarred, "pass", r.book.Passes()+1)
 			v.status.event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
-			r.book.StartPass(time.Now())
+			r.book.StartPass()
 			continue
+		}
+		if r.granted && time.Since(beat) >= heartbeatEvery {
+			// The round is under way but this leader waits (for the backoff, or for trainers
+			// once the others are barred): an empty grant with a fresh deadline tells the
+			// other validators it is alive, so they do not take the round over.
+			beat = time.Now()
+			hb := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
+				Deadline: beat.Add(2 * heartbeatEvery).UnixMilli(), Attempt: r.attempt}
+			if err := v.bus.Publish(ctx, hb); err != nil {
+				v.log.Debug("publish heartbeat", "round", r.round, "err", err)
+			}
 		}
 		if time.Since(waitingSince) > 10*time.Second {
 			v.log.Info("waiting for trainers", "round", r.round, "live", len(live), "candidates", len(cands), "barred", nBarred,
@@ -210,8 +223,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// The data order depends on the model state (its parameters) and the attempt, not on the
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
-	plan := lease.Assign(avail, cands, v.cfg.Lease.MicroshardsPerTrainer, seed)
-	steps := lease.Steps(cands, v.cfg.Protocol.InnerSteps)
+	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
+	plan := lease.Assign(avail, work, v.cfg.Lease.MicroshardsPerTrainer, seed)
+	steps := lease.Steps(work, v.cfg.Protocol.InnerSteps)
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)
@@ -501,4 +515,18 @@ func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l 
 			}
 		}
 	}
+}
+
+// workCandidates are the trainers as lease sizing sees them: with speed-proportional work
+// their measured capacities, otherwise all alike (capacity unknown counts as average), so
+// every trainer gets inner_steps and microshards_per_trainer.
+func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
+	if proportional {
+		return cands
+	}
+	out := slices.Clone(cands)
+	for i := range out {
+		out[i].Capacity = 0
+	}
+	return out
 }

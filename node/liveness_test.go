@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,4 +197,36 @@ func TestFloodedValidatorDoesNotSpin(t *testing.T) {
 	require.LessOrEqual(t, rejectLines, rounds+1, "rejections are logged once per peer and round")
 	require.LessOrEqual(t, leaseLines, 2*rounds, "the flood does not make the leader re-lease")
 	require.NotContains(t, logs, "released its lease", "a release for a lease the sender does not hold is ignored")
+}
+
+// TestEveryTrainerHangingOnceDoesNotStallTheRound: every trainer's worker hangs on its
+// second lease, so round 2's first attempt expires with nothing. The leader bars them,
+// backs off, and leases to them again in a new pass; while it waits it sends empty grants
+// as a heartbeat, so the other validators do not take the round over from it.
+func TestEveryTrainerHangingOnceDoesNotStallTheRound(t *testing.T) {
+	const rounds = 3
+	c := newCluster(t, 2, 3, rounds, 40)
+	for _, n := range c.nodes {
+		n.cfg.Lease.MinGroup = 3
+		n.cfg.Lease.RoundTimeout = 4 * time.Second
+		n.cfg.Experiment.Quorum = 2
+	}
+	for _, n := range c.nodes[2:] {
+		var calls atomic.Int32
+		n.rt.Hook = func(pyruntime.TrainJob) error {
+			if calls.Add(1) == 2 {
+				time.Sleep(5 * time.Second)
+				return errors.New("worker hung")
+			}
+			return nil
+		}
+	}
+	c.startAll()
+	c.waitDone(2 * time.Minute)
+	c.requireOneChain(c.nodes, rounds)
+	for _, v := range c.nodes[:2] {
+		for _, e := range v.n.Status().Events {
+			require.NotEqual(t, "takeover", e.Kind, "%s: %s", v.name, e.Text)
+		}
+	}
 }

@@ -161,7 +161,7 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	}
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
 		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK}
-	if err := restore(e, work); err != nil {
+	if err := restore(ctx, e, work); err != nil {
 		return err
 	}
 	if e.poison != "" {
@@ -203,46 +203,17 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	return first
 }
 
-// restore resumes from the newest good checkpoint, if any.
-func restore(e *env, work *round.Trainer) error {
-	r, err := e.keeper.restore()
-	if errors.Is(err, checkpoint.ErrNoState) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("load checkpoint: %w", err)
-	}
-	id, err := cid.Decode(r.state.Head)
-	if err != nil {
-		return fmt.Errorf("checkpoint head %q: %w", r.state.Head, err)
-	}
-	_, h, err := e.heads.Get(id)
-	if err != nil {
-		return fmt.Errorf("checkpoint head: %w", err)
-	}
-	work.OptState, work.Residual, work.ResidualTag = r.optPath, r.residual, r.residualTag
-	if r.residualErr != nil {
-		e.log.Warn("error-feedback residual dropped; it starts again from zeros", "err", r.residualErr)
-	}
-	if tid, th, ok := newerTip(e, id, h); ok {
-		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
-		id, h = tid, th
-	}
-	e.tips.Restore(id, h)
-	e.log.Info("resumed", "round", h.Round, "head", id.String(), "checkpoint_generation", r.state.Seq)
-	return nil
-}
-
 // newerTip returns the head recorded in the tip file when it descends from the
 // checkpointed head and its artifacts verify: a node killed between making a head
 // canonical and checkpointing it resumes at that head, not one round earlier.
-func newerTip(e *env, ckID cid.Cid, ck *chain.Head) (cid.Cid, *chain.Head, bool) {
+func newerTip(ctx context.Context, e *env, ckID cid.Cid, ck *chain.Head, until time.Time) (cid.Cid, *chain.Head, bool) {
 	stores := &Stores{Artifacts: e.store, Heads: e.heads, dir: e.cfg.Node.StoreDir}
 	tid, err := stores.ResolveHead("latest")
 	if err != nil || tid.Equals(ckID) {
 		return cid.Undef, nil, false
 	}
-	_, th, err := e.heads.Get(tid)
+	// A damaged tip head is asked from peers like the checkpoint's own.
+	th, err := e.headOrRefetch(ctx, tid, until)
 	if err != nil || th.Round <= ck.Round {
 		return cid.Undef, nil, false
 	}

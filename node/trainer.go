@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -174,9 +175,22 @@ func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 	}
 }
 
-// seed makes the worker's batch order depend on the experiment, round and attempt only.
+// seed is the worker's seed for a window: a function of the experiment's seed, the round,
+// the lease attempt and this trainer's peer id, so a rerun draws the same batches while the
+// trainers of one round draw different ones (with one seed for all, every trainer took its
+// batches at the same offsets of its shards, in the same order).
 func (t *trainer) seed(round, attempt uint64) int64 {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], round<<8|attempt&0xff)
-	return t.cfg.Experiment.Seed ^ int64(binary.BigEndian.Uint64(b[:]))
+	return trainerSeed(t.cfg.Experiment.Seed, round, attempt, t.self)
+}
+
+func trainerSeed(experiment int64, round, attempt uint64, peer string) int64 {
+	h := sha256.New()
+	var b [24]byte
+	binary.BigEndian.PutUint64(b[0:], uint64(experiment))
+	binary.BigEndian.PutUint64(b[8:], round)
+	binary.BigEndian.PutUint64(b[16:], attempt)
+	h.Write(b[:])
+	h.Write([]byte(peer))
+	// 63 bits: torch.manual_seed takes any int64, and a non-negative seed reads the same in logs.
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]) >> 1)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -51,9 +52,15 @@ type lockedHead struct {
 }
 
 func newValidator(e *env, merger *round.Merger) *validator {
+	// Paces come back from the checkpoint and go into every later one.
+	pc := &paces{m: map[string]float64{}}
+	if e.keeper != nil {
+		maps.Copy(pc.m, e.keeper.restoredPaces())
+		e.keeper.trackPaces(pc.snapshot)
+	}
 	return &validator{env: e, merger: merger, trainers: newTrainerSet(),
 		quarantine: lease.NewQuarantine(2, 10, uint64(e.cfg.Lease.QuarantineRounds)),
-		paces:      &paces{m: map[string]float64{}}, locks: map[uint64]lockedHead{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
+		paces:      pc, locks: map[uint64]lockedHead{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
 			e.log.Warn("contribution rejections not logged (rate limit)", "count", n)
 		}),
 		nonFinite: newRateLog(100*365*24*time.Hour, 0, nil), started: time.Now()}
@@ -307,6 +314,13 @@ func (p *paces) observe(peer string, seconds float64, steps int) {
 		x = 0.7*old + 0.3*x
 	}
 	p.m[peer] = x
+}
+
+// snapshot copies the paces for a checkpoint.
+func (p *paces) snapshot() map[string]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.m)
 }
 
 func (p *paces) get(peer string) float64 {

@@ -103,7 +103,21 @@ func New(layout Layout, values []float32, meta map[string]string) (*Pack, error)
 
 // FromFile checks that f is a pack and returns its values as a view into f.
 func FromFile(f *File) (*Pack, error) {
-	h := f.Header
+	layout, err := LayoutOf(f.Header, int64(len(f.Data())))
+	if err != nil {
+		return nil, err
+	}
+	values, err := Float32s(f.Data())
+	if err != nil {
+		return nil, err
+	}
+	return &Pack{Layout: layout, Values: values, Meta: f.Header.Metadata, file: f}, nil
+}
+
+// LayoutOf checks that a safetensors header with dataLen data bytes describes a pack (F32
+// tensors stored contiguously in name order, covering all the data, with a matching
+// layout_hash if the header names one) and returns its layout.
+func LayoutOf(h *Header, dataLen int64) (Layout, error) {
 	layout := make(Layout, 0, len(h.Tensors))
 	var next int64
 	for _, t := range h.Tensors {
@@ -119,17 +133,13 @@ func FromFile(f *File) (*Pack, error) {
 	if !layout.Canonical() {
 		return nil, fmt.Errorf("%w: not a pack: tensors are not stored in name order", ErrMalformed)
 	}
-	if got := int64(len(f.Data())); got != next {
-		return nil, fmt.Errorf("%w: not a pack: %d data bytes, tensors cover %d", ErrMalformed, got, next)
+	if dataLen != next {
+		return nil, fmt.Errorf("%w: not a pack: %d data bytes, tensors cover %d", ErrMalformed, dataLen, next)
 	}
 	if want, ok := h.Metadata["layout_hash"]; ok && want != layout.Hash() {
 		return nil, fmt.Errorf("%w: header says layout_hash %s but tensors hash to %s", ErrLayoutMismatch, want, layout.Hash())
 	}
-	values, err := Float32s(f.Data())
-	if err != nil {
-		return nil, err
-	}
-	return &Pack{Layout: layout, Values: values, Meta: h.Metadata, file: f}, nil
+	return layout, nil
 }
 
 // Load maps a pack file. Close the pack when done with its values.
@@ -160,6 +170,18 @@ func (p *Pack) CheckLayout(want Layout) error {
 		return fmt.Errorf("%w: pack has layout %s, expected %s", ErrLayoutMismatch, got, w)
 	}
 	return nil
+}
+
+// NameAt names the tensor that holds value i of the concatenated values ("" past the end).
+func (l Layout) NameAt(i int64) string {
+	var off int64
+	for _, e := range l {
+		off += e.Elements()
+		if i < off {
+			return e.Name
+		}
+	}
+	return ""
 }
 
 // Tensor returns the values of one tensor (a view).

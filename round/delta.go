@@ -61,42 +61,64 @@ func ParseDelta(b []byte, layoutHash string, n int) (diloco.Encoded, error) {
 	if err != nil {
 		return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
 	}
-	meta := f.Header.Metadata
-	if meta["format"] != DeltaFormat {
-		return diloco.Encoded{}, fmt.Errorf("delta: format %q, want %q", meta["format"], DeltaFormat)
-	}
-	if meta["layout_hash"] != layoutHash {
-		return diloco.Encoded{}, fmt.Errorf("delta: %w: delta is for layout %s, base head has %s", pack.ErrLayoutMismatch, meta["layout_hash"], layoutHash)
-	}
-	codec, err := diloco.ParseCodec(meta["codec"])
+	e, dataT, scalesT, err := parseDeltaHeader(f.Header, layoutHash, n)
 	if err != nil {
-		return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
+		return diloco.Encoded{}, err
 	}
-	if codec == diloco.Sparse {
+	if e.Codec == diloco.Sparse {
 		return parseSparse(f, n)
 	}
-	t, ok := f.Header.Find("delta")
-	if !ok || t.DType != codecDType[codec] || len(t.Shape) != 1 || t.Shape[0] != int64(n) {
-		return diloco.Encoded{}, fmt.Errorf("delta: tensor \"delta\" must be %s[%d]", codecDType[codec], n)
-	}
-	e := diloco.Encoded{Codec: codec, N: n, Data: f.Bytes(t)}
-	if codec == diloco.Int8 {
-		bs, err := strconv.Atoi(meta["block_size"])
-		if err != nil || bs <= 0 {
-			return diloco.Encoded{}, fmt.Errorf("delta: bad block_size %q", meta["block_size"])
-		}
-		st, ok := f.Header.Find("scales")
-		if !ok || st.DType != pack.F32 {
-			return diloco.Encoded{}, fmt.Errorf("delta: int8 codec needs an F32 \"scales\" tensor")
-		}
-		scales, err := pack.Float32s(f.Bytes(st))
-		if err != nil {
+	e.Data = f.Bytes(dataT)
+	if e.Codec == diloco.Int8 {
+		if e.Scales, err = pack.Float32s(f.Bytes(scalesT)); err != nil {
 			return diloco.Encoded{}, fmt.Errorf("delta: %w", err)
 		}
-		e.BlockSize, e.Scales = bs, scales
 	}
 	return e, nil
 }
+
+// parseDeltaHeader checks a delta file's header and returns the encoding's description
+// (codec, length, block size; no data) and its data and scales tensors. For a sparse
+// delta it checks the common fields only and returns the codec: parseSparse reads the rest.
+func parseDeltaHeader(h *pack.Header, layoutHash string, n int) (diloco.Encoded, pack.TensorInfo, pack.TensorInfo, error) {
+	var none pack.TensorInfo
+	meta := h.Metadata
+	if meta["format"] != DeltaFormat {
+		return diloco.Encoded{}, none, none, fmt.Errorf("delta: format %q, want %q", meta["format"], DeltaFormat)
+	}
+	if meta["layout_hash"] != layoutHash {
+		return diloco.Encoded{}, none, none, fmt.Errorf("delta: %w: delta is for layout %s, base head has %s", pack.ErrLayoutMismatch, meta["layout_hash"], layoutHash)
+	}
+	codec, err := diloco.ParseCodec(meta["codec"])
+	if err != nil {
+		return diloco.Encoded{}, none, none, fmt.Errorf("delta: %w", err)
+	}
+	if codec == diloco.Sparse {
+		return diloco.Encoded{Codec: codec, N: n}, none, none, nil
+	}
+	t, ok := h.Find("delta")
+	if !ok || t.DType != codecDType[codec] || len(t.Shape) != 1 || t.Shape[0] != int64(n) {
+		return diloco.Encoded{}, none, none, fmt.Errorf("delta: tensor \"delta\" must be %s[%d]", codecDType[codec], n)
+	}
+	e := diloco.Encoded{Codec: codec, N: n}
+	if codec != diloco.Int8 {
+		return e, t, none, nil
+	}
+	bs, err := strconv.Atoi(meta["block_size"])
+	if err != nil || bs <= 0 || bs > MaxInt8Block {
+		return diloco.Encoded{}, none, none, fmt.Errorf("delta: bad block_size %q (want 1 to %d)", meta["block_size"], MaxInt8Block)
+	}
+	st, ok := h.Find("scales")
+	if !ok || st.DType != pack.F32 || len(st.Shape) != 1 || st.Shape[0] != int64((n+bs-1)/bs) {
+		return diloco.Encoded{}, none, none, fmt.Errorf("delta: int8 codec needs an F32 \"scales\" tensor of %d values", (n+bs-1)/bs)
+	}
+	e.BlockSize = bs
+	return e, t, st, nil
+}
+
+// MaxInt8Block is the largest int8 block a delta may declare (config protocol.int8_block
+// has the same bound); it bounds the scratch a streaming decode needs.
+const MaxInt8Block = 1 << 20
 
 // parseSparse reads the three tensors of a sparse delta file. Their sizes against the
 // layout, the scales and the positions are checked by diloco's Validate and Decode.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/internal/parallel"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
@@ -78,11 +80,31 @@ type Merger struct {
 	Store   *artifact.Store
 	Policy  Policy
 	Workers int
+	// Block is the number of values read from each input at a time: 0 means StreamBlock,
+	// otherwise a positive multiple of parallel.ChunkLen.
+	Block int
+}
+
+func (m *Merger) block() (int, error) {
+	switch {
+	case m.Block == 0:
+		return StreamBlock, nil
+	case m.Block < 0 || m.Block%parallel.ChunkLen != 0:
+		return 0, fmt.Errorf("merge block %d is not a positive multiple of %d", m.Block, parallel.ChunkLen)
+	}
+	return m.Block, nil
 }
 
 // Merge screens the candidates against base, aggregates the survivors and stores the next
 // head's parameters (and outer state). Candidates are taken in peer order, whatever order
 // they are passed in.
+//
+// Nothing is held whole: the contributions, the base parameters and the outer momentum
+// are read from the store StreamBlock values at a time (positioned reads, no mapping), in
+// up to three passes — norms, cosines (if screening needs them), then aggregate, outer
+// step and write — and the new parameters and momentum are written to the store as they
+// are made. Memory is a few blocks per contribution, whatever the model size; the bits
+// are those of screening, aggregating and stepping whole vectors.
 func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, cands []Candidate) (*Outcome, error) {
 	cands = slices.Clone(cands)
 	slices.SortFunc(cands, func(a, b Candidate) int { return strings.Compare(a.Peer, b.Peer) })
@@ -91,78 +113,153 @@ func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 			return nil, fmt.Errorf("merge round %d: two candidates from peer %s", base.Round+1, cands[i].Peer)
 		}
 	}
+	out, err := m.merge(ctx, baseID, base, cands)
+	if err != nil {
+		return out, fmt.Errorf("merge round %d: %w", base.Round+1, err)
+	}
+	return out, nil
+}
+
+func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, cands []Candidate) (*Outcome, error) {
+	B, err := m.block()
+	if err != nil {
+		return nil, err
+	}
 	paramsID, err := base.ParamsID()
 	if err != nil {
 		return nil, err
 	}
-	basePack, err := pack.Load(m.Store.BlobPath(paramsID))
+	baseR, momR, err := m.openBase(base, paramsID)
 	if err != nil {
-		return nil, fmt.Errorf("merge round %d: base params %s: %w", base.Round+1, paramsID, err)
+		return nil, err
 	}
-	defer basePack.Close()
-	layoutHash := basePack.Layout.Hash()
-	n := len(basePack.Values)
+	defer baseR.Close()
+	if momR != nil {
+		defer momR.Close()
+	}
+	layout := baseR.Layout
+	layoutHash := layout.Hash()
+	n := int(layout.Params())
 
 	out := &Outcome{Norms: map[string]float64{}}
-	var deltas [][]float32
+	var srcs []*deltaSource
+	defer func() {
+		for _, s := range srcs {
+			s.Close()
+		}
+	}()
 	var kept []Candidate
+	var raw []byte // read buffer shared by the sources, which are read one at a time
 	for _, c := range cands {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d, err := m.decode(c.Delta, layoutHash, n)
+		s, err := openDelta(m.Store, c.Delta, layoutHash, n, m.Workers, &raw)
 		if err != nil {
 			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: "malformed", Detail: err.Error()})
 			continue
 		}
-		deltas = append(deltas, d)
+		srcs = append(srcs, s)
 		kept = append(kept, c)
 	}
-	ref, err := m.reference(base, basePack)
-	if err != nil {
-		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
-	}
+
+	// The reference for small cohorts is the outer momentum: the recent merged updates every
+	// validator holds for the base head (none for ema heads and before the first step).
+	hasRef := momR != nil && m.Policy.Screen.MinCosine != nil
 	hist := HistoryOf(base)
-	verdicts, err := merge.ScreenWith(deltas, ref, hist, m.Policy.Screen, m.Workers)
+	screen, err := merge.NewScreening(m.Policy.Screen, hist, len(srcs), n, hasRef, m.Workers)
 	if err != nil {
-		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
+		return nil, err
 	}
-	var accepted [][]float32
-	var weights []float64
+	in := newInputs(srcs, n, B)
+	all := make([]int, len(srcs))
+	for k := range all {
+		all[k] = k
+	}
+	for lo := 0; lo < n || lo == 0; lo += B {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		hi := min(lo+B, n)
+		blocks, err := in.read(lo, hi, all)
+		if err != nil {
+			return nil, err
+		}
+		if err := screen.AddNorms(lo, blocks); err != nil {
+			return nil, err
+		}
+		if hi == n {
+			break
+		}
+	}
+	if screen.NeedsCosines() {
+		active := screen.Active()
+		var ref []float32
+		if hasRef {
+			ref = make([]float32, min(B, n))
+		}
+		for lo := 0; lo < n; lo += B {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			hi := min(lo+B, n)
+			blocks, err := in.read(lo, hi, active)
+			if err != nil {
+				return nil, err
+			}
+			var r []float32
+			if hasRef {
+				r = ref[:hi-lo]
+				if err := momR.ReadValues(int64(lo), r); err != nil {
+					return nil, err
+				}
+			}
+			if err := screen.AddCosines(lo, blocks, r); err != nil {
+				return nil, err
+			}
+		}
+	}
+	verdicts, err := screen.Verdicts()
+	if err != nil {
+		return nil, err
+	}
+
+	var accepted []int
+	var weights, norms []float64
 	var merged []Candidate
-	for i, v := range verdicts {
-		c := kept[i]
+	var mergedVerdicts []merge.Verdict
+	for k, v := range verdicts {
+		c := kept[k]
 		if !v.Accepted {
 			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: string(v.Reason),
-				Detail: fmt.Sprintf("norm %.4g, cosine %.3f", v.Norm, v.Cosine)})
+				Detail: rejectionDetail(v)})
 			continue
 		}
-		q := c.Quality
-		if q == 0 {
-			q = 1
-		}
-		w := float64(c.Samples) * q
+		w := float64(c.Samples) * quality(c)
 		if w <= 0 {
 			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: "no_samples", Detail: "weight is 0"})
 			continue
 		}
 		out.Norms[c.Peer] = v.Norm
-		accepted = append(accepted, deltas[i])
+		accepted = append(accepted, k)
 		weights = append(weights, w)
+		norms = append(norms, v.Norm)
 		merged = append(merged, c)
+		mergedVerdicts = append(mergedVerdicts, v)
 	}
 	if len(accepted) == 0 {
-		return out, fmt.Errorf("merge round %d: %w (%d candidates)", base.Round+1, ErrNothingMerged, len(cands))
+		return out, fmt.Errorf("%w (%d candidates)", ErrNothingMerged, len(cands))
 	}
-	mean := make([]float32, n)
-	if err := merge.Aggregate(m.Policy.Aggregator, mean, accepted, weights, m.Policy.Aggregate, m.Workers); err != nil {
-		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
-	}
-	head, err := m.apply(base, baseID, basePack, mean, merged)
+
+	paramsOut, outerOut, err := m.step(ctx, B, layout, baseR, momR, n, accepted, weights, norms, in)
 	if err != nil {
-		return nil, fmt.Errorf("merge round %d: %w", base.Round+1, err)
+		return nil, err
 	}
-	head.Metrics.Screen = screenStats(hist.Next(acceptedVerdicts(verdicts, kept, merged)))
+	head, err := buildHead(m.Policy, base, baseID, paramsOut, outerOut, merged)
+	if err != nil {
+		return nil, err
+	}
+	head.Metrics.Screen = screenStats(hist.Next(mergedVerdicts))
 	out.Head = head
 	if out.ID, err = head.ID(); err != nil {
 		return nil, err
@@ -170,44 +267,297 @@ func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	return out, nil
 }
 
-// reference is the vector small cohorts are screened against: the recent merged updates
-// every validator holds for the base head — the outer momentum of a diloco head (nil for
-// ema heads and before the first outer step).
-func (m *Merger) reference(base *chain.Head, basePack *pack.Pack) ([]float32, error) {
-	if m.Policy.Kind != "diloco" || m.Policy.Screen.MinCosine == nil {
-		return nil, nil
+func rejectionDetail(v merge.Verdict) string {
+	d := fmt.Sprintf("norm %.4g, cosine %.3f", v.Norm, v.Cosine)
+	if v.RefCosine != 0 {
+		d += fmt.Sprintf(", cosine to momentum %.3f", v.RefCosine)
 	}
-	oid, err := base.OuterStateID()
-	if err != nil || !oid.Defined() {
-		return nil, err
+	if !math.IsNaN(v.Bar) {
+		d += fmt.Sprintf(", bar %.3f", v.Bar)
 	}
-	mp, err := pack.Load(m.Store.BlobPath(oid))
-	if err != nil {
-		return nil, fmt.Errorf("outer state %s: %w", oid, err)
-	}
-	defer mp.Close()
-	if err := mp.CheckLayout(basePack.Layout); err != nil {
-		return nil, fmt.Errorf("outer state %s: %w", oid, err)
-	}
-	return slices.Clone(mp.Values), nil
+	return d
 }
 
-// acceptedVerdicts keeps the verdicts of the candidates that were merged (screening may
-// accept a candidate that is then dropped for having no weight), so the history is a
-// function of the merged contributions alone.
-func acceptedVerdicts(verdicts []merge.Verdict, kept, merged []Candidate) []merge.Verdict {
-	in := map[string]bool{}
-	for _, c := range merged {
-		in[c.Peer] = true
+func quality(c Candidate) float64 {
+	if c.Quality == 0 {
+		return 1
 	}
-	out := make([]merge.Verdict, 0, len(merged))
-	for i, v := range verdicts {
-		if v.Accepted && in[kept[i].Peer] {
-			out = append(out, v)
+	return c.Quality
+}
+
+// openBase opens the base head's parameters and, for diloco, its outer momentum (nil
+// before the first outer step) for range reads.
+func (m *Merger) openBase(base *chain.Head, paramsID cid.Cid) (baseR, momR *pack.PackReader, err error) {
+	baseR, err = pack.OpenPackReader(m.Store.BlobPath(paramsID))
+	if err != nil {
+		return nil, nil, fmt.Errorf("base params %s: %w", paramsID, err)
+	}
+	if m.Policy.Kind != "diloco" {
+		return baseR, nil, nil
+	}
+	oid, err := base.OuterStateID()
+	if err == nil && oid.Defined() {
+		momR, err = pack.OpenPackReader(m.Store.BlobPath(oid))
+		if err != nil {
+			err = fmt.Errorf("outer state %s: %w", oid, err)
+		} else if !pack.SameLayout(momR.Layout, baseR.Layout) {
+			momR.Close()
+			err = fmt.Errorf("outer state %s: %w: layout %s, base params have %s", oid, pack.ErrLayoutMismatch, momR.Layout.Hash(), baseR.Layout.Hash())
 		}
 	}
-	return out
+	if err != nil {
+		baseR.Close()
+		return nil, nil, err
+	}
+	return baseR, momR, nil
 }
+
+// inputs reads blocks of the contributions of one merge, one buffer per contribution.
+type inputs struct {
+	srcs   []*deltaSource
+	bufs   [][]float32
+	blocks [][]float32
+	n, b   int
+}
+
+func newInputs(srcs []*deltaSource, n, block int) *inputs {
+	return &inputs{srcs: srcs, bufs: make([][]float32, len(srcs)), blocks: make([][]float32, len(srcs)), n: n, b: block}
+}
+
+// read returns values [lo, hi) of the contributions in which, indexed like srcs (nil for
+// the others); the blocks are valid until the next read.
+func (in *inputs) read(lo, hi int, which []int) ([][]float32, error) {
+	clear(in.blocks)
+	for _, k := range which {
+		if in.bufs[k] == nil {
+			in.bufs[k] = make([]float32, min(in.b, in.n))
+		}
+		in.blocks[k] = in.bufs[k][:hi-lo]
+		if err := in.srcs[k].read(lo, in.blocks[k]); err != nil {
+			return nil, err
+		}
+	}
+	return in.blocks, nil
+}
+
+// norms is one pass computing the norms of the contributions in which, with the bits
+// screening gives them.
+func (in *inputs) norms(ctx context.Context, which []int, workers int) ([]float64, error) {
+	s, err := merge.NewScreening(merge.ScreenConfig{}, merge.History{}, len(which), in.n, false, workers)
+	if err != nil {
+		return nil, err
+	}
+	sub := make([][]float32, len(which))
+	for lo := 0; lo < in.n || lo == 0; lo += in.b {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		hi := min(lo+in.b, in.n)
+		blocks, err := in.read(lo, hi, which)
+		if err != nil {
+			return nil, err
+		}
+		for j, k := range which {
+			sub[j] = blocks[k]
+		}
+		if err := s.AddNorms(lo, sub); err != nil {
+			return nil, err
+		}
+		if hi == in.n {
+			break
+		}
+	}
+	v, err := s.Verdicts()
+	if err != nil {
+		return nil, err
+	}
+	norms := make([]float64, len(v))
+	for j := range v {
+		norms[j] = v[j].Norm
+	}
+	return norms, nil
+}
+
+// step is the third pass: block by block, aggregate the accepted contributions, apply the
+// policy to the base parameters (and momentum) and write the next parameters (and
+// momentum) to the store. Both artifacts are committed only when every block is written.
+func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, momR *pack.PackReader, n int, accepted []int, weights, norms []float64,
+	in *inputs) (paramsID, outerID cid.Cid, err error) {
+	diloCo := m.Policy.Kind == "diloco"
+	if !diloCo && m.Policy.Kind != "ema" {
+		return cid.Undef, cid.Undef, fmt.Errorf("unknown merge policy %q", m.Policy.Kind)
+	}
+	buffers, paramsMeta, err := bufferRanges(layout, baseR.Header.Metadata)
+	if err != nil {
+		return cid.Undef, cid.Undef, fmt.Errorf("base params: %w", err)
+	}
+	pw, err := newPackSink(m.Store, layout, paramsMeta)
+	if err != nil {
+		return cid.Undef, cid.Undef, err
+	}
+	defer pw.abort()
+	var mw *packSink
+	if diloCo {
+		if mw, err = newPackSink(m.Store, layout, map[string]string{"kind": "outer_momentum"}); err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+		defer mw.abort()
+	}
+	bl := min(B, n)
+	mean, params, mom, scratch := make([]float32, bl), make([]float32, bl), make([]float32, bl), make([]float32, bl)
+	var baseCopy []float32
+	if diloCo && len(buffers) > 0 {
+		baseCopy = make([]float32, bl)
+	}
+	xs := make([][]float32, len(accepted))
+	for lo := 0; lo < n; lo += B {
+		if err := ctx.Err(); err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+		hi := min(lo+B, n)
+
+		blocks, err := in.read(lo, hi, accepted)
+		if err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+		for j, k := range accepted {
+			xs[j] = blocks[k]
+		}
+		g, p := mean[:hi-lo], params[:hi-lo]
+		if err := merge.AggregateBlock(m.Policy.Aggregator, g, xs, weights, norms, m.Policy.Aggregate, m.Workers); err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+		if err := baseR.ReadValues(int64(lo), p); err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+		if diloCo {
+			mb := mom[:hi-lo]
+			if momR != nil {
+				if err := momR.ReadValues(int64(lo), mb); err != nil {
+					return cid.Undef, cid.Undef, err
+				}
+			} else {
+				clear(mb)
+			}
+			if baseCopy != nil {
+				copy(baseCopy, p)
+			}
+			if err := diloco.OuterStep(p, mb, g, m.Policy.Outer, m.Workers); err != nil {
+				return cid.Undef, cid.Undef, err
+			}
+			if baseCopy != nil {
+				averageBuffers(buffers, lo, p, mb, baseCopy[:hi-lo], g)
+			}
+			if err := mw.write(mb); err != nil {
+				return cid.Undef, cid.Undef, err
+			}
+		} else {
+			// The mean of the local models is base − mean Δ; the EMA moves base toward it.
+			local := scratch[:hi-lo]
+			if err := diloco.PseudoGradient(local, p, g, m.Workers); err != nil {
+				return cid.Undef, cid.Undef, err
+			}
+			next := mean[:hi-lo] // g is no longer needed
+			if err := merge.EMA(next, p, local, m.Policy.Decay, m.Workers); err != nil {
+				return cid.Undef, cid.Undef, err
+			}
+			p = next
+		}
+		if i := merge.FirstNonFinite(p, m.Workers); i >= 0 {
+			return cid.Undef, cid.Undef, fmt.Errorf("%w: merged parameters hold NaN/Inf in %q", ErrNonFinite, layout.NameAt(int64(lo+i)))
+		}
+		if err := pw.write(p); err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+	}
+	if paramsID, err = pw.commit(); err != nil {
+		return cid.Undef, cid.Undef, err
+	}
+	if mw != nil {
+		if outerID, err = mw.commit(); err != nil {
+			return cid.Undef, cid.Undef, err
+		}
+	}
+	return paramsID, outerID, nil
+}
+
+// buildHead makes the next head from the stored parameters (and outer state) and the
+// merged contributions.
+func buildHead(policy Policy, base *chain.Head, baseID, paramsID, outerID cid.Cid, merged []Candidate) (*chain.Head, error) {
+	shards := make([][]uint32, len(merged))
+	contribs := make([]chain.Contribution, len(merged))
+	var samples uint64
+	var lossSum, wSum float64
+	for i, c := range merged {
+		shards[i] = c.Microshards
+		contribs[i] = chain.Contribution{Peer: c.Peer, Artifact: c.Delta.Bytes(), Samples: c.Samples,
+			Weight: float64(c.Samples) * quality(c), Microshards: c.Microshards, Loss: c.Loss}
+		if c.Lease.Defined() {
+			contribs[i].Lease = c.Lease.Bytes()
+		}
+		samples += c.Samples
+		lossSum += c.Loss * float64(c.Samples)
+		wSum += float64(c.Samples)
+	}
+	ledger, err := lease.Apply(base.Ledger, shards...)
+	if err != nil {
+		return nil, err
+	}
+	h := &chain.Head{
+		Version: 1, Network: base.Network, Experiment: base.Experiment, Round: base.Round + 1,
+		Parent: baseID.Bytes(), Params: paramsID.Bytes(), LayoutHash: base.LayoutHash,
+		Contributions: contribs, Policy: policy.Record(), Ledger: ledger,
+		Metrics: chain.Metrics{Samples: samples},
+	}
+	if wSum > 0 {
+		h.Metrics.TrainLoss = lossSum / wSum
+	}
+	if outerID.Defined() {
+		h.OuterState = outerID.Bytes()
+	}
+	return h, nil
+}
+
+// packSink streams a pack into the store.
+type packSink struct {
+	w  *artifact.Writer
+	bw *bufio.Writer
+	sw *pack.StreamWriter
+}
+
+func newPackSink(store *artifact.Store, layout pack.Layout, meta map[string]string) (*packSink, error) {
+	w, err := store.Create()
+	if err != nil {
+		return nil, err
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	sw, err := pack.NewStreamWriter(bw, layout, meta)
+	if err != nil {
+		w.Abort()
+		return nil, fmt.Errorf("store pack: %w", err)
+	}
+	return &packSink{w: w, bw: bw, sw: sw}, nil
+}
+
+func (s *packSink) write(v []float32) error {
+	if err := s.sw.Write(v); err != nil {
+		return fmt.Errorf("store pack: %w", err)
+	}
+	return nil
+}
+
+func (s *packSink) commit() (cid.Cid, error) {
+	if err := s.sw.Close(); err != nil {
+		return cid.Undef, fmt.Errorf("store pack: %w", err)
+	}
+	if err := s.bw.Flush(); err != nil {
+		return cid.Undef, fmt.Errorf("store pack: %w", err)
+	}
+	return s.w.Commit()
+}
+
+// abort discards the artifact unless it was committed (Abort is a no-op then).
+func (s *packSink) abort() { s.w.Abort() }
 
 // HistoryOf is the screening history a head carries (empty for heads made before heads
 // carried it, and for genesis).
@@ -225,111 +575,6 @@ func screenStats(h merge.History) *chain.ScreenStats {
 	return &chain.ScreenStats{Rounds: h.Rounds, Norm: h.Norm,
 		CohortN: h.Cohort.N, CohortMean: h.Cohort.Mean, CohortVar: h.Cohort.Var,
 		RefN: h.Ref.N, RefMean: h.Ref.Mean, RefVar: h.Ref.Var}
-}
-
-func (m *Merger) decode(id cid.Cid, layoutHash string, n int) ([]float32, error) {
-	blob, err := m.Store.Open(id)
-	if err != nil {
-		return nil, err
-	}
-	defer blob.Close()
-	enc, err := ParseDelta(blob.Bytes(), layoutHash, n)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", id, err)
-	}
-	d := make([]float32, n)
-	if err := diloco.Decode(enc, d, m.Workers); err != nil {
-		return nil, fmt.Errorf("%s: %w", id, err)
-	}
-	return d, nil
-}
-
-// apply makes the next parameters from the aggregated delta and builds the head.
-func (m *Merger) apply(base *chain.Head, baseID cid.Cid, basePack *pack.Pack, mean []float32, merged []Candidate) (*chain.Head, error) {
-	n := len(basePack.Values)
-	params := make([]float32, n)
-	var outerID cid.Cid
-	switch m.Policy.Kind {
-	case "diloco":
-		copy(params, basePack.Values)
-		momentum := make([]float32, n)
-		if oid, err := base.OuterStateID(); err != nil {
-			return nil, err
-		} else if oid.Defined() {
-			mp, err := pack.Load(m.Store.BlobPath(oid))
-			if err != nil {
-				return nil, fmt.Errorf("outer state %s: %w", oid, err)
-			}
-			if err := mp.CheckLayout(basePack.Layout); err != nil {
-				mp.Close()
-				return nil, fmt.Errorf("outer state %s: %w", oid, err)
-			}
-			copy(momentum, mp.Values)
-			mp.Close()
-		}
-		if err := diloco.OuterStep(params, momentum, mean, m.Policy.Outer, m.Workers); err != nil {
-			return nil, err
-		}
-		id, err := m.storePack(basePack.Layout, momentum, map[string]string{"kind": "outer_momentum"})
-		if err != nil {
-			return nil, err
-		}
-		outerID = id
-	case "ema":
-		// The mean of the local models is base − mean Δ; the EMA moves base toward it.
-		localMean := make([]float32, n)
-		if err := diloco.PseudoGradient(localMean, basePack.Values, mean, m.Workers); err != nil {
-			return nil, err
-		}
-		if err := merge.EMA(params, basePack.Values, localMean, m.Policy.Decay, m.Workers); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, fmt.Errorf("unknown merge policy %q", m.Policy.Kind)
-	}
-	if name := (&pack.Pack{Layout: basePack.Layout, Values: params}).Finite(); name != "" {
-		return nil, fmt.Errorf("%w: merged parameters hold NaN/Inf in %q", ErrNonFinite, name)
-	}
-	paramsID, err := m.storePack(basePack.Layout, params, nil)
-	if err != nil {
-		return nil, err
-	}
-	shards := make([][]uint32, len(merged))
-	contribs := make([]chain.Contribution, len(merged))
-	var samples uint64
-	var lossSum, wSum float64
-	for i, c := range merged {
-		shards[i] = c.Microshards
-		q := c.Quality
-		if q == 0 {
-			q = 1
-		}
-		contribs[i] = chain.Contribution{Peer: c.Peer, Artifact: c.Delta.Bytes(), Samples: c.Samples,
-			Weight: float64(c.Samples) * q, Microshards: c.Microshards, Loss: c.Loss}
-		if c.Lease.Defined() {
-			contribs[i].Lease = c.Lease.Bytes()
-		}
-		samples += c.Samples
-		lossSum += c.Loss * float64(c.Samples)
-		wSum += float64(c.Samples)
-	}
-	ledger, err := lease.Apply(base.Ledger, shards...)
-	if err != nil {
-		return nil, err
-	}
-	h := &chain.Head{
-		Version: 1, Network: base.Network, Experiment: base.Experiment, Round: base.Round + 1,
-		Parent: baseID.Bytes(), Params: paramsID.Bytes(), LayoutHash: base.LayoutHash,
-		Contributions: contribs, Policy: m.Policy.Record(), Ledger: ledger,
-		Metrics: chain.Metrics{Samples: samples},
-	}
-	if wSum > 0 {
-		h.Metrics.TrainLoss = lossSum / wSum
-	}
-	if outerID.Defined() {
-		h.OuterState = outerID.Bytes()
-	}
-	return h, nil
 }
 
 func (m *Merger) storePack(layout pack.Layout, values []float32, meta map[string]string) (cid.Cid, error) {
@@ -364,8 +609,12 @@ func Genesis(store *artifact.Store, initPack, network, experiment, planID string
 	if name := p.Finite(); name != "" {
 		return nil, cid.Undef, fmt.Errorf("genesis: %w: initial parameters hold NaN/Inf in %q", ErrNonFinite, name)
 	}
+	_, meta, err := bufferRanges(p.Layout, p.Meta)
+	if err != nil {
+		return nil, cid.Undef, fmt.Errorf("genesis: %w", err)
+	}
 	m := &Merger{Store: store}
-	paramsID, err := m.storePack(p.Layout, p.Values, nil)
+	paramsID, err := m.storePack(p.Layout, p.Values, meta)
 	if err != nil {
 		return nil, cid.Undef, fmt.Errorf("genesis: %w", err)
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/merge"
-	"github.com/p2pnode/p2pnode/pack"
 )
 
 // Rebuild computes next's parameters (and, for diloco, its outer state) from its parent base
@@ -45,15 +44,29 @@ func (m *Merger) Rebuild(ctx context.Context, baseID cid.Cid, base, next *chain.
 			return fail(fmt.Errorf("base artifact %s: %w", id, artifact.ErrNotFound))
 		}
 	}
-	basePack, err := pack.Load(m.Store.BlobPath(paramsID))
+	B, err := m.block()
 	if err != nil {
-		return fail(fmt.Errorf("base params %s: %w", paramsID, err))
+		return fail(err)
 	}
-	defer basePack.Close()
-	n := len(basePack.Values)
-	deltas := make([][]float32, len(next.Contributions))
+	baseR, momR, err := m.openBase(base, paramsID)
+	if err != nil {
+		return fail(err)
+	}
+	defer baseR.Close()
+	if momR != nil {
+		defer momR.Close()
+	}
+	layoutHash := baseR.Layout.Hash()
+	n := int(baseR.Layout.Params())
+	srcs := make([]*deltaSource, 0, len(next.Contributions))
+	defer func() {
+		for _, s := range srcs {
+			s.Close()
+		}
+	}()
 	weights := make([]float64, len(next.Contributions))
 	merged := make([]Candidate, len(next.Contributions))
+	var raw []byte
 	for i, c := range next.Contributions {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -65,17 +78,31 @@ func (m *Merger) Rebuild(ctx context.Context, baseID cid.Cid, base, next *chain.
 		if !m.Store.Has(id) {
 			return fail(fmt.Errorf("contribution of %s %s: %w", c.Peer, id, artifact.ErrNotFound))
 		}
-		if deltas[i], err = m.decode(id, basePack.Layout.Hash(), n); err != nil {
-			return fail(err)
+		s, err := openDelta(m.Store, id, layoutHash, n, m.Workers, &raw)
+		if err != nil {
+			return fail(fmt.Errorf("contribution of %s: %w", c.Peer, err))
 		}
+		srcs = append(srcs, s)
 		weights[i] = c.Weight
 		merged[i] = Candidate{Peer: c.Peer, Delta: id, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss}
 	}
-	mean := make([]float32, n)
-	if err := merge.Aggregate(m.Policy.Aggregator, mean, deltas, weights, m.Policy.Aggregate, m.Workers); err != nil {
+	in := newInputs(srcs, n, B)
+	all := make([]int, len(srcs))
+	for k := range all {
+		all[k] = k
+	}
+	var norms []float64
+	if m.Policy.Aggregator == merge.AggNormClip {
+		// Screening with no checks is one pass of norms, computed exactly as Merge does.
+		if norms, err = in.norms(ctx, all, m.Workers); err != nil {
+			return fail(err)
+		}
+	}
+	paramsOut, outerOut, err := m.step(ctx, B, baseR.Layout, baseR, momR, n, all, weights, norms, in)
+	if err != nil {
 		return fail(err)
 	}
-	h, err := m.apply(base, baseID, basePack, mean, merged)
+	h, err := buildHead(m.Policy, base, baseID, paramsOut, outerOut, merged)
 	if err != nil {
 		return fail(err)
 	}

@@ -110,6 +110,18 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 		os.Remove(optOut)
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
+	if t.Codec != diloco.Sparse && t.Poison == nil {
+		id, norm, err := t.encodeDense(paramsID, out)
+		if err != nil {
+			return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+		}
+		t.keepOptState(scratch, optOut)
+		return &Result{
+			Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
+			Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut,
+			DeltaNorm: norm,
+		}, nil
+	}
 	basePack, err := pack.Load(t.Store.BlobPath(paramsID))
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: base params %s: %w", base.Round+1, paramsID, err)
@@ -163,13 +175,53 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
-	if t.OptState != "" && t.OptState != optOut && filepath.Dir(t.OptState) == scratch {
-		os.Remove(t.OptState)
-	}
-	t.OptState = optOut
+	t.keepOptState(scratch, optOut)
 	return &Result{
 		Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
 		Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut,
 		DeltaNorm: merge.Norm(delta, t.Workers),
 	}, nil
+}
+
+// keepOptState makes optOut the inner-optimizer state, removing the previous one if it was
+// a scratch file.
+func (t *Trainer) keepOptState(scratch, optOut string) {
+	if t.OptState != "" && t.OptState != optOut && filepath.Dir(t.OptState) == scratch {
+		os.Remove(t.OptState)
+	}
+	t.OptState = optOut
+}
+
+// encodeDense encodes and stores the delta of the worker's output against the base params
+// with a dense codec, streaming (encodeStreaming): the Go side of a trainer then holds the
+// residual and a few blocks, not the base, the local model, the delta and its encoding.
+func (t *Trainer) encodeDense(paramsID cid.Cid, out string) (cid.Cid, float64, error) {
+	baseR, err := pack.OpenPackReader(t.Store.BlobPath(paramsID))
+	if err != nil {
+		return cid.Undef, 0, fmt.Errorf("base params %s: %w", paramsID, err)
+	}
+	defer baseR.Close()
+	localR, err := pack.OpenPackReader(out)
+	if err != nil {
+		return cid.Undef, 0, fmt.Errorf("worker output: %w", err)
+	}
+	defer localR.Close()
+	if !pack.SameLayout(localR.Layout, baseR.Layout) {
+		return cid.Undef, 0, fmt.Errorf("worker output: %w: pack has layout %s, expected %s", pack.ErrLayoutMismatch, localR.Layout.Hash(), baseR.Layout.Hash())
+	}
+	var residual []float32
+	n := int(baseR.Layout.Params())
+	if tag := t.residualTag(baseR.Layout.Hash()); tag != "" {
+		if len(t.Residual) != n || t.ResidualTag != tag {
+			t.Residual, t.ResidualTag = make([]float32, n), tag
+		}
+		residual = t.Residual
+	}
+	id, norm, err := encodeStreaming(t.Store, baseR, localR, t.Codec, t.Int8Block, residual, t.Workers)
+	if err != nil && residual != nil {
+		// The blocks before the failure updated the residual: start error feedback afresh
+		// rather than carry a half-updated remainder.
+		t.Residual, t.ResidualTag = nil, ""
+	}
+	return id, norm, err
 }

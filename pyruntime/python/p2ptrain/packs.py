@@ -51,6 +51,11 @@ class PackSpec:
         # state_dict tensors are detached views sharing storage with the parameters and
         # buffers, so writing into them sets the model.
         self.tensors = chosen
+        # Buffers (BatchNorm running statistics) are state, not weights: validators average
+        # them instead of stepping them with the outer optimizer (momentum would push a
+        # running variance below zero). The pack's metadata names them.
+        buffer_names = {name for name, _ in self.model.named_buffers()}
+        self.buffers = [name for name, _ in chosen if name in buffer_names]
         self.entries = [(name, tuple(t.shape)) for name, t in chosen]
         self.layout_hash = safetensors.layout_hash(self.entries)
         self.param_count = sum(t.numel() for _, t in chosen)
@@ -75,7 +80,10 @@ def export_pack(spec, path, extra_metadata=None):
     CPU float32 contiguous tensors are written straight from their buffers; others are
     converted once (device->host, dtype) and written from the converted buffer.
     """
-    return safetensors.write_pack(path, [(name, _host_f32(t)) for name, t in spec.tensors], extra_metadata)
+    meta = dict(extra_metadata or {})
+    if spec.buffers:
+        meta["buffers"] = ",".join(spec.buffers)
+    return safetensors.write_pack(path, [(name, _host_f32(t)) for name, t in spec.tensors], meta)
 
 
 def load_pack(spec, path):

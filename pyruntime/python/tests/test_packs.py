@@ -34,6 +34,17 @@ class PacksTest(unittest.TestCase):
             ["0.bias", "0.weight", "1.bias", "1.running_mean", "1.running_var", "1.weight", "3.bias", "3.weight"],
         )
         self.assertEqual(spec.param_count, 8 + 32 + 8 * 4 + 2 + 16)
+        self.assertEqual(spec.buffers, ["1.running_mean", "1.running_var"])
+
+    def test_pack_names_its_buffers(self):
+        spec = packs.PackSpec(model())
+        packs.export_pack(spec, self.path("b.safetensors"))
+        with st.Pack(self.path("b.safetensors")) as p:
+            self.assertEqual(p.metadata["buffers"], "1.running_mean,1.running_var")
+        spec = packs.PackSpec(model(), exclude=["1.running_*"])
+        packs.export_pack(spec, self.path("c.safetensors"))
+        with st.Pack(self.path("c.safetensors")) as p:
+            self.assertNotIn("buffers", p.metadata)
 
     def test_globs(self):
         m = model()

@@ -23,7 +23,7 @@ Other keys (defaults): ``warmup`` (preset: 100/200/500 steps), ``decay_steps`` (
 horizon in inner steps, preset: 3000/10000/50000), ``min_lr`` (0.1, as a fraction of ``lr``),
 ``weight_decay`` (0.1, on matrices only), ``betas`` ([0.9, 0.95]), ``grad_clip`` (1.0; 0 turns
 it off), ``corpus_bytes`` (tiny: 2 MB, else 0 = the whole corpus), ``shard_bytes`` (65536),
-``holdout`` (0.05), ``eval_bytes`` (tiny: 16384, small: 32768, base: 8192; evaluation is a
+``holdout`` (0.05), ``eval_bytes`` (tiny: 16384, small and base: 8192; evaluation is a
 forward pass over that much text, so keep it small on CPUs).
 
 Data. The corpus is the Python standard library's ``.py`` sources (the same text as
@@ -63,7 +63,7 @@ PRESETS = {
     "tiny": dict(layers=5, width=128, heads=4, context=128, batch_size=8, lr=2e-3, warmup=100,
                  decay_steps=3000, corpus_bytes=2_000_000, eval_bytes=16384),
     "small": dict(layers=6, width=384, heads=6, context=256, batch_size=16, lr=1e-3, warmup=200,
-                  decay_steps=10000, corpus_bytes=0, eval_bytes=32768),
+                  decay_steps=10000, corpus_bytes=0, eval_bytes=8192),
     "base": dict(layers=12, width=768, heads=12, context=1024, batch_size=8, lr=6e-4, warmup=500,
                  decay_steps=50000, corpus_bytes=0, eval_bytes=8192),
 }

@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/p2pnode/p2pnode/config"
+)
+
+// damage is what a chaos step does to a killed node's store before it starts again.
+type damage struct {
+	name string
+	// trainerOnly: a validator's tip may be a head no peer has yet, and a validator that
+	// cannot read its tip refuses to start (it must not sign a second head for a round).
+	trainerOnly bool
+	do          func(t *testing.T, store string)
+}
+
+var chaosDamages = []damage{
+	{"none", false, func(*testing.T, string) {}},
+	{"state deleted", false, func(t *testing.T, store string) {
+		if err := os.RemoveAll(filepath.Join(store, "state")); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{"state files corrupted", false, func(t *testing.T, store string) {
+		files, _ := filepath.Glob(filepath.Join(store, "state", "state-*"))
+		for _, f := range files {
+			if err := os.WriteFile(f, []byte("garbage"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}},
+	{"tip head corrupted", true, func(t *testing.T, store string) {
+		b, err := os.ReadFile(filepath.Join(store, "tip"))
+		if err != nil {
+			return // killed before its first head
+		}
+		path := filepath.Join(store, "heads", strings.TrimSpace(string(b)))
+		h, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h[len(h)/2] ^= 0xff
+		if err := os.WriteFile(path, h, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}},
+}
+
+// TestChaosKillsAndDamagedState runs a validator and two trainers (real processes, the
+// Python digits workload) and kill -9s one of them at random moments chaosKills times,
+// damaging the killed node's local state in one of the ways above before it starts again.
+// After each restart: the node resumes at the round it last printed or later, no scratch
+// directory of the killed process is left in /dev/shm, and the validator closes the next
+// round within 2 × the normal round time + 10 s of the node being back. At the end: every
+// node on the same head and the audit passes (nothing lost or merged twice).
+//
+// The default is a short run for `make test`; `go test -tags chaos` runs the long one.
+func TestChaosKillsAndDamagedState(t *testing.T) {
+	rounds := 10 + 3*chaosKills
+	dir := t.TempDir()
+	procs := swarm(t, dir, 2, rounds, func(_ string, c *config.Config) {
+		c.Protocol.InnerSteps = 100
+		c.Lease.RoundTimeout = 20 * time.Second
+	})
+	requirePython(t, procs[0].Cfg.Workload.Interpreter)
+	startSwarm(t, procs)
+	v := procs[0]
+	waitRound(t, v, 3, 3*time.Minute)
+	normal := roundTime(v)
+	t.Logf("normal round time %v", normal.Round(time.Millisecond))
+
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 13))
+	t.Logf("chaos seed %d", seed)
+	var slowest time.Duration
+	for kill := range chaosKills {
+		i := rng.IntN(len(procs))
+		victim := procs[i]
+		dmg := chaosDamages[rng.IntN(len(chaosDamages))]
+		for dmg.trainerOnly && i == 0 {
+			dmg = chaosDamages[rng.IntN(len(chaosDamages))]
+		}
+		if lastRound(v) >= rounds-3 {
+			break
+		}
+		time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		pid := victim.PID()
+		victim.Kill()
+		printed := lastRound(victim)
+		dmg.do(t, victim.Cfg.Node.StoreDir)
+
+		p := NewProc(t, dir, victim.Name, victim.Cfg)
+		DumpOnFailure(t, p)
+		p.Start()
+		procs[i] = p
+		v = procs[0]
+		Eventually(t, 2*time.Minute, p.Name+" to print a round", func() bool { return len(p.Rounds()) > 0 })
+		back := time.Now()
+		if first := p.Rounds()[0]; first < printed {
+			t.Fatalf("kill %d (%s, %s): restarted at round %d, but round %d was printed before the kill", kill+1, victim.Name, dmg.name, first, printed)
+		}
+		closed := lastRound(v)
+		waitRound(t, v, closed+1, 2*time.Minute)
+		took := time.Since(back)
+		slowest = max(slowest, took)
+		t.Logf("kill %d: %s (pid %d) after round %d, %s; resumed at round %d; next round closed %v after it was back",
+			kill+1, victim.Name, pid, printed, dmg.name, p.Rounds()[0], took.Round(time.Millisecond))
+		if limit := 2*normal + 10*time.Second; took > limit {
+			t.Errorf("kill %d (%s, %s): the next round closed %v after the node was back, over 2 × %v + 10 s", kill+1, victim.Name, dmg.name, took, normal)
+		}
+		if leaked, _ := filepath.Glob(fmt.Sprintf("/dev/shm/p2pnode-%d-*", pid)); len(leaked) > 0 {
+			t.Errorf("kill %d: scratch of the killed process left behind: %v", kill+1, leaked)
+		}
+	}
+	waitAll(t, procs, 5*time.Minute)
+	sameTips(t, procs)
+	if out, err := exec.Command(mustBinary(t), "audit", "--config", procs[0].Config).CombinedOutput(); err != nil {
+		t.Fatalf("audit: %v\n%s", err, out)
+	}
+	t.Logf("%d rounds; slowest recovery %v (normal round %v)", rounds, slowest.Round(time.Millisecond), normal.Round(time.Millisecond))
+}
+
+// roundTime is the median time between the rounds a process printed so far.
+func roundTime(p *Proc) time.Duration {
+	ts := p.RoundTimes()
+	var gaps []time.Duration
+	for i := 1; i < len(ts); i++ {
+		gaps = append(gaps, ts[i].Sub(ts[i-1]))
+	}
+	if len(gaps) == 0 {
+		return 0
+	}
+	sort.Slice(gaps, func(i, j int) bool { return gaps[i] < gaps[j] })
+	return gaps[len(gaps)/2]
+}

@@ -1,0 +1,186 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/internal/synth"
+)
+
+// logBuffer captures a node's log (text handler, info and above).
+func logBuffer() (*slog.Logger, *syncBuffer) {
+	var b syncBuffer
+	return slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelInfo})), &b
+}
+
+// A node whose checkpoint generations are gone or all damaged resumes from the head
+// chain it holds, at the round it had reached, and says so at WARN; it never starts the
+// experiment over.
+func TestSoloNodeResumesFromTheChainWithoutState(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, store string)
+	}{
+		{"state deleted", func(t *testing.T, store string) {
+			require.NoError(t, os.RemoveAll(filepath.Join(store, "state")))
+		}},
+		{"every state file corrupted", func(t *testing.T, store string) {
+			files, err := filepath.Glob(filepath.Join(store, "state", "state-*"))
+			require.NoError(t, err)
+			require.NotEmpty(t, files)
+			for _, f := range files {
+				require.NoError(t, os.WriteFile(f, []byte("garbage"), 0o644))
+			}
+		}},
+		{"state and tip file deleted", func(t *testing.T, store string) {
+			require.NoError(t, os.RemoveAll(filepath.Join(store, "state")))
+			require.NoError(t, os.Remove(filepath.Join(store, TipFile)))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			synthDataset(t, filepath.Join(dir, "data"), 10)
+			cfg := soloConfig(t, dir, 4)
+			var out syncBuffer
+			n := runNode(t, cfg, &out)
+			require.Equal(t, uint64(4), n.Status().Round)
+			head := n.Status().Head
+
+			tt.damage(t, cfg.Node.StoreDir)
+			cfg.Experiment.Rounds = 6
+			log, logs := logBuffer()
+			out = syncBuffer{}
+			n, err := New(cfg, Options{Progress: &out, Runtime: synth.New(t.TempDir()), Logger: log})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			require.NoError(t, n.Run(ctx), logs.String())
+			st := n.Status()
+			require.Equal(t, uint64(6), st.Round)
+			require.Equal(t, uint64(4), st.History[0].Round, "resumed at the round it had reached, not at genesis")
+			require.Equal(t, head, st.History[0].Head)
+			require.True(t, strings.HasPrefix(out.String(), "round   4/6"), out.String())
+			var warned bool
+			for _, line := range strings.Split(logs.String(), "\n") {
+				warned = warned || strings.Contains(line, "level=WARN") && strings.Contains(line, "resumed from the head chain") && strings.Contains(line, "round=4")
+			}
+			require.True(t, warned, "no WARN line saying where the node resumed:\n%s", logs.String())
+		})
+	}
+}
+
+// A damaged tip head that no peer can replace stops the start with an error that names
+// the file.
+func TestSoloNodeNamesADamagedTipHeadFile(t *testing.T) {
+	dir := t.TempDir()
+	synthDataset(t, filepath.Join(dir, "data"), 10)
+	cfg := soloConfig(t, dir, 3)
+	n := runNode(t, cfg, &syncBuffer{})
+	stores, err := OpenStores(cfg)
+	require.NoError(t, err)
+	tip := mustDecode(t, n.Status().Head)
+	path := stores.Heads.Path(tip)
+	require.NoError(t, os.WriteFile(path, []byte("not a head"), 0o644))
+
+	cfg.Experiment.Rounds = 5
+	n, err = New(cfg, Options{Runtime: synth.New(t.TempDir()), Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = n.Run(ctx)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), path)
+}
+
+// A validator restarted with its tip head file damaged gets the head again from a peer and
+// the swarm finishes its rounds, where it used to refuse to start.
+func TestRestartedValidatorRefetchesItsDamagedTipHead(t *testing.T) {
+	const rounds = 6
+	c := newCluster(t, 1, 2, rounds, 24)
+	for _, n := range c.nodes {
+		n.cfg.Lease.RoundTimeout = 10 * time.Second
+	}
+	for _, n := range c.nodes[1:] {
+		n.rt.Delay = 500 * time.Millisecond // rounds slow enough for heads to reach everyone
+	}
+	v := c.nodes[0]
+	v.logs = &syncBuffer{}
+	c.startAll()
+	// Kill the validator at a head both trainers hold: the peers it will ask.
+	require.Eventually(t, func() bool {
+		st := v.n.Status()
+		if st.Round < 3 {
+			return false
+		}
+		for _, n := range c.nodes[1:] {
+			if n.n.Status().Head != st.Head {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 5*time.Millisecond)
+	c.kill(v)
+
+	stores, err := OpenStores(v.cfg)
+	require.NoError(t, err)
+	tip, err := stores.ResolveHead("latest")
+	require.NoError(t, err)
+	for _, n := range c.nodes[1:] {
+		ts, err := OpenStores(n.cfg)
+		require.NoError(t, err)
+		require.True(t, ts.Heads.Has(tip), "%s lacks the validator's tip: the kill came between two heads", n.name)
+	}
+	path := stores.Heads.Path(tip)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	b[len(b)/2] ^= 0xff
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+
+	c.restart(v)
+	c.waitDone(2 * time.Minute)
+	c.requireOneChain(c.nodes, rounds)
+	require.Contains(t, v.logs.String(), "damaged head replaced with a peer's copy")
+	require.Contains(t, v.logs.String(), path)
+}
+
+// A restarted validator sets its first deadline from the trainer paces it checkpointed,
+// not from lease.round_timeout: a trainer lost in that round costs seconds, not the
+// whole timeout.
+func TestRestartedValidatorKeepsItsPaces(t *testing.T) {
+	const rounds, timeout = 8, 2 * time.Minute
+	c := newCluster(t, 1, 2, rounds, 24)
+	for _, n := range c.nodes {
+		n.cfg.Lease.RoundTimeout = timeout
+	}
+	for _, n := range c.nodes[1:] {
+		n.rt.Delay = 200 * time.Millisecond
+	}
+	v := c.nodes[0]
+	c.startAll()
+	require.Eventually(t, func() bool { return v.n.Status().Round >= 3 }, time.Minute, 10*time.Millisecond)
+	c.kill(v)
+	c.restart(v)
+	restarted := time.Now()
+	var window time.Duration
+	require.Eventually(t, func() bool {
+		vs := v.n.Status().Validator
+		if vs == nil || len(vs.Leased) == 0 {
+			return false
+		}
+		window = time.Until(vs.Deadline)
+		return true
+	}, time.Minute, 2*time.Millisecond, "no leases after the restart")
+	t.Logf("first deadline after the restart: %v ahead (round_timeout %v); leases %v after the restart",
+		window.Round(time.Millisecond), timeout, time.Since(restarted).Round(time.Millisecond))
+	require.Less(t, window, timeout/4, "the first deadline after a restart came from round_timeout, not the trainers' paces")
+	c.waitDone(2 * time.Minute)
+	c.requireOneChain(c.nodes, rounds)
+}
