@@ -47,7 +47,7 @@ func Default() *Config {
 			Int8Block:   256,
 			SparseBlock: 4096,
 			SparseTopK:  64,
-			DiLoCo:      DiLoCo{OuterLR: 0.7, Momentum: 0.9, Nesterov: true},
+			DiLoCo:      DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
 			EMA:         EMA{Decay: 0.5},
 		},
 		Merge: Merge{

@@ -37,8 +37,18 @@ func TestLMLearningCheck(t *testing.T) {
 	if preset == "" {
 		preset = "small"
 	}
+	// P2PNODE_LM_CHECK_WORKLOAD=digits runs the same comparison on the digits MLP (its
+	// held-out accuracy is compared instead of the loss; no preset).
+	workload, metric := demo.WorkloadLM, "loss"
+	if os.Getenv("P2PNODE_LM_CHECK_WORKLOAD") == demo.WorkloadDigits {
+		workload, metric, preset = demo.WorkloadDigits, "accuracy", ""
+	}
+	seed := int64(env("P2PNODE_LM_CHECK_SEED", 1))
 	rounds, h := env("P2PNODE_LM_CHECK_ROUNDS", 10), env("P2PNODE_LM_CHECK_H", 50)
 	wcfg := map[string]any{"preset": preset}
+	if workload == demo.WorkloadDigits {
+		wcfg = map[string]any{"hidden": 128, "batch_size": 32, "lr": 0.001}
+	}
 	if b := env("P2PNODE_LM_CHECK_BATCH", 0); b > 0 {
 		wcfg["batch_size"] = b
 	}
@@ -58,6 +68,7 @@ func TestLMLearningCheck(t *testing.T) {
 	python := os.Getenv("P2PNODE_LM_CHECK_PYTHON")
 	setup := func(c *config.Config) {
 		c.Workload.Config = wcfg
+		c.Experiment.Seed = seed
 		if python != "" {
 			c.Workload.Interpreter = python
 		}
@@ -68,7 +79,7 @@ func TestLMLearningCheck(t *testing.T) {
 		c.Lease.RoundTimeout = 30 * time.Minute
 	}
 	dir := t.TempDir()
-	swarm := swarmOf(t, demo.Options{Dir: filepath.Join(dir, "swarm"), Trainers: 3, Rounds: rounds, Workload: demo.WorkloadLM, Preset: preset},
+	swarm := swarmOf(t, demo.Options{Dir: filepath.Join(dir, "swarm"), Trainers: 3, Rounds: rounds, Workload: workload, Preset: preset},
 		func(_ string, c *config.Config) {
 			setup(c)
 			c.Protocol.InnerSteps = h
@@ -84,7 +95,7 @@ func TestLMLearningCheck(t *testing.T) {
 	if err := exec.Command(swarm[0].Cfg.Workload.Interpreter, "-c", "import torch, numpy").Run(); err != nil {
 		testenv.Missing(t, "%s cannot import torch and numpy: %v", swarm[0].Cfg.Workload.Interpreter, err)
 	}
-	solo := swarmOf(t, demo.Options{Dir: filepath.Join(dir, "solo"), Trainers: 1, Rounds: rounds, Workload: demo.WorkloadLM, Preset: preset},
+	solo := swarmOf(t, demo.Options{Dir: filepath.Join(dir, "solo"), Trainers: 1, Rounds: rounds, Workload: workload, Preset: preset},
 		func(_ string, c *config.Config) {
 			setup(c)
 			c.Protocol.InnerSteps = 3 * h
@@ -103,10 +114,17 @@ func TestLMLearningCheck(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "preset %s %v: swarm of 3 trainers x H=%d (outer %+v) vs one node x %d steps per round, %d rounds, %.0fs\n",
 		preset, wcfg, h, swarm[0].Cfg.Protocol.DiLoCo, 3*h, rounds, time.Since(start).Seconds())
-	fmt.Fprintf(&b, "| round | inner steps (total) | swarm held-out loss | one node held-out loss | swarm / one node |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| round | inner steps (total) | swarm held-out %[1]s | one node held-out %[1]s | swarm / one node |\n|---|---|---|---|---|\n", metric)
 	for r := 0; r <= rounds; r++ {
-		ls, ok1 := swarm[0].MetricAt(r, "loss")
-		l1, ok2 := solo[0].MetricAt(r, "loss")
+		var ls, l1 float64
+		var ok1, ok2 bool
+		if metric == "accuracy" {
+			ls, ok1 = swarm[0].AccuracyAt(r)
+			l1, ok2 = solo[0].AccuracyAt(r)
+		} else {
+			ls, ok1 = swarm[0].MetricAt(r, metric)
+			l1, ok2 = solo[0].MetricAt(r, metric)
+		}
 		if !ok1 || !ok2 {
 			continue
 		}

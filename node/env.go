@@ -39,6 +39,7 @@ type env struct {
 	progress   io.Writer
 	metrics    *nodeMetrics
 	peers      *peerRounds    // rounds announced by peers
+	bytes      *byteMeter     // libp2p bytes moved, per round
 	poison     string         // fault injection mode (tests); "" for an honest node
 	exporter   *export.Writer // keeps export.dir current; nil when export is off
 	rebuild    *round.Merger  // rebuilds heads from their contributions (see rebuildsHeads); nil if not

@@ -295,10 +295,26 @@ func (w *watcher) linger(ctx context.Context, final uint64) {
 
 func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took time.Duration) {
 	metrics := w.tips.Metrics(id)
+	in, out := w.bytes.delta()
+	point := RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, HeldOut: metrics,
+		Merged: len(h.Contributions), Rejected: w.status.takeRejected(h.Round), Seconds: took.Seconds(), BytesIn: in, BytesOut: out}
+	if prev, ok := w.status.lastPoint(); ok && prev.Head == point.Head {
+		// A restarted node follows its tip again: keep what was recorded for it then (the
+		// held-out metrics are not in the chain).
+		point = prev
+		if len(metrics) == 0 {
+			metrics = prev.HeldOut
+		}
+	}
+	if err := appendHistory(w.cfg.Node.StoreDir, point); err != nil {
+		w.log.Warn("could not record the round in the history", "err", err)
+	}
 	w.status.update(func(s *Status) {
 		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, metrics
-		s.History = append(s.History, RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, HeldOut: metrics,
-			Merged: len(h.Contributions), Seconds: took.Seconds()})
+		for len(s.History) > 0 && s.History[len(s.History)-1].Round >= h.Round {
+			s.History = s.History[:len(s.History)-1] // a resumed node follows its last round again
+		}
+		s.History = append(s.History, point)
 		if len(s.History) > maxHistory {
 			s.History = s.History[len(s.History)-maxHistory:]
 		}

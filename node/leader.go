@@ -225,7 +225,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
 	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
 	plan := lease.Assign(avail, work, v.cfg.Lease.MicroshardsPerTrainer, seed)
-	steps := lease.Steps(work, v.cfg.Protocol.InnerSteps)
+	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
+	// their data, so they neither repeat it nor outweigh it.
+	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, v.cfg.Lease.MicroshardsPerTrainer)
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)

@@ -11,6 +11,7 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/fx"
 
@@ -30,7 +31,7 @@ func rolesModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			func(self peer.ID) *statusBoard {
 				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
-					Experiment: cfg.Experiment.ID, Started: time.Now()}}
+					Experiment: cfg.Experiment.ID, Started: time.Now(), History: loadHistory(cfg.Node.StoreDir)}}
 			},
 			func(heads *chain.Store, self peer.ID) *tips {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
@@ -70,6 +71,7 @@ type envParams struct {
 	Keeper  *keeper
 	Metrics *nodeMetrics
 	Export  *export.Writer
+	BW      *metrics.BandwidthCounter `optional:"true"`
 }
 
 func newEnv(p envParams) *env {
@@ -87,7 +89,11 @@ func newEnv(p envParams) *env {
 	}
 	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
-		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export}
+		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export,
+		bytes: &byteMeter{bw: p.BW}}
+	p.Status.peers = func(round uint64) []PeerStatus {
+		return peerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
+	}
 	if rebuildsHeads(p.Cfg) {
 		if policy, err := mergePolicy(p.Cfg); err == nil {
 			e.rebuild = &round.Merger{Store: p.Store, Policy: policy}

@@ -121,7 +121,8 @@ func TestSoloNodeTrainsAndResumes(t *testing.T) {
 	n = runNode(t, cfg, &out)
 	st = n.Status()
 	require.Equal(t, uint64(9), st.Round)
-	require.Equal(t, uint64(6), st.History[0].Round, "resumed at the last round")
+	require.Len(t, st.History, 10, "the history (kept in the store) has rounds 0..9 once each")
+	require.Equal(t, uint64(0), st.History[0].Round)
 	require.NotContains(t, out.String(), "genesis")
 	rep, err = stores.Audit(mustDecode(t, st.Head))
 	require.NoError(t, err)
@@ -183,4 +184,25 @@ func TestSoloSparseNodeCheckpointsResidual(t *testing.T) {
 	r2, tag2 := residual()
 	require.Equal(t, tag, tag2)
 	require.NotEqual(t, r, r2, "the resumed trainer carried the residual on")
+}
+
+// The round history (the dashboard's chart and table) survives a restart: it is kept in
+// the store, with the held-out metrics the chain does not hold.
+func TestHistorySurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	synthDataset(t, filepath.Join(dir, "data"), 4)
+	cfg := soloConfig(t, dir, 3)
+	runNode(t, cfg, &syncBuffer{})
+	cfg.Experiment.Rounds = 5
+	st := runNode(t, cfg, &syncBuffer{}).Status()
+	require.Len(t, st.History, 6, "rounds 0..5, once each")
+	for i, p := range st.History {
+		require.Equal(t, uint64(i), p.Round)
+		require.Contains(t, p.HeldOut, "mse", "round %d lost its held-out metrics", i)
+		if i > 0 {
+			require.Equal(t, 1, p.Merged)
+		}
+	}
+	require.Len(t, st.Peers, 1)
+	require.True(t, st.Peers[0].Self)
 }

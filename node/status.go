@@ -7,12 +7,15 @@ import (
 
 // Status is what /status reports and `p2pnode status` prints.
 type Status struct {
-	Peer        string             `json:"peer"`
-	Addrs       []string           `json:"addrs"`
-	Roles       []string           `json:"roles"`
-	Network     string             `json:"network"`
-	Experiment  string             `json:"experiment"`
-	Connected   []string           `json:"connected_peers"`
+	Peer       string   `json:"peer"`
+	Addrs      []string `json:"addrs"`
+	Roles      []string `json:"roles"`
+	Network    string   `json:"network"`
+	Experiment string   `json:"experiment"`
+	Connected  []string `json:"connected_peers"`
+	// Peers is every node this one knows of (itself first): roles, round and when it was
+	// last heard from.
+	Peers       []PeerStatus       `json:"peers"`
 	Head        string             `json:"head"`
 	Round       uint64             `json:"round"`
 	Epoch       uint64             `json:"epoch"`
@@ -86,7 +89,13 @@ type RoundPoint struct {
 	TrainLoss float64            `json:"train_loss"`
 	HeldOut   map[string]float64 `json:"held_out,omitempty"`
 	Merged    int                `json:"merged"`
-	Seconds   float64            `json:"seconds"`
+	// Rejected counts the contributions this node (as a validator) rejected in the round.
+	Rejected int     `json:"rejected"`
+	Seconds  float64 `json:"seconds"`
+	// BytesIn and BytesOut are what this node received and sent over libp2p during the
+	// round.
+	BytesIn  uint64 `json:"bytes_in"`
+	BytesOut uint64 `json:"bytes_out"`
 }
 
 const maxHistory = 1000
@@ -111,6 +120,43 @@ type statusBoard struct {
 	conns func() (peers, addrs []string)
 	// gossipRejects reports gossip messages rejected by topic validation.
 	gossipRejects func() map[string]uint64
+	// peers reports the peer table.
+	peers func(round uint64) []PeerStatus
+	// rejectedIn counts this validator's rejections by round (for the history).
+	rejectedIn map[uint64]int
+}
+
+// lastPoint is the newest point of the history.
+func (b *statusBoard) lastPoint() (RoundPoint, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.s.History) == 0 {
+		return RoundPoint{}, false
+	}
+	return b.s.History[len(b.s.History)-1], true
+}
+
+// rejectedAt notes a rejection of a contribution to round.
+func (b *statusBoard) rejectedAt(round uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rejectedIn == nil {
+		b.rejectedIn = map[uint64]int{}
+	}
+	b.rejectedIn[round]++
+}
+
+// takeRejected returns and forgets the rejections counted for round and earlier.
+func (b *statusBoard) takeRejected(round uint64) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.rejectedIn[round]
+	for r := range b.rejectedIn {
+		if r <= round {
+			delete(b.rejectedIn, r)
+		}
+	}
+	return n
 }
 
 func (b *statusBoard) update(fn func(s *Status)) {
@@ -146,6 +192,9 @@ func (b *statusBoard) Snapshot() Status {
 	}
 	if b.conns != nil {
 		s.Connected, s.Addrs = b.conns()
+	}
+	if b.peers != nil {
+		s.Peers = b.peers(s.Round)
 	}
 	return s
 }

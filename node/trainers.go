@@ -65,8 +65,10 @@ type peerRounds struct {
 }
 
 type announced struct {
-	round uint64
-	at    time.Time
+	round   uint64
+	at      time.Time
+	roles   []string
+	version string
 }
 
 func (p *peerRounds) seen(from string, a *gossip.Announce) {
@@ -78,7 +80,18 @@ func (p *peerRounds) seen(from string, a *gossip.Announce) {
 	if p.rounds == nil {
 		p.rounds = map[string]announced{}
 	}
-	p.rounds[from] = announced{round: a.Round, at: time.Now()}
+	p.rounds[from] = announced{round: a.Round, at: time.Now(), roles: a.Roles, version: a.Version}
+}
+
+// snapshot copies what each peer last announced.
+func (p *peerRounds) snapshot() map[string]announced {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]announced, len(p.rounds))
+	for k, v := range p.rounds {
+		out[k] = v
+	}
+	return out
 }
 
 // allAt reports whether every peer heard from recently has announced at least round.

@@ -253,6 +253,7 @@ func (v *validator) finiteMetrics(round uint64, m map[string]float64) map[string
 // to mint), and quarantines repeat offenders.
 func (v *validator) rejected(peer string, round uint64, reason, detail, artifact string) {
 	v.metrics.rejected(reason)
+	v.status.rejectedAt(round)
 	if v.rejects.allow(fmt.Sprintf("%s/%d", peer, round)) {
 		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "artifact", artifact, "detail", detail)
 	}

@@ -1,0 +1,126 @@
+package node
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/metrics"
+)
+
+// HistoryFile (in the store directory) keeps one JSON line per canonical head this node
+// followed (a RoundPoint): what the chain does not hold (held-out metrics, bytes moved,
+// rejections seen here), so that the dashboard's history survives a restart.
+const HistoryFile = "history.jsonl"
+
+// loadHistory reads the last maxHistory points of dir's history ("" or a missing file:
+// none). A torn last line (a crash mid-write) is skipped.
+func loadHistory(dir string) []RoundPoint {
+	f, err := os.Open(filepath.Join(dir, HistoryFile))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []RoundPoint
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var p RoundPoint
+		if json.Unmarshal(sc.Bytes(), &p) != nil {
+			continue
+		}
+		// A node resumed after losing its tip may follow a round again: keep the newest.
+		for len(out) > 0 && out[len(out)-1].Round >= p.Round {
+			out = out[:len(out)-1]
+		}
+		out = append(out, p)
+		if len(out) > 2*maxHistory {
+			out = slices.Clone(out[len(out)-maxHistory:])
+		}
+	}
+	if len(out) > maxHistory {
+		out = out[len(out)-maxHistory:]
+	}
+	return out
+}
+
+// appendHistory adds one point to dir's history file.
+func appendHistory(dir string, p RoundPoint) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, HistoryFile), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// byteMeter reports the bytes sent and received since its last reading.
+type byteMeter struct {
+	bw       *metrics.BandwidthCounter
+	in, out  int64
+	notFirst bool
+}
+
+func (m *byteMeter) delta() (in, out uint64) {
+	if m == nil || m.bw == nil {
+		return 0, 0
+	}
+	t := m.bw.GetBandwidthTotals()
+	if m.notFirst {
+		in, out = uint64(max(0, t.TotalIn-m.in)), uint64(max(0, t.TotalOut-m.out))
+	}
+	m.in, m.out, m.notFirst = t.TotalIn, t.TotalOut, true
+	return in, out
+}
+
+// PeerStatus is one node of the swarm as this node sees it.
+type PeerStatus struct {
+	Peer      string    `json:"peer"`
+	Self      bool      `json:"self,omitempty"`
+	Roles     []string  `json:"roles,omitempty"`
+	Validator bool      `json:"validator,omitempty"` // in this node's validator set
+	Round     uint64    `json:"round"`
+	Version   string    `json:"version,omitempty"`
+	LastSeen  time.Time `json:"last_seen,omitzero"`
+	Connected bool      `json:"connected"`
+}
+
+// peerTable merges the peers heard from (announcements) with the connected ones, this node
+// first.
+func peerTable(self string, roles []string, round uint64, validators []string, pr *peerRounds, h host.Host) []PeerStatus {
+	rows := map[string]*PeerStatus{}
+	for id, a := range pr.snapshot() {
+		rows[id] = &PeerStatus{Peer: id, Roles: a.roles, Round: a.round, Version: a.version, LastSeen: a.at}
+	}
+	if h != nil {
+		for _, id := range h.Network().Peers() {
+			s := id.String()
+			if rows[s] == nil {
+				rows[s] = &PeerStatus{Peer: s}
+			}
+			rows[s].Connected = true
+		}
+	}
+	delete(rows, self)
+	out := []PeerStatus{{Peer: self, Self: true, Roles: roles, Round: round, Version: Version, LastSeen: time.Now(), Connected: true}}
+	for _, r := range rows {
+		out = append(out, *r)
+	}
+	for i := range out {
+		out[i].Validator = slices.Contains(validators, out[i].Peer)
+	}
+	slices.SortStableFunc(out[1:], func(a, b PeerStatus) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
