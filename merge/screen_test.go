@@ -97,21 +97,33 @@ func TestScreenNormBound(t *testing.T) {
 	requireBits64(t, "norm 2", v[2].Norm, 50)
 }
 
-func TestScreenRelativeChecksNeedThree(t *testing.T) {
-	// Two deltas, one huge and opposed: without a third there is no majority to compare
-	// with, so only the absolute checks apply.
-	deltas := [][]float32{{1, 1}, {-1000, -1000}}
-	v, err := Screen(deltas, ScreenConfig{MaxNormRatio: 2, MinCosine: new(0.5)}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k := range v {
-		if !v[k].Accepted {
-			t.Errorf("delta %d rejected: %+v", k, v[k])
-		}
-		if v[k].Cosine != 0 {
-			t.Errorf("delta %d: cosine %v reported though the check did not run", k, v[k].Cosine)
-		}
+// TestScreenPair: with two deltas there is no majority to compare with, so a pair is held
+// to each other: the larger is rejected when it exceeds MaxNormRatio × the smaller (the
+// smaller can do little harm), and when they point apart neither can be told odd, so both
+// are rejected. A lone delta is judged by the absolute checks only.
+func TestScreenPair(t *testing.T) {
+	cfg := ScreenConfig{MaxNormRatio: 2, MinCosine: new(0.5)}
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		want   []Reason
+	}{
+		{"aligned", [][]float32{{1, 1}, {1.5, 1.4}}, []Reason{"", ""}},
+		{"one huge", [][]float32{{1, 1}, {1000, 1000}}, []Reason{"", ReasonNormOutlier}},
+		{"opposed", [][]float32{{1, 1}, {-1, -1.2}}, []Reason{ReasonLowCosine, ReasonLowCosine}},
+		{"lone huge", [][]float32{{-1000, -1000}}, []Reason{""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := Screen(tc.deltas, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, want := range tc.want {
+				if v[k].Reason != want || v[k].Accepted != (want == ReasonNone) {
+					t.Errorf("delta %d: %+v, want %q", k, v[k], want)
+				}
+			}
+		})
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 //  1. AddNorms: norms. Then, each stage on the survivors of the previous one:
 //     non-finite values (ReasonNonFinite); the absolute bound MaxNorm (ReasonNormBound);
 //     the norm relative to the survivors' median norm when ≥ MinRelativeCohort survive,
-//     or else to the history's typical norm (ReasonNormOutlier).
+//     or else to the history's typical norm (from its first round on) and, for a pair,
+//     to the smaller of the two (ReasonNormOutlier).
 //  2. AddCosines (only if NeedsCosines): with ≥ MinRelativeCohort survivors, the cosine of
 //     each survivor u_k to the sum of the OTHER survivors' unit vectors, U − u_k, where
 //     U = Σ u_j is one reference for the whole round (ReasonLowCosine). Unit vectors keep a
@@ -23,8 +24,11 @@ import (
 //     random update from agreeing with a reference it is part of. With fewer survivors
 //     the cohort says nothing about who is odd, so each survivor is held to the reference
 //     vector instead (the recent merged updates every validator holds, e.g. the outer
-//     momentum), once the history is warm. Cosines to the reference are computed whenever
-//     one is given, so the history learns what honest updates look like.
+//     momentum; the fixed bar until the history is warm). With no reference (or a zero
+//     one) a pair is held to each other: when they disagree both are rejected. A lone
+//     update with nothing to compare to is not judged by direction. Cosines to the
+//     reference are computed whenever one is given, so the history learns what honest
+//     updates look like.
 //
 // The cosine bar is the fixed *MinCosine until the history holds HistoryWarmup rounds
 // and, when CosineTolerance > 0, mean − CosineTolerance × max(spread, MinSpread) of the
@@ -49,6 +53,7 @@ type Screening struct {
 	decided  bool // norm stages decided
 	cohort   bool // cohort cosine check
 	refCheck bool // reference cosine check for a small cohort
+	pair     bool // two survivors: their mutual cosine is computed (U summed over both)
 
 	inv      []float32 // 1/‖d_k‖ of the survivors
 	unit     []float32 // U for the current block
@@ -156,8 +161,20 @@ func (s *Screening) decideNorms() {
 			}
 			slices.Sort(norms)
 			limit = s.cfg.MaxNormRatio * medianSorted(norms)
-		} else if s.hist.warm() && s.hist.Norm > 0 {
-			limit = s.cfg.MaxNormRatio * s.hist.Norm
+		} else {
+			if s.hist.Rounds > 0 && s.hist.Norm > 0 {
+				// Even one round's median accepted norm is a yardstick within a factor
+				// MaxNormRatio: a small cohort early in a run is not left without one.
+				limit = s.cfg.MaxNormRatio * s.hist.Norm
+			}
+			if len(s.alive) == 2 {
+				// A pair: the larger is odd when it exceeds MaxNormRatio × the smaller (the
+				// smaller can do little harm either way).
+				a, b := s.verdicts[s.alive[0]].Norm, s.verdicts[s.alive[1]].Norm
+				if lo := min(a, b); lo > 0 {
+					limit = min(limit, s.cfg.MaxNormRatio*lo)
+				}
+			}
 		}
 		s.alive = slices.DeleteFunc(s.alive, func(k int) bool {
 			if s.verdicts[k].Norm > limit {
@@ -171,7 +188,10 @@ func (s *Screening) decideNorms() {
 		return
 	}
 	s.cohort = len(s.alive) >= MinRelativeCohort
-	s.refCheck = !s.cohort && s.hasRef && s.hist.Ref.N >= HistoryWarmup
+	s.refCheck = !s.cohort && s.hasRef
+	// A pair is held to each other when there is no usable reference (decided once the
+	// reference's norm is known), so U is summed for it too.
+	s.pair = len(s.alive) == 2
 	s.pos = 0
 	s.inv = make([]float32, s.k)
 	for _, k := range s.alive {
@@ -185,7 +205,7 @@ func (s *Screening) decideNorms() {
 // NeedsCosines reports, once the first pass is complete, whether a second pass
 // (AddCosines) is needed.
 func (s *Screening) NeedsCosines() bool {
-	return s.decided && len(s.alive) > 0 && s.cfg.MinCosine != nil && (s.cohort || s.hasRef)
+	return s.decided && len(s.alive) > 0 && s.cfg.MinCosine != nil && (s.cohort || s.pair || s.hasRef)
 }
 
 // Active returns the deltas that survived the norm checks, in input order: the second pass
@@ -212,7 +232,8 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 	if s.hasRef && len(ref) != m {
 		return fmt.Errorf("screen cosines: %w: reference block has %d values, deltas %d", ErrLengthMismatch, len(ref), m)
 	}
-	if s.cohort {
+	sumU := s.cohort || s.pair
+	if sumU {
 		if cap(s.unit) < m {
 			s.unit = make([]float32, m)
 		}
@@ -224,7 +245,7 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 	partials := make([]float64, chunks*per)
 	parallel.ForChunks(m, parallel.ChunkLen, s.workers, func(c, a, b int) {
 		p := partials[c*per : (c+1)*per]
-		if s.cohort {
+		if sumU {
 			u := s.unit[a:b]
 			// U = Σ_k float32(d_k·inv_k), added in k order in float32.
 			for j, k := range s.alive {
@@ -271,16 +292,19 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 
 func (s *Screening) decideCosines() {
 	s.finished = true
-	cohortBar := s.bar(s.hist.Cohort, true)
-	refBar := s.bar(s.hist.Ref, false)
+	cohortBar := s.bar(s.hist.Cohort)
+	refBar := s.bar(s.hist.Ref)
+	// A zero reference (no merged update yet to point along) says nothing.
+	refCheck := s.refCheck && s.rr > 0
+	pairCheck := s.pair && !s.cohort && !refCheck
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
 		if s.hasRef {
 			v.RefCosine, v.refRan = cosineOf(s.dotR[k], s.sumsq[k], s.rr), true
 		}
-		switch {
-		case s.cohort:
-			// u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1.
+		if s.cohort || pairCheck {
+			// u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine to the sum of
+			// the other survivors' unit vectors (for a pair, to the other one).
 			w := float64(s.inv[k])
 			du := w * s.dotU[k]
 			rest := s.uu - 2*du + 1
@@ -289,14 +313,22 @@ func (s *Screening) decideCosines() {
 			} else {
 				v.Cosine = (du - 1) / math.Sqrt(rest)
 			}
+		}
+		switch {
+		case s.cohort:
 			v.Bar, v.cohortRan = cohortBar, true
-		case s.refCheck:
+		case refCheck:
 			v.Bar = refBar
+		case pairCheck:
+			// Two updates and nothing else to compare them to: neither can be told odd,
+			// so when they disagree both are rejected (the fixed bar; the history's
+			// cohort statistics are of cosines to several others, not to one).
+			v.Bar = *s.cfg.MinCosine
 		default:
 			continue
 		}
 		c := v.Cosine
-		if !s.cohort {
+		if refCheck && !s.cohort {
 			c = v.RefCosine
 		}
 		if c < v.Bar {
@@ -306,21 +338,23 @@ func (s *Screening) decideCosines() {
 }
 
 // bar is the cosine bar from history m: calibrated once warm when CosineTolerance > 0,
-// else the fixed MinCosine (which the reference check does not use: it needs history).
+// else the fixed MinCosine. The reference check uses the fixed bar too while the history
+// is cold: at the start of a run a small cohort (attackers screened out by norm leave one
+// or two survivors) would otherwise merge noise or a sign flip at an honest norm, since
+// nothing else judges its direction. An honest update points along the momentum (the
+// previous rounds' merged updates) at least as well as it points along the others of its
+// round, which the cohort check holds to the same fixed bar.
 //
 // The calibrated bar is mean − CosineTolerance × max(spread, MinSpread), and never above
 // half the mean: when honest updates agree closely the spread is tiny, and a bar just
 // below the mean would reject honest updates as soon as training moves on faster than the
 // history follows. Half the mean still rejects what screening is for — a sign flip (cosine
 // about −mean) and noise (about 0) — whenever honest updates agree at all.
-func (s *Screening) bar(m Moments, fixedOK bool) float64 {
+func (s *Screening) bar(m Moments) float64 {
 	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
 		return min(m.Mean-s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread), m.Mean/2)
 	}
-	if fixedOK {
-		return *s.cfg.MinCosine
-	}
-	return math.Inf(-1)
+	return *s.cfg.MinCosine
 }
 
 // Verdicts returns one verdict per delta, in input order, once the passes are complete.

@@ -3,6 +3,7 @@ package merge
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/p2pnode/p2pnode/internal/parallel"
@@ -201,10 +202,63 @@ func TestSmallCohortAgainstHistory(t *testing.T) {
 			}
 		})
 	}
-	// Without history the small cohort is not judged by direction (nothing to compare to).
-	v, err := ScreenWith([][]float32{scaled(honest[0], -1)}, ref, History{}, cfg, 1)
-	if err != nil || !v[0].Accepted {
-		t.Fatalf("cold history: %+v, %v", v, err)
+}
+
+// TestSmallCohortColdHistory: at the start of a run (history not warm) a small cohort is
+// still judged by direction — against the reference at the fixed bar when there is one
+// (the outer momentum from round 2 on), else a pair against each other — so noise or a
+// sign flip at an honest norm is not merged because the norm checks left one or two
+// survivors. A lone update with nothing to compare to is accepted.
+func TestSmallCohortColdHistory(t *testing.T) {
+	const n = 4096
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.2), CosineTolerance: 4}
+	rng := rand.New(rand.NewPCG(21, 21))
+	g := gauss(rand.New(rand.NewPCG(21, 1)), n, 0.3)
+	ref := scaled(g, 2) // the previous round's merged update points the honest way
+	honest := noisyCohort(rng, g, 2, 0.5)
+	norm := Norm(honest[0], 1)
+	noise := gauss(rng, n, norm/math.Sqrt(n))
+	flip := scaled(honest[1], -1)
+	cold := History{Rounds: 1, Norm: norm}
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		ref    []float32
+		want   []Reason
+	}{
+		{"ref: lone honest", honest[:1], ref, []Reason{""}},
+		{"ref: two honest", honest, ref, []Reason{"", ""}},
+		{"ref: honest and noise", [][]float32{honest[0], noise}, ref, []Reason{"", ReasonLowCosine}},
+		{"ref: honest and flip", [][]float32{honest[0], flip}, ref, []Reason{"", ReasonLowCosine}},
+		{"ref: lone noise", [][]float32{noise}, ref, []Reason{ReasonLowCosine}},
+		{"ref: lone flip", [][]float32{flip}, ref, []Reason{ReasonLowCosine}},
+		{"ref: noise, ×1000 and NaN leave honest alone", [][]float32{honest[0], noise, scaled(honest[1], 1000), withValue(honest[1], 3, float32(math.NaN()))}, ref,
+			[]Reason{"", ReasonLowCosine, ReasonNormOutlier, ReasonNonFinite}},
+		{"zero ref: honest and noise", [][]float32{honest[0], noise}, make([]float32, n), []Reason{ReasonLowCosine, ReasonLowCosine}},
+		{"no ref: two honest", honest, nil, []Reason{"", ""}},
+		{"no ref: honest and noise", [][]float32{honest[0], noise}, nil, []Reason{ReasonLowCosine, ReasonLowCosine}},
+		{"no ref: honest and flip", [][]float32{honest[0], flip}, nil, []Reason{ReasonLowCosine, ReasonLowCosine}},
+		{"no ref: lone noise", [][]float32{noise}, nil, []Reason{""}},
+		{"one round of history: lone ×1000", [][]float32{scaled(honest[0], 1000)}, nil, []Reason{ReasonNormOutlier}},
+		{"no ref: honest and ×1000", [][]float32{honest[0], scaled(honest[1], 1000)}, nil, []Reason{"", ReasonNormOutlier}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hists := []History{{}, cold} // round 1, and one round of history
+			if strings.HasPrefix(tc.name, "one round") {
+				hists = hists[1:]
+			}
+			for _, h := range hists {
+				v, err := ScreenWith(tc.deltas, tc.ref, h, cfg, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, want := range tc.want {
+					if v[j].Reason != want {
+						t.Errorf("history %+v: delta %d: %q, want %q (%+v)", h, j, v[j].Reason, want, v[j])
+					}
+				}
+			}
+		})
 	}
 }
 
