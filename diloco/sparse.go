@@ -272,13 +272,13 @@ func bestSplit(m []float64) int {
 	var tot, tot2 float64
 	for _, v := range m {
 		tot += v
-		tot2 += v * v
+		tot2 += float64(v * v)
 	}
 	best, bestErr := len(m), math.Inf(1)
 	var s1, s2 float64
 	for s := 1; s <= len(m); s++ {
 		s1 += m[s-1]
-		s2 += m[s-1] * m[s-1]
+		s2 += float64(m[s-1] * m[s-1])
 		e := s2 - s1*s1/float64(s)
 		if rest := len(m) - s; rest > 0 {
 			r1, r2 := tot-s1, tot2-s2

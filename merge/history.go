@@ -61,7 +61,7 @@ func (h History) Next(verdicts []Verdict) History {
 	a := rate(h.Rounds)
 	next := h
 	next.Rounds++
-	next.Norm = h.Norm + a*(medianSorted(norms)-h.Norm)
+	next.Norm = h.Norm + float64(a*(medianSorted(norms)-h.Norm))
 	next.Cohort = h.Cohort.fold(cohort)
 	next.Ref = h.Ref.fold(ref)
 	return next
@@ -95,9 +95,9 @@ func (m Moments) fold(xs []float64) Moments {
 	}
 	var dev float64
 	for _, x := range xs {
-		dev += (x - center) * (x - center)
+		dev += float64((x - center) * (x - center))
 	}
 	dev /= float64(len(xs))
 	a := rate(m.N)
-	return Moments{N: m.N + 1, Mean: m.Mean + a*(mean-m.Mean), Var: m.Var + a*(dev-m.Var)}
+	return Moments{N: m.N + 1, Mean: m.Mean + float64(a*(mean-m.Mean)), Var: m.Var + float64(a*(dev-m.Var))}
 }

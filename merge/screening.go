@@ -306,8 +306,8 @@ func (s *Screening) decideCosines() {
 			// u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine to the sum of
 			// the other survivors' unit vectors (for a pair, to the other one).
 			w := float64(s.inv[k])
-			du := w * s.dotU[k]
-			rest := s.uu - 2*du + 1
+			du := float64(w * s.dotU[k])
+			rest := s.uu - float64(2*du) + 1
 			if w == 0 || !(rest > 0) {
 				v.Cosine = 0
 			} else {
@@ -352,7 +352,7 @@ func (s *Screening) decideCosines() {
 // about −mean) and noise (about 0) — whenever honest updates agree at all.
 func (s *Screening) bar(m Moments) float64 {
 	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
-		return min(m.Mean-s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread), m.Mean/2)
+		return min(m.Mean-float64(s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread)), m.Mean/2)
 	}
 	return *s.cfg.MinCosine
 }

@@ -11,22 +11,33 @@ import (
 	"syscall"
 )
 
-// exitInterrupted is the exit status after Ctrl-C or SIGTERM (128 + SIGINT), as shells
-// report an interrupted command.
+// exitInterrupted is the exit status after Ctrl-C (128 + SIGINT), as shells report an
+// interrupted command. SIGTERM — how docker, systemd and supervisors stop a service — is a
+// requested stop: after it the node exits 0.
 const exitInterrupted = 130
 
+// interrupted is the cause of the root context's cancellation when a signal arrived.
+type interrupted struct{ sig os.Signal }
+
+func (i interrupted) Error() string { return "received " + i.sig.String() }
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		<-ctx.Done()
-		stop() // the first signal stops the node cleanly; a second one kills it at once
+		sig := <-sigs
+		// The first signal stops the node cleanly; with the handler gone, a second one
+		// kills it at once.
+		signal.Stop(sigs)
+		cancel(interrupted{sig})
 	}()
 	os.Exit(runMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // runMain executes the command line and returns the exit status: 0, 1 after an error (printed
-// as one line), or 130 when interrupted (quietly: a clean stop is not an error).
+// as one line), 130 after Ctrl-C and 0 after SIGTERM (quietly: a clean stop is not an error).
 func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot()
 	root.SetArgs(args)
@@ -34,7 +45,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
-		return exitInterrupted
+		return stopStatus(context.Cause(ctx))
 	}
 	if err != nil {
 		if !errors.Is(err, errSilent) {
@@ -43,6 +54,15 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// stopStatus is the exit status of a run stopped by cause: 0 after SIGTERM, 130 otherwise.
+func stopStatus(cause error) int {
+	var sig interrupted
+	if errors.As(cause, &sig) && sig.sig == syscall.SIGTERM {
+		return 0
+	}
+	return exitInterrupted
 }
 
 // errSilent marks errors already reported to the user.

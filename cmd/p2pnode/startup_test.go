@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -158,5 +159,23 @@ func TestFleetConfigCommand(t *testing.T) {
 		cfg, err := config.Load(filepath.Join(dir, name+".yaml"))
 		require.NoError(t, err, name)
 		require.Equal(t, 5, cfg.Experiment.Rounds, name)
+	}
+}
+
+func TestStopStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cause error
+		want  int
+	}{
+		{"ctrl-c", interrupted{os.Interrupt}, 130},
+		{"sigterm from a supervisor", interrupted{syscall.SIGTERM}, 0},
+		{"cancelled without a signal", context.Canceled, 130},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := stopStatus(tc.cause); got != tc.want {
+				t.Fatalf("stopStatus(%v) = %d, want %d", tc.cause, got, tc.want)
+			}
+		})
 	}
 }
