@@ -175,7 +175,10 @@ type Lease struct {
 	MicroshardsPerTrainer int           `yaml:"microshards_per_trainer"`
 	MinGroup              int           `yaml:"min_group"`
 	RoundTimeout          time.Duration `yaml:"round_timeout"`
-	QuarantineRounds      int           `yaml:"quarantine_rounds"`
+	// MinDeadline is the least time an attempt's leases get: the deadline adapts to the
+	// trainers' measured paces but never goes below this (nor above round_timeout).
+	MinDeadline      time.Duration `yaml:"min_deadline"`
+	QuarantineRounds int           `yaml:"quarantine_rounds"`
 }
 
 // Export keeps a plain model directory current while training runs.

@@ -59,6 +59,7 @@ func Default() *Config {
 			MicroshardsPerTrainer: 4,
 			MinGroup:              1,
 			RoundTimeout:          10 * time.Minute,
+			MinDeadline:           3 * time.Second,
 			QuarantineRounds:      5,
 		},
 		Export: Export{

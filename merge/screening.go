@@ -188,7 +188,12 @@ func (s *Screening) decideNorms() {
 		return
 	}
 	s.cohort = len(s.alive) >= MinRelativeCohort
-	s.refCheck = !s.cohort && s.hasRef
+	// A lone update is held to the reference only once the history is warm (its calibrated
+	// bar has learnt how far honest updates turn from the momentum): with the fixed bar, an
+	// honest lone update turning against the momentum (a run oscillating about a minimum) was
+	// rejected every attempt, and a node training alone stalled its round
+	// (TestSoloNodeResumesFromTheChainWithoutState). A pair is held to it from the start.
+	s.refCheck = !s.cohort && s.hasRef && (len(s.alive) == 2 || s.hist.Ref.N >= HistoryWarmup)
 	// A pair is held to each other when there is no usable reference (decided once the
 	// reference's norm is known), so U is summed for it too.
 	s.pair = len(s.alive) == 2

@@ -19,10 +19,9 @@ import (
 
 // Round timing of the leader.
 const (
-	minRoundDeadline = 3 * time.Second // the adaptive deadline never goes below this
-	republishEvery   = 3 * time.Second // a proposal waiting for quorum is sent again
-	replayWindow     = 64              // rounds back in which a merged delta counts as a replay
-	heartbeatEvery   = time.Second     // a leader waiting within its round says it is alive
+	republishEvery = 3 * time.Second // a proposal waiting for quorum is sent again
+	replayWindow   = 64              // rounds back in which a merged delta counts as a replay
+	heartbeatEvery = time.Second     // a leader waiting within its round says it is alive
 )
 
 // openRound is the leader's state for the round it runs.
@@ -153,7 +152,7 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 		step := lease.Wait
 		if heard {
 			step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.cfg.Lease.MinGroup,
-				Candidates: len(cands), Barred: nBarred, Available: len(avail), Patience: max(r.window, minRoundDeadline)})
+				Candidates: len(cands), Barred: nBarred, Available: len(avail), Patience: max(r.window, v.cfg.Lease.MinDeadline)})
 		}
 		switch step {
 		case lease.Close:
@@ -237,7 +236,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, p := range peers {
 		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Steps: steps[p]})
 	}
-	r.window = lease.Deadline(pace, min(minRoundDeadline, v.cfg.Lease.RoundTimeout), v.cfg.Lease.RoundTimeout)
+	r.window = lease.Deadline(pace, v.cfg.Lease.MinDeadline, v.cfg.Lease.RoundTimeout)
 	r.deadline = time.Now().Add(r.window)
 	msg := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
 		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}
