@@ -218,6 +218,10 @@ func (v *validator) evaluate(ctx context.Context, h *chain.Head) map[string]floa
 	}
 	m, err := v.rt.Evaluate(ctx, v.store.BlobPath(id))
 	if err != nil {
+		if ctx.Err() != nil {
+			// Shutting down: the call was abandoned, not failed (a quiet Ctrl-C).
+			return nil
+		}
 		v.log.Warn("evaluate head failed", "round", h.Round, "err", err)
 		v.status.event("evaluate", "round %d: %v", h.Round, err)
 		return nil
