@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/internal/memprobe"
 	"github.com/p2pnode/p2pnode/pack"
 )
 
@@ -31,8 +31,6 @@ func TestExportMemory(t *testing.T) {
 	if spec == "" {
 		t.Skipf("set %s (e.g. 100000000) to measure export memory", exportMemEnv)
 	}
-	exe, err := os.Executable()
-	require.NoError(t, err)
 	for _, ps := range strings.Split(spec, ",") {
 		p, err := strconv.Atoi(ps)
 		require.NoError(t, err)
@@ -55,18 +53,9 @@ func TestExportMemory(t *testing.T) {
 		vals = nil
 		model := float64(4*p) / (1 << 20)
 		for _, step := range []struct{ name, head string }{{"fresh", h1.String()}, {"in-place", h2.String()}} {
-			cmd := exec.Command(exe, "-test.run=^TestExportMemoryChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), exportChildEnv+"="+dir+"|"+step.head)
-			start := time.Now()
-			out, err := cmd.CombinedOutput()
-			require.NoError(t, err, "child: %s", out)
-			_, after, ok := strings.Cut(string(out), "peak-rss-kib ")
-			require.True(t, ok, "child did not report its peak RSS: %s", out)
-			kib, err := strconv.Atoi(strings.Fields(after)[0])
-			require.NoError(t, err)
-			rss := float64(kib) / 1024
+			rss, wall := memprobe.Child(t, "TestExportMemoryChild", exportChildEnv+"="+dir+"|"+step.head)
 			row := fmt.Sprintf("export P=%-10d %-8s peak RSS %8.1f MiB = %5.2f × model (%6.1f MiB)  wall %v",
-				p, step.name, rss, rss/model, model, time.Since(start).Round(time.Millisecond))
+				p, step.name, rss, rss/model, model, wall.Round(time.Millisecond))
 			t.Log(row)
 			fmt.Println(row)
 			require.LessOrEqual(t, rss, 2*model+256, row)
@@ -89,11 +78,5 @@ func TestExportMemoryChild(t *testing.T) {
 	defer src.Close()
 	_, err = Export(context.Background(), src, filepath.Join(dir, "model"), Options{InPlace: true})
 	require.NoError(t, err)
-	b, err := os.ReadFile("/proc/self/status")
-	require.NoError(t, err)
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			fmt.Printf("\npeak-rss-kib %s\n", strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-		}
-	}
+	memprobe.ReportPeak(t)
 }

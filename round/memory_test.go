@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/internal/memprobe"
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
 )
@@ -57,8 +57,6 @@ func TestMergeMemory(t *testing.T) {
 	if spec == "" {
 		t.Skipf("set %s (e.g. '1000000:4,16;100000000:4,16') to measure merge memory", memEnv)
 	}
-	exe, err := os.Executable()
-	require.NoError(t, err)
 	var rows []string
 	for _, part := range strings.Split(spec, ";") {
 		ps, ks, ok := strings.Cut(part, ":")
@@ -79,17 +77,7 @@ func TestMergeMemory(t *testing.T) {
 			}
 			model := float64(4*p) / (1 << 20)
 			for _, mode := range modes {
-				cmd := exec.Command(exe, "-test.run=^TestMergeMemoryChild$", "-test.count=1")
-				cmd.Env = append(os.Environ(), memChildEnv+"="+dir+"|"+mode)
-				start := time.Now()
-				out, err := cmd.CombinedOutput()
-				require.NoError(t, err, "child: %s", out)
-				wall := time.Since(start)
-				_, after, ok := strings.Cut(string(out), "peak-rss-kib ")
-				require.True(t, ok, "child did not report its peak RSS: %s", out)
-				kib, err := strconv.Atoi(strings.Fields(after)[0])
-				require.NoError(t, err)
-				rss := float64(kib) / 1024
+				rss, wall := memprobe.Child(t, "TestMergeMemoryChild", memChildEnv+"="+dir+"|"+mode)
 				row := fmt.Sprintf("P=%-10d K=%-3d %-6s peak RSS %8.1f MiB = %5.2f × model (%6.1f MiB) + %7.1f MiB  wall %v",
 					p, k, mode, rss, rss/model, model, rss-3*model, wall.Round(time.Millisecond))
 				t.Log(row)
@@ -172,15 +160,7 @@ func TestMergeMemoryChild(t *testing.T) {
 	default:
 		t.Fatalf("unknown mode %q", mode)
 	}
-	// The child reports its own peak: the rusage a parent gets counts the pages the child
-	// shared with the parent before exec, and the parent holds the inputs it generated.
-	b, err = os.ReadFile("/proc/self/status")
-	require.NoError(t, err)
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			fmt.Printf("\npeak-rss-kib %s\n", strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-		}
-	}
+	memprobe.ReportPeak(t)
 }
 
 // encodeMemEnv selects the model sizes TestEncodeMemory measures (comma-separated
@@ -197,8 +177,6 @@ func TestEncodeMemory(t *testing.T) {
 	if spec == "" {
 		t.Skipf("set %s (e.g. 100000000) to measure trainer encode memory", encodeMemEnv)
 	}
-	exe, err := os.Executable()
-	require.NoError(t, err)
 	for _, ps := range strings.Split(spec, ",") {
 		p, err := strconv.Atoi(ps)
 		require.NoError(t, err)
@@ -219,18 +197,9 @@ func TestEncodeMemory(t *testing.T) {
 		vals = nil
 		model := float64(4*p) / (1 << 20)
 		for _, mode := range []string{"stream", "inmem"} {
-			cmd := exec.Command(exe, "-test.run=^TestEncodeMemoryChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), memChildEnv+"="+dir+"|"+mode)
-			start := time.Now()
-			out, err := cmd.CombinedOutput()
-			require.NoError(t, err, "child: %s", out)
-			_, after, ok := strings.Cut(string(out), "peak-rss-kib ")
-			require.True(t, ok, "child did not report its peak RSS: %s", out)
-			kib, err := strconv.Atoi(strings.Fields(after)[0])
-			require.NoError(t, err)
-			rss := float64(kib) / 1024
+			rss, wall := memprobe.Child(t, "TestEncodeMemoryChild", memChildEnv+"="+dir+"|"+mode)
 			row := fmt.Sprintf("trainer encode P=%-10d int8+residual %-6s peak RSS %8.1f MiB = %5.2f × model (%6.1f MiB)  wall %v",
-				p, mode, rss, rss/model, model, time.Since(start).Round(time.Millisecond))
+				p, mode, rss, rss/model, model, wall.Round(time.Millisecond))
 			t.Log(row)
 			fmt.Println(row)
 			if mode == "stream" {
@@ -271,11 +240,5 @@ func TestEncodeMemoryChild(t *testing.T) {
 		_, err = StoreDelta(store, enc, base.Layout.Hash())
 		require.NoError(t, err)
 	}
-	b, err := os.ReadFile("/proc/self/status")
-	require.NoError(t, err)
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			fmt.Printf("\npeak-rss-kib %s\n", strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-		}
-	}
+	memprobe.ReportPeak(t)
 }
