@@ -124,6 +124,7 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 	waitingSince := time.Now()
 	var beat time.Time
 	for {
+		v.drainAnnounces(in)
 		taken := map[uint32]bool{}
 		for _, rc := range r.received {
 			for _, s := range rc.msg.Microshards {
@@ -210,6 +211,22 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 			v.accept(ctx, r, c.From, c.Msg)
 		case <-in.Releases:
 		case <-tick.C:
+		}
+	}
+}
+
+// drainAnnounces takes in the announcements queued while the leader was busy (fetching
+// deltas, merging, waiting for quorum) before it decides whom to lease to. Without it the
+// live set was computed from announcements seconds old: under load, honest trainers whose
+// announcements sat in the queue looked gone, a round opened with the first min_group
+// trainers heard (attackers among them), and the others sat the round out.
+func (v *validator) drainAnnounces(in *Inbox) {
+	for {
+		select {
+		case a := <-in.Announces:
+			v.trainers.seen(a.From, a.Msg)
+		default:
+			return
 		}
 	}
 }
@@ -359,7 +376,10 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		if c.Round < r.round {
 			return // late for a closed round: nothing to do
 		}
-		reject(false, "wrong_base", "for round %d on another base, open round is %d", c.Round, r.round)
+		// A trainer leased in this round that reports on another base has failed its lease:
+		// barred, its microshards go back to the pool now rather than at the deadline.
+		_, reported := r.received[from]
+		reject(c.Round == r.round && !reported, "wrong_base", "for round %d on another base, open round is %d", c.Round, r.round)
 		return
 	}
 	if c.Peer != from {
@@ -398,11 +418,26 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		reject(true, "replay", "delta %s was merged in an earlier round", deltaID)
 		return
 	}
+	// A free rider announces another trainer's delta of this round as its own: the artifact
+	// is credited once, to whoever announced it first (the copier can only copy what it has
+	// already seen announced).
+	for p, rc := range r.received {
+		if slices.Equal(rc.msg.Delta, c.Delta) {
+			reject(true, "copy", "delta %s was already announced by %s in this round", deltaID, p)
+			return
+		}
+	}
 	hint, _ := peer.Decode(from)
 	// A holder that stalls must not hold the round past its deadline.
 	fctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
 	if err := v.bus.Fetch(fctx, deltaID, hint); err != nil || !v.store.Has(deltaID) {
+		if !time.Now().Before(r.deadline) {
+			// The attempt ran out while the delta was on its way (or queued here behind
+			// other work): late, not a fault of the holder, so no strike toward quarantine.
+			reject(true, "late", "fetch delta %s: the attempt's deadline passed: %v", deltaID, err)
+			return
+		}
 		reject(true, "unavailable", "fetch delta %s: %v", deltaID, err)
 		return
 	}
