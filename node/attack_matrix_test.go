@@ -22,8 +22,11 @@ import (
 //
 //	go test -race -count=1 -run 'TestOneThirdAttackers$' -v ./node/
 //
-// P2PNODE_ATTACK_ROUNDS sets the rounds per run (default 8); P2PNODE_ATTACK_TABLE names a
-// file the table is written to (Markdown) as well as the test log.
+// By default (make test) it runs the rows no other test covers: the copy and the stale
+// base. P2PNODE_ATTACK_MATRIX=1 runs all ten (about 15 minutes on a loaded 2-core machine
+// under -race, and sensitive to that load: see docs/security.md). P2PNODE_ATTACK_ROUNDS
+// sets the rounds per run (default 8); P2PNODE_ATTACK_TABLE names a file the table is
+// written to (Markdown) as well as the test log.
 
 const (
 	matrixHonest    = 6
@@ -95,8 +98,12 @@ func TestOneThirdAttackers(t *testing.T) {
 	t.Logf("clean: %d rounds, mse %.6g, %.2f s/round", clean.rounds, clean.mse, clean.perRound)
 	require.Equal(t, rounds, clean.rounds)
 	var rows []matrixRun
+	all := os.Getenv("P2PNODE_ATTACK_MATRIX") != ""
 	for _, k := range attackKinds {
 		t.Run(k.name, func(t *testing.T) {
+			if !all && k.bus != busCopy && k.bus != busStale {
+				t.Skip("set P2PNODE_ATTACK_MATRIX=1 for the whole matrix (TestAttackersAreScreenedOut covers the poison modes)")
+			}
 			r := runMatrix(t, k, rounds)
 			rows = append(rows, r)
 			t.Logf("%s: merged %d, credited twice %d, stalled %d, at deadline %d, mse %.6g (%+.2f%%), %.2f s/round (clean %.2f), rejections %v, quarantined %d",

@@ -63,6 +63,9 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
+	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+		return errHeadMoved // the head moved before the channel was taken: its change is not on it
+	}
 	start := time.Now()
 	for {
 		closeNow, err := v.issue(ctx, in, r, changed)

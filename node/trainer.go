@@ -156,6 +156,11 @@ func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for {
+		// The channel first: a head accepted between reading the tip and taking the channel
+		// would close a channel this loop never sees, and the trainer sat out its lease
+		// waiting 10 s for a head it already had (a lease often arrives just before its
+		// base head does).
+		changed := t.tips.Changed()
 		cur, h := t.tips.Current()
 		if cur.Equals(id) {
 			return h, nil
@@ -168,7 +173,7 @@ func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-t.tips.Changed():
+		case <-changed:
 		case <-deadline.C:
 			return nil, fmt.Errorf("base head is not canonical here: %w", chain.ErrNotFound)
 		}
