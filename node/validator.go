@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -166,6 +167,9 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 		return fmt.Errorf("genesis: this node makes round 0 but has no workload to initialise the model (set workload.*)")
 	}
 	out := filepath.Join(v.rt.ScratchDir(), "genesis.safetensors")
+	// The pack is copied into the store; a copy left in scratch would be one more model's
+	// bytes on disk for the life of the store.
+	defer os.Remove(out)
 	if err := v.rt.Init(ctx, v.cfg.Experiment.Seed, out); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
