@@ -57,7 +57,7 @@ type Checkpointer struct {
 	log    *slog.Logger
 	lock   *os.File
 
-	keep       int                // generations kept
+	keep       int                 // generations kept
 	afterPrune func(kept []*State) // see AfterPrune; may be nil
 
 	// diskMu serialises everything that changes the directory: a generation's write and
