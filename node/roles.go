@@ -250,7 +250,7 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 	p := round.Policy{
 		Kind:       cfg.Protocol.MergePolicy,
 		Outer:      diloco.OuterConfig{LR: cfg.Protocol.DiLoCo.OuterLR, Momentum: cfg.Protocol.DiLoCo.Momentum, Nesterov: cfg.Protocol.DiLoCo.Nesterov},
-		Decay:      cfg.Protocol.EMA.Decay,
+		NewWeight:  cfg.Protocol.EMA.NewWeight,
 		Aggregator: agg,
 		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
 		Screen: merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio,
