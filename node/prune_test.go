@@ -97,15 +97,16 @@ func TestStoreIsPrunedToKeepHeads(t *testing.T) {
 		require.Eventually(t, func() bool { return val.n.Status().Round >= 5 }, time.Minute, 50*time.Millisecond)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, tip, err := chain.RequestTip(ctx, probe, val.host.ID())
+		f, err := chain.RequestTip(ctx, probe, val.host.ID())
 		require.NoError(t, err)
 		// Walk the chain back to round 1 over the network: heads are never pruned.
-		h := tip
+		tip, h := f.Head, f.Head
 		for h.Round > 1 {
 			parent, err := h.ParentID()
 			require.NoError(t, err)
-			_, h, err = chain.RequestHead(ctx, probe, val.host.ID(), parent)
+			f, err := chain.RequestHead(ctx, probe, val.host.ID(), parent)
 			require.NoError(t, err, "head %s", parent)
+			h = f.Head
 		}
 		old, err := h.ParamsID()
 		require.NoError(t, err)

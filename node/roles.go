@@ -31,7 +31,7 @@ func rolesModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			func(self peer.ID) *statusBoard {
 				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
-					Experiment: cfg.Experiment.ID, Started: time.Now(), History: loadHistory(cfg.Node.StoreDir)}}
+					Experiment: cfg.Experiment.ID, Started: time.Now()}}
 			},
 			func(heads *chain.Store, self peer.ID) *tips {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
