@@ -14,6 +14,7 @@ func Default() *Config {
 			LogLevel:       "info",
 			ChunkSize:      1 << 20,
 			StreamDeadline: 10 * time.Second,
+			KeepHeads:      2,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",
@@ -48,7 +49,7 @@ func Default() *Config {
 			SparseBlock: 4096,
 			SparseTopK:  64,
 			DiLoCo:      DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
-			EMA:         EMA{Decay: 0.5},
+			EMA:         EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{
 			Aggregator:   "mean",
