@@ -145,9 +145,10 @@ type DiLoCo struct {
 	Nesterov bool    `yaml:"nesterov"`
 }
 
-// EMA is the exponential-moving-average merge.
+// EMA is the exponential-moving-average merge: next = (1 − NewWeight)·current + NewWeight·mean,
+// where mean is the trainers' merged models.
 type EMA struct {
-	Decay float64 `yaml:"decay"`
+	NewWeight float64 `yaml:"new_weight"`
 }
 
 // Merge is how contributions are screened and aggregated.

@@ -43,6 +43,7 @@ func TestErrorsNameTheField(t *testing.T) {
 	}{
 		{"unknown top-level", "nodes: {}", []string{"nodes: unknown field (line 1)", `did you mean "node"`}},
 		{"unknown nested", "workload:\n  facotry: x:y", []string{"workload.facotry: unknown field (line 2)", `did you mean "factory"`}},
+		{"renamed field", "protocol:\n  ema:\n    decay: 0.9", []string{"protocol.ema.decay (line 3): renamed to protocol.ema.new_weight", "write new_weight with the number you had"}},
 		{"wrong type", "protocol:\n  inner_steps: many", []string{"protocol.inner_steps", "line 2"}},
 		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
 		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},

@@ -48,7 +48,7 @@ func Default() *Config {
 			SparseBlock: 4096,
 			SparseTopK:  64,
 			DiLoCo:      DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
-			EMA:         EMA{Decay: 0.5},
+			EMA:         EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{
 			Aggregator:   "mean",

@@ -217,7 +217,7 @@ func (c *Config) validateProtocol(v *validator) {
 	// (95.5 % and 94.4 %). SparseLoCo runs without outer momentum.
 	v.check(p.Codec != "sparse" || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
 		"must be <= 0.5 with protocol.codec sparse (outer momentum on top of error feedback diverged at 0.9; 0 is SparseLoCo's choice), got %v", p.DiLoCo.Momentum)
-	v.check(finite(p.EMA.Decay) && p.EMA.Decay > 0 && p.EMA.Decay <= 1, "protocol.ema.decay", "must be in (0, 1], got %v", p.EMA.Decay)
+	v.check(finite(p.EMA.NewWeight) && p.EMA.NewWeight > 0 && p.EMA.NewWeight <= 1, "protocol.ema.new_weight", "must be in (0, 1], got %v", p.EMA.NewWeight)
 }
 
 func (c *Config) validateMerge(v *validator) {

@@ -158,8 +158,10 @@ func (v *validator) signAndAttest(ctx context.Context, from string, m *gossip.He
 	}
 	signed := chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
 	signed.Add(sig)
-	v.locks[h.Round] = lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Metrics: m.Metrics, Proposal: m.Proposal}}
-	v.tips.SetMetrics(id, m.Metrics)
+	v.locks[h.Round] = lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Notes: m.Notes, Proposal: m.Proposal}}
+	if err := v.tips.SetNotes(id, h.Round, m.Notes); err != nil {
+		v.log.Warn("store round notes", "round", h.Round, "err", err)
+	}
 	if _, err := v.tips.Offer(&signed); err != nil {
 		v.log.Warn("store attested head", "round", h.Round, "err", err)
 	}

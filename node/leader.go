@@ -52,12 +52,18 @@ type openRound struct {
 	blind      int
 	blindGrant bool // the current attempt was leased with no pace known
 	atGrant    int  // contributions received when the current attempt was leased
+	// started is when the leader took the round; rejected counts the contributions it
+	// rejected (for the round notes).
+	started  time.Time
+	rejected uint64
 }
 
 type received struct {
 	msg   *gossip.Contribution
 	lease lease.Lease
 	id    cid.Cid
+	// fetch is how long this validator took to fetch the contribution's update.
+	fetch time.Duration
 }
 
 // lead runs one round as its leader. firstAttempt separates the lease ids of a validator
@@ -72,7 +78,7 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
-	start := time.Now()
+	r.started = time.Now()
 	for {
 		closeNow, err := v.issue(ctx, in, r, changed)
 		if err == nil && !closeNow {
@@ -87,7 +93,7 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		if !closeNow {
 			continue
 		}
-		proposal, err := v.propose(ctx, r, time.Since(start))
+		proposal, err := v.propose(ctx, r, time.Since(r.started))
 		if err != nil {
 			return err
 		}
@@ -421,6 +427,7 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 			art = id.String()
 		}
 		v.rejected(from, r.round, reason, sprintf(format, args...), art)
+		r.rejected++
 		if bar && r.book.Bar(from, reason) {
 			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
 		}
@@ -472,6 +479,7 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 	// A holder that stalls must not hold the round past its deadline.
 	fctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
+	fetchStart := time.Now()
 	if err := v.bus.Fetch(fctx, deltaID, hint); err != nil || !v.store.Has(deltaID) {
 		reject(true, "unavailable", "fetch delta %s: %v", deltaID, err)
 		return
@@ -481,7 +489,7 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		steps = v.cfg.Protocol.InnerSteps
 	}
 	v.paces.observe(from, c.Seconds, steps)
-	r.received[from] = received{msg: c, lease: l, id: leaseID}
+	r.received[from] = received{msg: c, lease: l, id: leaseID, fetch: time.Since(fetchStart)}
 	r.book.Report(from)
 	v.updateValidatorStatus(func(vs *ValidatorStatus) {
 		vs.Received = append(slices.Clone(vs.Received), from)
@@ -505,6 +513,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 			Microshards: c.Microshards, Loss: c.Loss})
 		leases = append(leases, r.received[c.Peer].lease)
 	}
+	mergeStart := time.Now()
 	out, err := v.merger.Merge(ctx, r.baseID, r.base, cands)
 	rejected := map[string]string{}
 	if out != nil {
@@ -516,6 +525,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 				}
 			}
 			v.rejected(rj.Peer, r.round, rj.Reason, rj.Detail, art)
+			r.rejected++
 			rejected[rj.Peer] = rj.Reason
 			delete(r.received, rj.Peer)
 			// Its microshards return to the pool, for other trainers: a rejected peer gets
@@ -538,9 +548,14 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	if err != nil {
 		return nil, err
 	}
-	metrics := v.evaluate(ctx, out.Head)
-	v.tips.SetMetrics(out.ID, metrics)
-	msg := &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Metrics: metrics,
+	mergeTook := time.Since(mergeStart)
+	notes := r.notes(mergeTook)
+	notes.HeldOut = v.evaluate(ctx, out.Head)
+	notes.Seconds = time.Since(r.started).Seconds()
+	if err := v.signNotes(out.ID, out.Head.Round, notes); err != nil {
+		return nil, err
+	}
+	msg := &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes,
 		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire}}
 	lk := lockedHead{id: out.ID, msg: msg}
 	v.locks[r.round] = lk
@@ -548,12 +563,30 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		return nil, err
 	}
 	v.metrics.roundClosed(took, len(out.Head.Contributions))
+	v.metrics.roundSplit(notes)
 	v.log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
 		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String())
 	if err := v.bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
 	}
 	return &lk, nil
+}
+
+// notes are the round's time split as its leader saw it, for the merged contributions
+// (those still in received): the slowest trainer's inner steps, the longest transfer path
+// (a trainer's fetch of the base parameters and microshards, then this validator's fetch of
+// its update), and merge (screening, aggregation, signing).
+func (r *openRound) notes(merge time.Duration) *chain.Notes {
+	n := &chain.Notes{Round: r.round, Rejected: r.rejected, MergeSeconds: merge.Seconds()}
+	for _, rc := range r.received {
+		train := rc.msg.TrainSeconds
+		if train == 0 {
+			train = rc.msg.Seconds // a trainer that does not report the split
+		}
+		n.TrainSeconds = max(n.TrainSeconds, train)
+		n.CommSeconds = max(n.CommSeconds, rc.msg.FetchSeconds+rc.fetch.Seconds())
+	}
+	return n
 }
 
 // awaitQuorum keeps a signed proposal in circulation until the canonical head moves on

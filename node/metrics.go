@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/merge"
 )
@@ -53,6 +54,7 @@ type nodeMetrics struct {
 	// Leader.
 	rounds    prometheus.Counter
 	roundSecs prometheus.Histogram
+	phaseSecs *prometheus.HistogramVec
 	merged    prometheus.Counter
 	// Validators.
 	rejects *prometheus.CounterVec
@@ -75,6 +77,9 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Rounds this node closed as leader (a head proposed)."}),
 		roundSecs: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "p2ptrain_node_round_duration_seconds",
 			Help: "Wall time of rounds this node led, from first lease to proposed head.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 16)}),
+		phaseSecs: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "p2ptrain_node_round_phase_seconds",
+			Help:    "Time of the rounds this node led by phase (the round notes' split): training, communication, merge.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 18)}, []string{"phase"}),
 		merged: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_merged_total",
 			Help: "Contributions merged into heads this node proposed as leader."}),
 		rejects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_rejected_total",
@@ -103,7 +108,10 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 	for _, how := range []string{"expired", "released", "gone"} {
 		m.ended.WithLabelValues(how)
 	}
-	reg.MustRegister(m.rounds, m.roundSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
+	for _, phase := range roundPhases {
+		m.phaseSecs.WithLabelValues(phase)
+	}
+	reg.MustRegister(m.rounds, m.roundSecs, m.phaseSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
 		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped)
 	return m
 }
@@ -113,6 +121,16 @@ func (m *nodeMetrics) rejected(reason string) { m.rejects.WithLabelValues(reason
 func (m *nodeMetrics) leaseEnded(how string) { m.ended.WithLabelValues(how).Inc() }
 
 func (m *nodeMetrics) metricDropped(name string) { m.dropped.WithLabelValues(name).Inc() }
+
+// roundPhases are the values of p2ptrain_node_round_phase_seconds' phase label.
+var roundPhases = []string{"training", "communication", "merge"}
+
+// roundSplit observes the time split of a round this node led (its notes).
+func (m *nodeMetrics) roundSplit(n *chain.Notes) {
+	for i, s := range []float64{n.TrainSeconds, n.CommSeconds, n.MergeSeconds} {
+		m.phaseSecs.WithLabelValues(roundPhases[i]).Observe(s)
+	}
+}
 
 func (m *nodeMetrics) roundClosed(took time.Duration, merged int) {
 	m.rounds.Inc()

@@ -31,7 +31,7 @@ func rolesModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			func(self peer.ID) *statusBoard {
 				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
-					Experiment: cfg.Experiment.ID, Started: time.Now(), History: loadHistory(cfg.Node.StoreDir)}}
+					Experiment: cfg.Experiment.ID, Started: time.Now()}}
 			},
 			func(heads *chain.Store, self peer.ID) *tips {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
@@ -254,7 +254,7 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 	p := round.Policy{
 		Kind:       cfg.Protocol.MergePolicy,
 		Outer:      diloco.OuterConfig{LR: cfg.Protocol.DiLoCo.OuterLR, Momentum: cfg.Protocol.DiLoCo.Momentum, Nesterov: cfg.Protocol.DiLoCo.Nesterov},
-		Decay:      cfg.Protocol.EMA.Decay,
+		NewWeight:  cfg.Protocol.EMA.NewWeight,
 		Aggregator: agg,
 		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
 		Screen: merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio,
