@@ -14,6 +14,7 @@ func Default() *Config {
 			LogLevel:       "info",
 			ChunkSize:      1 << 20,
 			StreamDeadline: 10 * time.Second,
+			KeepHeads:      2,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",

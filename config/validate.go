@@ -93,6 +93,9 @@ func (c *Config) validateNode(v *validator) {
 	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
 	v.check(n.StreamDeadline >= 100*time.Millisecond && n.StreamDeadline <= 10*time.Minute, "node.stream_deadline",
 		"must be between 100ms and 10m, got %v", n.StreamDeadline)
+	v.check(n.KeepHeads >= MinKeepHeads, "node.keep_heads",
+		"must be at least %d (a trainer may still be encoding against the previous head; set node.archive: true to keep everything), got %d",
+		MinKeepHeads, n.KeepHeads)
 }
 
 func (c *Config) validateExperiment(v *validator) {

@@ -69,6 +69,9 @@ type nodeMetrics struct {
 	trainSecs     prometheus.Counter
 	samples       prometheus.Counter
 	lastLoss      prometheus.Gauge
+	// Every node's store (prune.go).
+	prunedArtifacts prometheus.Counter
+	prunedBytes     prometheus.Counter
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -101,6 +104,10 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Samples this node trained on."}),
 		lastLoss: prometheus.NewGauge(prometheus.GaugeOpts{Name: "p2ptrain_node_train_loss",
 			Help: "Mean training loss of this node's last contribution."}),
+		prunedArtifacts: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_artifacts_total",
+			Help: "Artifacts deleted from the store because no kept head, checkpoint or recent round needs them (node.keep_heads)."}),
+		prunedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_bytes_total",
+			Help: "Bytes of the artifacts deleted from the store by pruning."}),
 	}
 	for _, r := range rejectReasons {
 		m.rejects.WithLabelValues(r)
@@ -112,7 +119,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		m.phaseSecs.WithLabelValues(phase)
 	}
 	reg.MustRegister(m.rounds, m.roundSecs, m.phaseSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
-		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped)
+		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped, m.prunedArtifacts, m.prunedBytes)
 	return m
 }
 

@@ -71,6 +71,7 @@ type envParams struct {
 	Keeper  *keeper
 	Metrics *nodeMetrics
 	Export  *export.Writer
+	Pruner  *pruner
 	BW      *metrics.BandwidthCounter `optional:"true"`
 }
 
@@ -90,7 +91,7 @@ func newEnv(p envParams) *env {
 	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export,
-		bytes: &byteMeter{bw: p.BW}}
+		bytes: &byteMeter{bw: p.BW}, pruner: p.Pruner}
 	p.Status.peers = func(round uint64) []PeerStatus {
 		return peerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
 	}
@@ -155,6 +156,9 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		return err
 	}
 	e.data = data
+	if e.pruner != nil {
+		e.pruner.setDataset(data.shards.IDs())
+	}
 	policy, err := mergePolicy(cfg)
 	if err != nil {
 		return err

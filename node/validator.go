@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -25,7 +26,8 @@ import (
 // leases, collects and screens contributions, merges and proposes the next head; the other
 // validators recompute the proposal bit for bit and attest it, and a head is canonical
 // with a quorum of signatures. A validator that sees the validators ahead of it stay
-// silent takes the round over (follower.go).
+// silent, or sees the one leading the round bring no head to quorum within two round
+// timeouts, takes the round over (follower.go).
 type validator struct {
 	*env
 	merger     *round.Merger
@@ -166,6 +168,9 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 		return fmt.Errorf("genesis: this node makes round 0 but has no workload to initialise the model (set workload.*)")
 	}
 	out := filepath.Join(v.rt.ScratchDir(), "genesis.safetensors")
+	// The pack is copied into the store; a copy left in scratch would be one more model's
+	// bytes on disk for the life of the store.
+	defer os.Remove(out)
 	if err := v.rt.Init(ctx, v.cfg.Experiment.Seed, out); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
