@@ -249,6 +249,7 @@ func (c *Config) validateLease(v *validator) {
 	v.check(l.MinGroup >= 1, "lease.min_group", "must be >= 1, got %d", l.MinGroup)
 	v.check(l.RoundTimeout > 0, "lease.round_timeout", "must be > 0")
 	v.check(l.MinDeadline > 0 && l.MinDeadline <= l.RoundTimeout, "lease.min_deadline", "must be > 0 and <= lease.round_timeout (%s), got %s", l.RoundTimeout, l.MinDeadline)
+	v.check(l.FirstDeadline > 0, "lease.first_deadline", "must be > 0 (it is capped at lease.round_timeout), got %s", l.FirstDeadline)
 	v.check(l.QuarantineRounds >= 0, "lease.quarantine_rounds", "must be >= 0, got %d", l.QuarantineRounds)
 }
 

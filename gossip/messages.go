@@ -44,6 +44,13 @@ type Announce struct {
 	Time       int64              `cbor:"8,keyasint"`           // unix milliseconds
 	Artifacts  [][]byte           `cbor:"9,keyasint,omitempty"` // recent artifacts this node serves
 	Metrics    map[string]float64 `cbor:"10,keyasint,omitempty"`
+	// Started is when the announcing process started (unix milliseconds): a new value under
+	// the same peer id tells a round's leader that the trainer restarted and lost its lease.
+	Started int64 `cbor:"11,keyasint,omitempty"`
+	// StepSeconds is the trainer's own measure of its seconds per inner step (its worker's
+	// probe, then its windows; 0 unknown): a leader that has observed no window of it yet
+	// sets lease deadlines from it.
+	StepSeconds float64 `cbor:"12,keyasint,omitempty"`
 }
 
 // Leases is the round leader's grant of leases for one round.
@@ -160,7 +167,8 @@ func DecodeAnnounce(b []byte) (*Announce, error) {
 	if err := decode(b, MaxAnnounceBytes, &m); err != nil {
 		return nil, err
 	}
-	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 {
+	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 ||
+		!finite(m.StepSeconds) || m.StepSeconds < 0 || m.Started < 0 {
 		return nil, fmt.Errorf("%w: announce from %q: bad fields", ErrMalformed, m.Peer)
 	}
 	if len(m.Head) > 0 {

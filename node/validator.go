@@ -26,7 +26,8 @@ import (
 // leases, collects and screens contributions, merges and proposes the next head; the other
 // validators recompute the proposal bit for bit and attest it, and a head is canonical
 // with a quorum of signatures. A validator that sees the validators ahead of it stay
-// silent takes the round over (follower.go).
+// silent, or sees the one leading the round bring no head to quorum within two round
+// timeouts, takes the round over (follower.go).
 type validator struct {
 	*env
 	merger     *round.Merger
