@@ -78,6 +78,10 @@ func TestStoreIsPrunedToKeepHeads(t *testing.T) {
 		n.cfg.Node.KeepHeads = keep
 		n.cfg.Node.Archive = archive
 		n.cfg.Lease.MinGroup = 2
+		// One attempt per round: a lease that expired on a loaded machine would have its
+		// trainer encode a second delta in that round, one model more than the figure
+		// counts (which holds for one delta per round).
+		n.cfg.Lease.MinDeadline = 20 * time.Second
 		require.NoError(t, n.cfg.Validate())
 	}
 	val := c.nodes[0]
