@@ -239,7 +239,13 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
 	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
-	plan := lease.Assign(avail, work, v.cfg.Lease.MicroshardsPerTrainer, seed)
+	// The round's proposal lists every received contribution's microshards: a later attempt
+	// leases only what is left of the round's bound, so the proposal fits its message.
+	budget := lease.MaxRoundMicroshards
+	for _, rc := range r.received {
+		budget -= len(rc.msg.Microshards)
+	}
+	plan := lease.AssignWithin(avail, work, v.cfg.Lease.MicroshardsPerTrainer, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
 	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, v.cfg.Lease.MicroshardsPerTrainer)
