@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"runtime/debug"
 	"time"
@@ -242,24 +243,36 @@ func (sv *server) source(id cid.Cid) (chunkSource, error) {
 		return sv.blob, nil
 	}
 	if sv.x.store.Has(id) {
-		m, err := sv.x.store.Manifest(id)
-		if err != nil {
+		src, err := sv.openStored(id)
+		// A pruner may remove the artifact between Has and here: that is "not found".
+		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
-		blob, err := sv.x.store.Open(id)
-		if err != nil {
-			return nil, err
+		if src != nil {
+			return src, nil
 		}
-		if sv.blob != nil {
-			sv.blob.blob.Close()
-		}
-		sv.blob, sv.blobID = &blobSource{m: m, blob: blob}, id
-		return sv.blob, nil
 	}
 	if p := sv.x.activePartial(id); p != nil {
 		return p, nil
 	}
 	return nil, nil
+}
+
+// openStored maps a stored artifact and keeps it as the stream's open blob.
+func (sv *server) openStored(id cid.Cid) (*blobSource, error) {
+	m, err := sv.x.store.Manifest(id)
+	if err != nil {
+		return nil, err
+	}
+	blob, err := sv.x.store.Open(id)
+	if err != nil {
+		return nil, err
+	}
+	if sv.blob != nil {
+		sv.blob.blob.Close()
+	}
+	sv.blob, sv.blobID = &blobSource{m: m, blob: blob}, id
+	return sv.blob, nil
 }
 
 // ensureBuf reserves and gets the write buffer for chunks of chunkSize.

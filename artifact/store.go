@@ -29,7 +29,12 @@ var ErrNotFound = errors.New("artifact not found")
 type Store struct {
 	dir       string
 	chunkSize uint64
-	mu        sync.Mutex // serialises commits of the same id
+	mu        sync.Mutex // serialises commits and removals
+
+	// committed holds the ids committed (or committed again: bytes the store already
+	// held) since the last TakeCommitted, while tracking is on; nil when it is off.
+	// Guarded by mu.
+	committed map[cid.Cid]struct{}
 }
 
 // Options configure a store.
@@ -181,6 +186,9 @@ func (w *Writer) Abort() {
 func (s *Store) install(id cid.Cid, blobTmp string, manifest []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.committed != nil {
+		s.committed[id] = struct{}{}
+	}
 	if s.Has(id) {
 		return nil
 	}
@@ -326,6 +334,83 @@ func (s *Store) Remove(id cid.Cid) error {
 		return fmt.Errorf("remove artifact %s: %w", id, err)
 	}
 	return nil
+}
+
+// TrackCommits starts recording the ids committed to the store, for TakeCommitted and
+// RemoveIdle: a pruner's view of what is new.
+func (s *Store) TrackCommits() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.committed == nil {
+		s.committed = map[cid.Cid]struct{}{}
+	}
+}
+
+// TakeCommitted returns the ids committed since the last call (or since TrackCommits),
+// including commits of bytes the store already held: a writer that re-creates an
+// artifact owns it again.
+func (s *Store) TakeCommitted() []cid.Cid {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]cid.Cid, 0, len(s.committed))
+	for id := range s.committed {
+		out = append(out, id)
+	}
+	if s.committed != nil {
+		clear(s.committed)
+	}
+	return out
+}
+
+// RemoveIdle deletes an artifact unless it was committed since the last TakeCommitted,
+// and says whether it did: a pruner that decided from an older view never deletes what a
+// writer has just (re)created. Like Remove, the manifest goes first.
+func (s *Store) RemoveIdle(id cid.Cid) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, busy := s.committed[id]; busy {
+		return false, nil
+	}
+	if err := os.Remove(s.manifestPath(id)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("remove artifact %s: %w", id, err)
+	}
+	if err := os.Remove(s.BlobPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return true, fmt.Errorf("remove artifact %s: %w", id, err)
+	}
+	return true, nil
+}
+
+// RemoveOrphans deletes blob files that have no manifest: what a crash between the two
+// removals of Remove, or between a blob's rename and its manifest's write, left behind.
+// Commits and removals hold the store's lock across both steps, so under it a blob
+// without a manifest belongs to nobody. It returns how many bytes it freed.
+func (s *Store) RemoveOrphans() (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ents, err := os.ReadDir(filepath.Join(s.dir, "blobs"))
+	if err != nil {
+		return 0, fmt.Errorf("list artifact blobs: %w", err)
+	}
+	var freed int64
+	for _, e := range ents {
+		id, err := cid.Decode(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(s.manifestPath(id)); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			freed += fi.Size()
+		}
+		if err := os.Remove(s.BlobPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return freed, fmt.Errorf("remove orphan blob %s: %w", id, err)
+		}
+	}
+	return freed, nil
 }
 
 // List returns the ids of all complete artifacts.

@@ -52,7 +52,7 @@ type Policy struct {
 	OuterLR    float64 `cbor:"2,keyasint,omitempty"`
 	Momentum   float64 `cbor:"3,keyasint,omitempty"`
 	Nesterov   bool    `cbor:"4,keyasint,omitempty"`
-	Decay      float64 `cbor:"5,keyasint,omitempty"`
+	NewWeight  float64 `cbor:"5,keyasint,omitempty"` // ema (config protocol.ema.new_weight)
 	Aggregator string  `cbor:"6,keyasint"`
 	Codec      string  `cbor:"7,keyasint"`
 }

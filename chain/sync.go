@@ -41,6 +41,8 @@ type syncResponse struct {
 	Status  uint64 `cbor:"1,keyasint"` // 0 ok, 1 not found, 2 bad request
 	Head    []byte `cbor:"2,keyasint,omitempty"`
 	Message string `cbor:"3,keyasint,omitempty"`
+	// Notes are the head's signed round notes, when the peer holds them.
+	Notes []byte `cbor:"4,keyasint,omitempty"`
 }
 
 // SyncService answers head requests from the local store.
@@ -130,32 +132,47 @@ func (s *SyncService) answer(req syncRequest) syncResponse {
 	if err != nil {
 		return syncResponse{Status: 1, Message: "head not available"}
 	}
-	return syncResponse{Head: b}
+	resp := syncResponse{Head: b}
+	if n, err := s.store.Notes(id); err == nil {
+		if nb, err := Marshal(n); err == nil {
+			resp.Notes = nb
+		}
+	}
+	return resp
+}
+
+// Fetched is a head fetched from a peer, with its round notes when the peer had notes
+// whose signature verifies (nil otherwise: notes are optional, and who signed them is for
+// the caller to judge).
+type Fetched struct {
+	Signed *SignedHead
+	Head   *Head
+	Notes  *Notes
 }
 
 // RequestTip asks p for its canonical head.
-func RequestTip(ctx context.Context, h host.Host, p peer.ID) (*SignedHead, *Head, error) {
+func RequestTip(ctx context.Context, h host.Host, p peer.ID) (*Fetched, error) {
 	return request(ctx, h, p, syncRequest{Kind: "tip"}, cid.Undef)
 }
 
 // RequestHead asks p for the head with the given id; the answer must hash to it.
-func RequestHead(ctx context.Context, h host.Host, p peer.ID, id cid.Cid) (*SignedHead, *Head, error) {
+func RequestHead(ctx context.Context, h host.Host, p peer.ID, id cid.Cid) (*Fetched, error) {
 	return request(ctx, h, p, syncRequest{Kind: "get", ID: id.Bytes()}, id)
 }
 
-func request(ctx context.Context, h host.Host, p peer.ID, req syncRequest, want cid.Cid) (*SignedHead, *Head, error) {
+func request(ctx context.Context, h host.Host, p peer.ID, req syncRequest, want cid.Cid) (*Fetched, error) {
 	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
 	st, err := h.NewStream(ctx, p, SyncProtocol)
 	if err != nil {
-		return nil, nil, fmt.Errorf("head sync with %s: %w", p, err)
+		return nil, fmt.Errorf("head sync with %s: %w", p, err)
 	}
 	if d, ok := ctx.Deadline(); ok {
 		_ = st.SetDeadline(d)
 	}
-	fail := func(err error) (*SignedHead, *Head, error) {
+	fail := func(err error) (*Fetched, error) {
 		st.Reset()
-		return nil, nil, fmt.Errorf("head sync with %s: %w", p, err)
+		return nil, fmt.Errorf("head sync with %s: %w", p, err)
 	}
 	b, err := Marshal(&req)
 	if err != nil {
@@ -176,9 +193,9 @@ func request(ctx context.Context, h host.Host, p peer.ID, req syncRequest, want 
 	if resp.Status != 0 {
 		st.Close()
 		if resp.Status == 1 {
-			return nil, nil, fmt.Errorf("head sync with %s: %w (%s)", p, ErrNotFound, resp.Message)
+			return nil, fmt.Errorf("head sync with %s: %w (%s)", p, ErrNotFound, resp.Message)
 		}
-		return nil, nil, fmt.Errorf("head sync with %s: %w: %s", p, ErrSync, resp.Message)
+		return nil, fmt.Errorf("head sync with %s: %w: %s", p, ErrSync, resp.Message)
 	}
 	sh, hd, err := DecodeSigned(resp.Head)
 	if err != nil {
@@ -188,5 +205,11 @@ func request(ctx context.Context, h host.Host, p peer.ID, req syncRequest, want 
 		return fail(fmt.Errorf("%w: asked for head %s, got %s", ErrSync, want, sh.ID()))
 	}
 	st.Close()
-	return sh, hd, nil
+	out := &Fetched{Signed: sh, Head: hd}
+	if len(resp.Notes) > 0 {
+		if n, err := DecodeNotes(resp.Notes); err == nil && n.Round == hd.Round && VerifyNotes(sh.ID(), n) == nil {
+			out.Notes = n
+		}
+	}
+	return out, nil
 }

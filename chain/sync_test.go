@@ -87,9 +87,9 @@ func TestSyncDropsStalledRequests(t *testing.T) {
 		}
 	}
 	for range 5 {
-		sh, _, err := RequestTip(ctx, honest, server.ID())
+		f, err := RequestTip(ctx, honest, server.ID())
 		require.NoError(t, err)
-		require.Equal(t, id, sh.ID())
+		require.Equal(t, id, f.Signed.ID())
 	}
 	wg.Wait()
 	for name, d := range held {

@@ -336,3 +336,48 @@ func TestCloseFlushesAndRefusesMore(t *testing.T) {
 	e.reopen(t)
 	e.checkRound(t, mustLoad(t, e.c), 5)
 }
+
+// KeepGenerations bounds the generations kept; AfterPrune sees exactly those, newest
+// first, after each save, and is not called while a kept generation is unreadable (what it
+// references is then unknown, so nothing may be pruned for it).
+func TestKeepGenerationsAndAfterPrune(t *testing.T) {
+	e := newEnv(t)
+	e.c.Close()
+	var seen [][]uint64
+	c, err := Open(e.dir, e.shared, nil, KeepGenerations(2), AfterPrune(func(kept []*State) {
+		var seqs []uint64
+		for _, st := range kept {
+			if st.Refs["params"] == cid.Undef {
+				t.Errorf("generation %d: refs not decoded", st.Seq)
+			}
+			seqs = append(seqs, st.Seq)
+		}
+		seen = append(seen, seqs)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	t.Cleanup(func() { c.Close() })
+	for r := uint64(1); r <= 4; r++ {
+		e.save(t, r)
+	}
+	if got := e.stateFiles(t); !slices.Equal(got, []uint64{4, 3}) {
+		t.Fatalf("state files %v, want the last 2 generations", got)
+	}
+	want := [][]uint64{{1}, {2, 1}, {3, 2}, {4, 3}}
+	if !slices.EqualFunc(seen, want, slices.Equal) {
+		t.Fatalf("AfterPrune saw %v, want %v", seen, want)
+	}
+	// Damage what will be the older kept generation: the next save prunes nothing and
+	// calls nothing.
+	truncateFile(t, e.c.statePath(4))
+	e.save(t, 5)
+	if len(seen) != len(want) {
+		t.Fatalf("AfterPrune called with an unreadable kept generation: %v", seen[len(want):])
+	}
+	e.save(t, 6)
+	if got := seen[len(seen)-1]; !slices.Equal(got, []uint64{6, 5}) {
+		t.Fatalf("AfterPrune saw %v once the damaged generation aged out, want [6 5]", got)
+	}
+}

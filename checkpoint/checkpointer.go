@@ -24,9 +24,28 @@ var (
 	ErrClosed = errors.New("checkpointer closed")
 )
 
-// keepGenerations is how many state files survive pruning: enough that a damaged newest
-// state file or blob still leaves something to resume from.
+// keepGenerations is how many state files survive pruning by default: enough that a
+// damaged newest state file or blob still leaves something to resume from.
 const keepGenerations = 3
+
+// Option changes how a Checkpointer keeps generations.
+type Option func(*Checkpointer)
+
+// KeepGenerations keeps the newest n generations (at least 1; default 3). Fewer
+// generations reference fewer heads' artifacts in the shared store, so a node that prunes
+// that store keeps less.
+func KeepGenerations(n int) Option {
+	return func(c *Checkpointer) { c.keep = max(n, 1) }
+}
+
+// AfterPrune calls f on the writer, after each generation is durable and old generations
+// are pruned, with the kept generations (newest first), all of which were readable: the
+// moment to prune whatever else the node keeps for them (the shared store), knowing what
+// they reference. f is not called when a kept generation is unreadable (what it
+// references is then unknown). Saves wait while f runs.
+func AfterPrune(f func(kept []*State)) Option {
+	return func(c *Checkpointer) { c.afterPrune = f }
+}
 
 // Checkpointer saves and loads generations of a node's state in one directory. It is
 // safe for concurrent use; writes, whether from Save or SaveAsync, happen one at a time
@@ -37,6 +56,9 @@ type Checkpointer struct {
 	own    *artifact.Store // Large blobs, owned and pruned by us
 	log    *slog.Logger
 	lock   *os.File
+
+	keep       int                 // generations kept
+	afterPrune func(kept []*State) // see AfterPrune; may be nil
 
 	// diskMu serialises everything that changes the directory: a generation's write and
 	// pruning, and Load's removal of corrupt blobs.
@@ -49,7 +71,7 @@ type Checkpointer struct {
 // Open opens (creating if needed) the checkpoint directory dir and starts its background
 // writer. shared is the node's artifact store that Snapshot.Keep ids refer to (nil if the
 // caller never keeps references). Close releases the directory.
-func Open(dir string, shared *artifact.Store, log *slog.Logger) (*Checkpointer, error) {
+func Open(dir string, shared *artifact.Store, log *slog.Logger, opts ...Option) (*Checkpointer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -60,7 +82,10 @@ func Open(dir string, shared *artifact.Store, log *slog.Logger) (*Checkpointer, 
 	if err != nil {
 		return nil, err
 	}
-	c := &Checkpointer{dir: dir, shared: shared, log: log.With("component", "checkpoint", "dir", dir), lock: lock}
+	c := &Checkpointer{dir: dir, shared: shared, log: log.With("component", "checkpoint", "dir", dir), lock: lock, keep: keepGenerations}
+	for _, o := range opts {
+		o(c)
+	}
 	fail := func(err error) (*Checkpointer, error) {
 		lock.Close()
 		return nil, err

@@ -12,8 +12,8 @@
 // A generation is written blobs first (each durable before the state file names it), then
 // the state file by temp file, fsync, rename, fsync dir. A crash at any point leaves the
 // previous generations intact; at worst some unreferenced blobs, which the next save
-// removes. The last three generations are kept, so one damaged state file or blob costs
-// one generation, not the node's progress.
+// removes. The last three generations are kept (KeepGenerations changes that), so one
+// damaged state file or blob costs one generation, not the node's progress.
 //
 // Blob ownership: Snapshot.Large blobs go into the checkpoint's own artifact store, and
 // only those are ever deleted (when no kept generation references them). Snapshot.Keep
@@ -21,5 +21,9 @@
 // deleted here. Deleting from the shared store would be unsafe however carefully it is
 // tagged: it is content-addressed, so a head or contribution whose bytes happen to equal
 // a checkpoint blob shares the same file, and a Put of existing bytes is silently a no-op
-// that leaves no trace of the second owner.
+// that leaves no trace of the second owner. The node prunes the shared store itself, by
+// marking what is live (the Refs of the kept generations among it) and sweeping the rest;
+// AfterPrune hands it the kept generations once a new one is durable, so that nothing a
+// kept generation names is swept and a crash never leaves a checkpoint naming an artifact
+// already gone.
 package checkpoint

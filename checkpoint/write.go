@@ -55,7 +55,7 @@ func (c *Checkpointer) write(ctx context.Context, s *Snapshot) (*State, error) {
 	return st, nil
 }
 
-// prune deletes state files beyond the newest keepGenerations, then every blob in our own
+// prune deletes state files beyond the newest c.keep, then every blob in our own
 // store that no kept generation references (left by pruned generations or by saves a
 // crash interrupted). Failures are logged, not returned: the new generation is durable,
 // and the next prune tries again. Caller holds diskMu.
@@ -65,13 +65,14 @@ func (c *Checkpointer) prune() {
 		c.log.Warn("cannot prune checkpoints", "err", err)
 		return
 	}
-	keep := seqs[:min(len(seqs), keepGenerations)]
+	keep := seqs[:min(len(seqs), c.keep)]
 	for _, seq := range seqs[len(keep):] {
 		if err := os.Remove(c.statePath(seq)); err != nil {
 			c.log.Warn("cannot remove old checkpoint", "seq", seq, "err", err)
 		}
 	}
 	live := make(map[cid.Cid]bool)
+	kept := make([]*State, 0, len(keep))
 	for _, seq := range keep {
 		st, err := c.readState(seq)
 		if err != nil {
@@ -83,6 +84,10 @@ func (c *Checkpointer) prune() {
 		for _, id := range st.Blobs {
 			live[id] = true
 		}
+		kept = append(kept, st)
+	}
+	if c.afterPrune != nil {
+		defer c.afterPrune(kept)
 	}
 	ids, err := c.own.List()
 	if err != nil {

@@ -34,7 +34,19 @@ type Node struct {
 	// StreamDeadline bounds how long a peer may take to send a request frame it has
 	// started, on every /p2ptrain/* protocol.
 	StreamDeadline time.Duration `yaml:"stream_deadline"`
+	// KeepHeads (K) is how many of the newest canonical heads keep their parameters and
+	// outer state in the artifact store; deltas and contributions are kept until their
+	// round is K rounds old. Older ones are deleted after each checkpoint. Heads (the
+	// chain's small records) and the dataset are always kept.
+	KeepHeads int `yaml:"keep_heads"`
+	// Archive keeps every artifact forever (a validator that serves full history):
+	// keep_heads then does not apply.
+	Archive bool `yaml:"archive"`
 }
+
+// MinKeepHeads is the smallest node.keep_heads: a trainer may still be encoding its delta
+// against the previous head when the next one arrives.
+const MinKeepHeads = 2
 
 // Role names.
 const (
@@ -72,6 +84,11 @@ type Dataset struct {
 	Prepare         bool   `yaml:"prepare"`
 	MicroshardBytes int64  `yaml:"microshard_bytes"`
 }
+
+// MaxMicroshardsPerTrainer bounds lease.microshards_per_trainer: it is lease.MaxLeaseMicroshards,
+// the most one lease may grant (config imports none of the node's packages; a node test
+// checks that the two agree).
+const MaxMicroshardsPerTrainer = 4096
 
 // DefaultRounds is experiment.rounds when a config does not say: a finite run (digits:
 // about 30 s on 2 CPU cores to 97% held-out accuracy, 35 MB of store) rather than one that
@@ -145,9 +162,10 @@ type DiLoCo struct {
 	Nesterov bool    `yaml:"nesterov"`
 }
 
-// EMA is the exponential-moving-average merge.
+// EMA is the exponential-moving-average merge: next = (1 − NewWeight)·current + NewWeight·mean,
+// where mean is the trainers' merged models.
 type EMA struct {
-	Decay float64 `yaml:"decay"`
+	NewWeight float64 `yaml:"new_weight"`
 }
 
 // Merge is how contributions are screened and aggregated.
@@ -177,7 +195,15 @@ type Lease struct {
 	RoundTimeout          time.Duration `yaml:"round_timeout"`
 	// MinDeadline is the least time an attempt's leases get: the deadline adapts to the
 	// trainers' measured paces but never goes below this (nor above round_timeout).
-	MinDeadline      time.Duration `yaml:"min_deadline"`
+	MinDeadline time.Duration `yaml:"min_deadline"`
+	// FirstDeadline is an attempt's deadline while no pace of any leased trainer is known:
+	// neither observed by this validator (its paces persist with its state) nor announced
+	// by the trainer (its worker's probe, then its windows) — round 1 of a fresh experiment
+	// with a workload that cannot probe. Doubled after each such attempt that expires with
+	// nothing received, and always between min_deadline and round_timeout. It replaces
+	// round_timeout there, so a trainer lost in that attempt costs seconds, not the whole
+	// timeout.
+	FirstDeadline    time.Duration `yaml:"first_deadline"`
 	QuarantineRounds int           `yaml:"quarantine_rounds"`
 }
 

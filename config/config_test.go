@@ -43,6 +43,7 @@ func TestErrorsNameTheField(t *testing.T) {
 	}{
 		{"unknown top-level", "nodes: {}", []string{"nodes: unknown field (line 1)", `did you mean "node"`}},
 		{"unknown nested", "workload:\n  facotry: x:y", []string{"workload.facotry: unknown field (line 2)", `did you mean "factory"`}},
+		{"renamed field", "protocol:\n  ema:\n    decay: 0.9", []string{"protocol.ema.decay (line 3): renamed to protocol.ema.new_weight", "write new_weight with the number you had"}},
 		{"wrong type", "protocol:\n  inner_steps: many", []string{"protocol.inner_steps", "line 2"}},
 		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
 		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},
@@ -58,6 +59,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"quorum", "experiment:\n  validators: [12D3KooWJndsDidjsE4N4W9MaRtLQ8iPPLXypd7k2W1Pb4qTP46D]\n  quorum: 2", []string{"experiment.quorum: 2 exceeds the 1 configured validators"}},
 		{"validator id", "experiment:\n  validators: [not-a-peer]", []string{`experiment.validators[0]: "not-a-peer" is not a peer id`}},
 		{"listen", "node:\n  listen: [not-an-addr]", []string{"node.listen[0]"}},
+		{"keep heads", "node:\n  keep_heads: 1", []string{"node.keep_heads: must be at least 2", "node.archive: true", "got 1"}},
 		{"stream deadline", "node:\n  stream_deadline: 0s", []string{"node.stream_deadline: must be between 100ms and 10m, got 0s"}},
 		{"bootstrap needs peer id", "node:\n  bootstrap: [/ip4/127.0.0.1/tcp/4001]", []string{"node.bootstrap[0]", "/p2p/<peer id>"}},
 		{"list element unknown", "merge:\n  screen:\n    max_norm_ration: 3", []string{"merge.screen.max_norm_ration: unknown field", `did you mean "max_norm_ratio"`}},

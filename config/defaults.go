@@ -14,6 +14,7 @@ func Default() *Config {
 			LogLevel:       "info",
 			ChunkSize:      1 << 20,
 			StreamDeadline: 10 * time.Second,
+			KeepHeads:      2,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",
@@ -48,7 +49,7 @@ func Default() *Config {
 			SparseBlock: 4096,
 			SparseTopK:  64,
 			DiLoCo:      DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
-			EMA:         EMA{Decay: 0.5},
+			EMA:         EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{
 			Aggregator:   "mean",
@@ -60,6 +61,7 @@ func Default() *Config {
 			MinGroup:              1,
 			RoundTimeout:          10 * time.Minute,
 			MinDeadline:           3 * time.Second,
+			FirstDeadline:         30 * time.Second,
 			QuarantineRounds:      5,
 		},
 		Export: Export{

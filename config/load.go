@@ -121,7 +121,9 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string, lines map[int]string,
 			f, ok := fields[k.Value]
 			if !ok {
 				msg := fmt.Sprintf("%s: unknown field (line %d)", p, k.Line)
-				if s := suggest(k.Value, fields); s != "" {
+				if why, ok := renamed[p]; ok {
+					msg = fmt.Sprintf("%s (line %d): %s", p, k.Line, why)
+				} else if s := suggest(k.Value, fields); s != "" {
 					msg += fmt.Sprintf("; did you mean %q?", s)
 				}
 				*problems = append(*problems, msg)
@@ -140,6 +142,14 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string, lines map[int]string,
 			checkKnown(c, t.Elem(), p, lines, problems)
 		}
 	}
+}
+
+// renamed explains fields that older configs used, instead of "unknown field".
+var renamed = map[string]string{
+	"protocol.ema.decay": "renamed to protocol.ema.new_weight, with the same meaning (the weight of the " +
+		"trainers' merged mean; the current model keeps 1 − new_weight). The old name said the opposite of " +
+		"the usual convention, where an EMA's decay is the weight of the old value, so it is refused rather " +
+		"than silently reinterpreted: write new_weight with the number you had",
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.StructField {

@@ -93,6 +93,9 @@ func (c *Config) validateNode(v *validator) {
 	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
 	v.check(n.StreamDeadline >= 100*time.Millisecond && n.StreamDeadline <= 10*time.Minute, "node.stream_deadline",
 		"must be between 100ms and 10m, got %v", n.StreamDeadline)
+	v.check(n.KeepHeads >= MinKeepHeads, "node.keep_heads",
+		"must be at least %d (a trainer may still be encoding against the previous head; set node.archive: true to keep everything), got %d",
+		MinKeepHeads, n.KeepHeads)
 }
 
 func (c *Config) validateExperiment(v *validator) {
@@ -217,7 +220,7 @@ func (c *Config) validateProtocol(v *validator) {
 	// (95.5 % and 94.4 %). SparseLoCo runs without outer momentum.
 	v.check(p.Codec != "sparse" || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
 		"must be <= 0.5 with protocol.codec sparse (outer momentum on top of error feedback diverged at 0.9; 0 is SparseLoCo's choice), got %v", p.DiLoCo.Momentum)
-	v.check(finite(p.EMA.Decay) && p.EMA.Decay > 0 && p.EMA.Decay <= 1, "protocol.ema.decay", "must be in (0, 1], got %v", p.EMA.Decay)
+	v.check(finite(p.EMA.NewWeight) && p.EMA.NewWeight > 0 && p.EMA.NewWeight <= 1, "protocol.ema.new_weight", "must be in (0, 1], got %v", p.EMA.NewWeight)
 }
 
 func (c *Config) validateMerge(v *validator) {
@@ -242,10 +245,12 @@ func (c *Config) validateMerge(v *validator) {
 
 func (c *Config) validateLease(v *validator) {
 	l := c.Lease
-	v.check(l.MicroshardsPerTrainer >= 1, "lease.microshards_per_trainer", "must be >= 1, got %d", l.MicroshardsPerTrainer)
+	v.check(l.MicroshardsPerTrainer >= 1 && l.MicroshardsPerTrainer <= MaxMicroshardsPerTrainer, "lease.microshards_per_trainer",
+		"must be in [1, %d] (the most one lease may grant), got %d", MaxMicroshardsPerTrainer, l.MicroshardsPerTrainer)
 	v.check(l.MinGroup >= 1, "lease.min_group", "must be >= 1, got %d", l.MinGroup)
 	v.check(l.RoundTimeout > 0, "lease.round_timeout", "must be > 0")
 	v.check(l.MinDeadline > 0 && l.MinDeadline <= l.RoundTimeout, "lease.min_deadline", "must be > 0 and <= lease.round_timeout (%s), got %s", l.RoundTimeout, l.MinDeadline)
+	v.check(l.FirstDeadline > 0, "lease.first_deadline", "must be > 0 (it is capped at lease.round_timeout), got %s", l.FirstDeadline)
 	v.check(l.QuarantineRounds >= 0, "lease.quarantine_rounds", "must be >= 0, got %d", l.QuarantineRounds)
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/ipfs/go-cid"
 
@@ -68,6 +69,9 @@ func NewShardStore(store *artifact.Store, root string, m *Manifest, fetch Fetche
 	}
 	return &ShardStore{store: store, root: root, m: m, ids: ids, fetch: fetch, log: slog.New(slog.DiscardHandler)}, nil
 }
+
+// IDs are the CIDs of the manifest's files, in manifest order.
+func (s *ShardStore) IDs() []cid.Cid { return slices.Clone(s.ids) }
 
 // SetLogger sets where the store reports files it had to replace (default: nowhere).
 func (s *ShardStore) SetLogger(l *slog.Logger) { s.log = l }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +36,7 @@ func headless(t *testing.T, browser string, args ...string) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	base := []string{"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-		"--no-first-run", "--user-data-dir=" + t.TempDir(), "--virtual-time-budget=4000", "--window-size=1280,1800"}
+		"--no-first-run", "--user-data-dir=" + t.TempDir(), "--virtual-time-budget=4000", "--window-size=1280,2400"}
 	out, err := exec.CommandContext(ctx, browser, append(base, args...)...).Output()
 	if err != nil {
 		t.Fatalf("%s %v: %v", browser, args, err)
@@ -43,18 +45,94 @@ func headless(t *testing.T, browser string, args ...string) []byte {
 }
 
 var (
-	pointRe = regexp.MustCompile(`<circle class="pt" data-series="heldout_accuracy" data-round="(\d+)"`)
-	peerRe  = regexp.MustCompile(`<tr class="peer" data-peer="([^"$]+)"`) // not the script's template
+	peerRowRe = regexp.MustCompile(`<tr class="peer" data-peer="([^"$]+)">(.*?)</tr>`) // not the script's template
+	cellRe    = regexp.MustCompile(`<td[^>]*>(.*?)</td>`)
+	tagRe     = regexp.MustCompile(`<[^>]+>`)
+	scriptRe  = regexp.MustCompile(`(?s)<script>.*?</script>`)
+	workerRe  = regexp.MustCompile(`(?s)<table id="worker">.*?</table>`)
 )
 
+// rendered is the page as Chromium rendered it, without the script (whose templates
+// would match what the checks look for).
+func rendered(t *testing.T, browser, url string) []byte {
+	return scriptRe.ReplaceAll(headless(t, browser, "--dump-dom", url), nil)
+}
+
+// chartRounds lists the rounds of a chart series' points, in page order.
+func chartRounds(dom []byte, series string) []int {
+	re := regexp.MustCompile(`<circle class="pt" data-series="` + series + `" data-round="(\d+)"`)
+	var out []int
+	for _, m := range re.FindAllSubmatch(dom, -1) {
+		r, _ := strconv.Atoi(string(m[1]))
+		out = append(out, r)
+	}
+	return out
+}
+
+// timedRounds maps each round of the time chart to the parts of its bar.
+func timedRounds(dom []byte) map[int][]string {
+	re := regexp.MustCompile(`<rect class="seg" data-round="(\d+)" data-part="(\w+)"`)
+	out := map[int][]string{}
+	for _, m := range re.FindAllSubmatch(dom, -1) {
+		r, _ := strconv.Atoi(string(m[1]))
+		out[r] = append(out[r], string(m[2]))
+	}
+	return out
+}
+
+// checkHistory checks that the page's charts have every finished round of a node at round
+// `round`: an accuracy and a held-out loss point for rounds 0.., a time bar of four parts
+// for rounds 1.., and that the last charted round is the node's (or one of the two
+// before: the page and the node are read a moment apart). It returns the last round.
+func checkHistory(t *testing.T, who string, dom []byte, round uint64) int {
+	t.Helper()
+	for _, series := range []string{"heldout_accuracy", "heldout_loss", "train_loss"} {
+		rounds := chartRounds(dom, series)
+		first := 0
+		if series == "train_loss" {
+			first = 1 // genesis trained nothing
+		}
+		if len(rounds) < 3 {
+			t.Fatalf("%s: the %s series has %d points, want one per finished round:\n%s", who, series, len(rounds), dom)
+		}
+		for i, r := range rounds {
+			if r != first+i {
+				t.Fatalf("%s: the %s series has points for rounds %v, not one per round from %d", who, series, rounds, first)
+			}
+		}
+		if last := uint64(rounds[len(rounds)-1]); last > round || last+2 < round {
+			t.Fatalf("%s: the %s series ends at round %d, the node is at round %d", who, series, last, round)
+		}
+	}
+	last := chartRounds(dom, "heldout_accuracy")
+	end := last[len(last)-1]
+	timed := timedRounds(dom)
+	for r := 1; r <= end; r++ {
+		if parts := timed[r]; !slices.Equal(parts, []string{"training", "communication", "merge", "other"}) {
+			t.Fatalf("%s: round %d's time bar has parts %v, want training, communication, merge, other (bars for %d rounds)", who, r, parts, len(timed))
+		}
+	}
+	for _, label := range []string{">loss</text>", ">accuracy (%)</text>", ">seconds</text>", ">round</text>"} {
+		if !bytes.Contains(dom, []byte(label)) {
+			t.Fatalf("%s: no axis labelled %q on the page", who, label)
+		}
+	}
+	return end
+}
+
 // TestDashboardInABrowser starts the demo swarm (a validator and two trainers), opens the
-// validator's page in headless Chromium and checks what it renders: the accuracy chart
-// has a point for every finished round and the peer table has every node. A screenshot
-// is saved in e2e/logs/TestDashboardInABrowser/dashboard.png.
+// validator's page in headless Chromium and checks what it renders: the loss and accuracy
+// charts have a point for every finished round, the time chart a bar split into training,
+// communication, merge and the rest for every round, and the peer table has every node with
+// its roles. Then a trainer restarts without its history file: its page still charts every
+// round, from the chain. A screenshot of the validator's page is saved in
+// e2e/logs/TestDashboardInABrowser/dashboard.png, of the restarted trainer's in
+// trainer-after-restart.png.
 func TestDashboardInABrowser(t *testing.T) {
 	browser := chromium(t)
 	dir := t.TempDir()
-	procs := swarm(t, dir, 2, 40, func(_ string, c *config.Config) { c.Protocol.InnerSteps = 100 })
+	// Rounds enough that the run does not end during the test.
+	procs := swarm(t, dir, 2, 400, func(_ string, c *config.Config) { c.Protocol.InnerSteps = 100 })
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	for _, p := range procs {
 		p.Start()
@@ -72,7 +150,6 @@ func TestDashboardInABrowser(t *testing.T) {
 	for _, p := range procs {
 		ids = append(ids, p.peerID(t))
 	}
-	var addr string
 	Eventually(t, 4*time.Minute, "the validator at round 3 with every peer heard from", func() bool {
 		s, err := v.Status(context.Background())
 		if err != nil || s.Round < 3 {
@@ -84,52 +161,91 @@ func TestDashboardInABrowser(t *testing.T) {
 				seen++
 			}
 		}
-		b, _ := os.ReadFile(filepath.Join(v.Cfg.Node.StoreDir, "http.addr"))
-		addr = string(regexp.MustCompile(`\S+`).Find(b))
 		return seen == len(ids)
 	})
-	url := "http://" + addr + "/"
-	dom := headless(t, browser, "--dump-dom", url)
+	url := pageURL(t, v)
+	dom := rendered(t, browser, url)
 	s, err := v.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	end := checkHistory(t, "validator", dom, s.Round)
 
-	var rounds []int
-	for _, m := range pointRe.FindAllSubmatch(dom, -1) {
-		r, _ := strconv.Atoi(string(m[1]))
-		rounds = append(rounds, r)
+	rows := map[string]string{}
+	for _, m := range peerRowRe.FindAllSubmatch(dom, -1) {
+		cells := cellRe.FindAllSubmatch(m[2], -1)
+		if len(cells) < 4 {
+			t.Fatalf("peer row %s has %d cells", m[1], len(cells))
+		}
+		rows[string(m[1])] = string(tagRe.ReplaceAll(cells[1][1], nil)) + " " + string(tagRe.ReplaceAll(cells[3][1], nil))
 	}
-	if len(rounds) < 4 {
-		t.Fatalf("the accuracy chart has %d points, want one per finished round (>= 4):\n%s", len(rounds), dom)
-	}
-	for i, r := range rounds {
-		if r != i {
-			t.Fatalf("the accuracy chart's points are rounds %v: not one per round from 0", rounds)
+	for i, id := range ids {
+		want := "trainer"
+		if i == 0 {
+			want = "validator"
+		}
+		if !strings.Contains(rows[id], want) || !regexp.MustCompile(`now|s ago`).MatchString(rows[id]) {
+			t.Fatalf("the peer table's row for %s (%s) says %q, want its roles (%s) and when it was last seen; rows: %v", id, procs[i].Name, rows[id], want, rows)
 		}
 	}
-	if last := uint64(rounds[len(rounds)-1]); last > s.Round || last+2 < s.Round {
-		t.Fatalf("the chart ends at round %d, the node is at round %d", last, s.Round)
+	if len(rows) != len(ids) {
+		t.Fatalf("the peer table lists %d peers, want every node %v: %v", len(rows), ids, rows)
 	}
-	var peers []string
-	for _, m := range peerRe.FindAllSubmatch(dom, -1) {
-		peers = append(peers, string(m[1]))
+	for _, want := range []string{"leading round", "quarantine", "<th>state</th>"} {
+		if !bytes.Contains(dom, []byte(want)) {
+			t.Fatalf("the page has no %q (leases, quarantine, the worker card)", want)
+		}
 	}
-	slices.Sort(peers)
-	slices.Sort(ids)
-	if !slices.Equal(peers, ids) {
-		t.Fatalf("the peer table lists %v, want every node %v", peers, ids)
+	card := workerRe.Find(dom)
+	if bytes.ContainsAny(card, "{}") || !regexp.MustCompile(`<th>last call</th><td[^>]*>\w+, \d+(\.\d+)? m?s, `).Match(card) {
+		t.Fatalf("the worker card is not formatted (raw JSON, a duration in ns): %s", card)
 	}
+
+	// A trainer restarted without its history file shows every round: the history is the
+	// chain's, with the round notes its heads carry.
+	tr := procs[1]
+	if err := tr.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(tr.Cfg.Node.StoreDir, "history.jsonl")); err != nil {
+		t.Fatal(err)
+	}
+	tr.Start()
+	Eventually(t, 2*time.Minute, "the restarted trainer back at the validator's round", func() bool {
+		vs, err1 := v.Status(context.Background())
+		ts, err2 := tr.Status(context.Background())
+		return err1 == nil && err2 == nil && ts.Round > uint64(end) && ts.Round+1 >= vs.Round
+	})
+	tdom := rendered(t, browser, pageURL(t, tr))
+	ts, err := tr.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tend := checkHistory(t, "restarted trainer", tdom, ts.Round)
 
 	shots := filepath.Join(RepoRoot(), "e2e", "logs", t.Name())
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	shot := filepath.Join(shots, "dashboard.png")
-	_ = os.Remove(shot)
-	headless(t, browser, "--screenshot="+shot, url)
-	if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
-		t.Fatalf("no screenshot at %s: %v", shot, err)
+	for name, u := range map[string]string{"dashboard.png": url, "trainer-after-restart.png": pageURL(t, tr)} {
+		shot := filepath.Join(shots, name)
+		_ = os.Remove(shot)
+		headless(t, browser, "--screenshot="+shot, u)
+		if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
+			t.Fatalf("no screenshot at %s: %v", shot, err)
+		}
 	}
-	t.Logf("accuracy chart: rounds 0..%d; peers: %d; screenshot %s", rounds[len(rounds)-1], len(peers), shot)
+	t.Logf("validator's page: rounds 0..%d charted, %d peers; restarted trainer's page: rounds 0..%d; screenshots in %s", end, len(rows), tend, shots)
+}
+
+// pageURL is the dashboard of a running node (its HTTP address from the store).
+func pageURL(t *testing.T, p *Proc) string {
+	t.Helper()
+	var addr string
+	Eventually(t, time.Minute, p.Name+" writing its HTTP address", func() bool {
+		b, _ := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, "http.addr"))
+		addr = string(regexp.MustCompile(`\S+`).Find(b))
+		return addr != ""
+	})
+	return "http://" + addr + "/"
 }

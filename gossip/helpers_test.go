@@ -227,7 +227,12 @@ func signedHead(t testing.TB, h *chain.Head, signers ...crypto.PrivKey) (*Head, 
 		require.NoError(t, err)
 		sh.Add(s)
 	}
-	return &Head{Experiment: testExp, Signed: sh, Metrics: map[string]float64{"accuracy": 0.9}}, id
+	m := &Head{Experiment: testExp, Signed: sh}
+	if len(signers) > 0 {
+		m.Notes = &chain.Notes{Round: h.Round, HeldOut: map[string]float64{"accuracy": 0.9}, Seconds: 2, TrainSeconds: 1}
+		require.NoError(t, chain.SignNotes(signers[0], id, m.Notes))
+	}
+	return m, id
 }
 
 func fixAttestation(t testing.TB, key crypto.PrivKey, head cid.Cid) *Attestation {

@@ -44,6 +44,13 @@ type Announce struct {
 	Time       int64              `cbor:"8,keyasint"`           // unix milliseconds
 	Artifacts  [][]byte           `cbor:"9,keyasint,omitempty"` // recent artifacts this node serves
 	Metrics    map[string]float64 `cbor:"10,keyasint,omitempty"`
+	// Started is when the announcing process started (unix milliseconds): a new value under
+	// the same peer id tells a round's leader that the trainer restarted and lost its lease.
+	Started int64 `cbor:"11,keyasint,omitempty"`
+	// StepSeconds is the trainer's own measure of its seconds per inner step (its worker's
+	// probe, then its windows; 0 unknown): a leader that has observed no window of it yet
+	// sets lease deadlines from it.
+	StepSeconds float64 `cbor:"12,keyasint,omitempty"`
 }
 
 // Leases is the round leader's grant of leases for one round.
@@ -69,6 +76,10 @@ type Contribution struct {
 	Loss        float64  `cbor:"8,keyasint"`
 	Microshards []uint32 `cbor:"9,keyasint"`
 	Seconds     float64  `cbor:"10,keyasint"`
+	// TrainSeconds is the worker's time for the inner steps and FetchSeconds the trainer's
+	// time fetching the base parameters and its microshards (the round's time split).
+	TrainSeconds float64 `cbor:"11,keyasint,omitempty"`
+	FetchSeconds float64 `cbor:"12,keyasint,omitempty"`
 }
 
 // Release is a trainer giving a lease back before its deadline because it cannot finish
@@ -84,13 +95,13 @@ type Release struct {
 }
 
 // Head carries a signed head (a proposal or the canonical head) and, outside the signed
-// record, the held-out metrics its proposer measured and, for a proposal, everything the
-// other validators need to recompute it.
+// record, the round notes its proposer signed (held-out metrics, rejections, time split)
+// and, for a proposal, everything the other validators need to recompute it.
 type Head struct {
-	Experiment string             `cbor:"1,keyasint"`
-	Signed     chain.SignedHead   `cbor:"2,keyasint"`
-	Metrics    map[string]float64 `cbor:"3,keyasint,omitempty"`
-	Proposal   *Proposal          `cbor:"4,keyasint,omitempty"`
+	Experiment string           `cbor:"1,keyasint"`
+	Signed     chain.SignedHead `cbor:"2,keyasint"`
+	Notes      *chain.Notes     `cbor:"3,keyasint,omitempty"`
+	Proposal   *Proposal        `cbor:"4,keyasint,omitempty"`
 	// Sent (unix milliseconds) makes a re-published head a new message: GossipSub drops
 	// bytes it has seen, but a head waiting for quorum is sent again for peers that missed
 	// it, with every signature gathered so far.
@@ -156,7 +167,8 @@ func DecodeAnnounce(b []byte) (*Announce, error) {
 	if err := decode(b, MaxAnnounceBytes, &m); err != nil {
 		return nil, err
 	}
-	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 {
+	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 ||
+		!finite(m.StepSeconds) || m.StepSeconds < 0 || m.Started < 0 {
 		return nil, fmt.Errorf("%w: announce from %q: bad fields", ErrMalformed, m.Peer)
 	}
 	if len(m.Head) > 0 {
@@ -191,7 +203,29 @@ func DecodeLeases(b []byte) (*Leases, error) {
 		}
 		seen[l.Trainer] = true
 	}
+	if err := checkMicroshards(m.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "leases"); err != nil {
+		return nil, err
+	}
 	return &m, nil
+}
+
+// checkMicroshards holds lists of microshards to the lease package's bounds: none longer
+// than a lease may be, and together no more than a round may lease. Those bounds are what
+// keep a grant, a contribution and a proposal inside their topics' sizes; a message beyond
+// them was not made by a node that follows them.
+func checkMicroshards[T any](xs []T, shards func(T) []uint32, what string) error {
+	total := 0
+	for _, x := range xs {
+		n := len(shards(x))
+		if n > lease.MaxLeaseMicroshards {
+			return fmt.Errorf("%w: %s: a list of %d microshards, at most %d", ErrMalformed, what, n, lease.MaxLeaseMicroshards)
+		}
+		total += n
+	}
+	if total > lease.MaxRoundMicroshards {
+		return fmt.Errorf("%w: %s: %d microshards in all, at most %d a round", ErrMalformed, what, total, lease.MaxRoundMicroshards)
+	}
+	return nil
 }
 
 // DecodeContribution decodes and schema-checks a contribution.
@@ -200,7 +234,8 @@ func DecodeContribution(b []byte) (*Contribution, error) {
 	if err := decode(b, MaxContributionBytes, &m); err != nil {
 		return nil, err
 	}
-	if m.Peer == "" || m.Round == 0 || !finite(m.Loss) || !finite(m.Seconds) {
+	if m.Peer == "" || m.Round == 0 || !finite(m.Loss) || !finite(m.Seconds) || !finite(m.TrainSeconds) || !finite(m.FetchSeconds) ||
+		m.TrainSeconds < 0 || m.FetchSeconds < 0 {
 		return nil, fmt.Errorf("%w: contribution from %q: bad fields", ErrMalformed, m.Peer)
 	}
 	if err := checkCID(m.Base, artifact.CodecCBOR, "contribution base"); err != nil {
@@ -214,6 +249,9 @@ func DecodeContribution(b []byte) (*Contribution, error) {
 	}
 	if !slices.IsSorted(m.Microshards) {
 		return nil, fmt.Errorf("%w: contribution from %s: microshards not sorted", ErrMalformed, m.Peer)
+	}
+	if len(m.Microshards) > lease.MaxLeaseMicroshards {
+		return nil, fmt.Errorf("%w: contribution from %s lists %d microshards, a lease grants at most %d", ErrMalformed, m.Peer, len(m.Microshards), lease.MaxLeaseMicroshards)
 	}
 	return &m, nil
 }
@@ -249,9 +287,9 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	for k, v := range m.Metrics {
-		if len(k) > 64 || !finite(v) {
-			return nil, nil, fmt.Errorf("%w: head metric %q", ErrMalformed, k)
+	if m.Notes != nil {
+		if err := chain.VerifyNotes(m.Signed.ID(), m.Notes); err != nil || m.Notes.Round != h.Round {
+			return nil, nil, fmt.Errorf("%w: head round %d: notes: %v", ErrMalformed, h.Round, err)
 		}
 	}
 	if p := m.Proposal; p != nil {
@@ -270,6 +308,12 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 			if l.Round != h.Round || l.Trainer == "" {
 				return nil, nil, fmt.Errorf("%w: proposal lease for %q is not for round %d", ErrMalformed, l.Trainer, h.Round)
 			}
+		}
+		if err := checkMicroshards(p.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "proposal leases"); err != nil {
+			return nil, nil, err
+		}
+		if err := checkMicroshards(p.Candidates, func(c Candidate) []uint32 { return c.Microshards }, "proposal candidates"); err != nil {
+			return nil, nil, err
 		}
 	}
 	return &m, h, nil

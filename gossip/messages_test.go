@@ -1,8 +1,11 @@
 package gossip
 
 import (
+	"crypto/rand"
+	"math"
 	"testing"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/artifact"
@@ -17,7 +20,8 @@ var (
 )
 
 func TestDecodersAcceptWhatEncodeWrites(t *testing.T) {
-	a := &Announce{Experiment: "e", Peer: "p", Roles: []string{"trainer"}, Capacity: 12.5, Version: "v", Head: base, Round: 3, Time: 1}
+	a := &Announce{Experiment: "e", Peer: "p", Roles: []string{"trainer"}, Capacity: 12.5, Version: "v", Head: base, Round: 3, Time: 1,
+		Started: 1700000000000, StepSeconds: 0.25}
 	b, err := Encode(a)
 	require.NoError(t, err)
 	got, err := DecodeAnnounce(b)
@@ -31,7 +35,8 @@ func TestDecodersAcceptWhatEncodeWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, l, gl)
 
-	c := &Contribution{Experiment: "e", Round: 2, Base: base, Lease: lid, Peer: "t", Delta: delta, Samples: 10, Loss: 0.5, Microshards: []uint32{1, 4}}
+	c := &Contribution{Experiment: "e", Round: 2, Base: base, Lease: lid, Peer: "t", Delta: delta, Samples: 10, Loss: 0.5, Microshards: []uint32{1, 4},
+		Seconds: 3, TrainSeconds: 2, FetchSeconds: 0.5}
 	b, _ = Encode(c)
 	gc, err := DecodeContribution(b)
 	require.NoError(t, err)
@@ -53,6 +58,10 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 	}{
 		{"announce not cbor", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, []byte("hello")},
 		{"announce no roles", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, enc(&Announce{Peer: "p"})},
+		{"announce negative step seconds", func(b []byte) error { _, err := DecodeAnnounce(b); return err },
+			enc(&Announce{Peer: "p", Roles: []string{"trainer"}, StepSeconds: -1})},
+		{"announce infinite step seconds", func(b []byte) error { _, err := DecodeAnnounce(b); return err },
+			enc(&Announce{Peer: "p", Roles: []string{"trainer"}, StepSeconds: math.Inf(1)})},
 		{"announce oversized", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, make([]byte, MaxAnnounceBytes+1)},
 		{"leases lease for other round", func(b []byte) error { _, err := DecodeLeases(b); return err },
 			enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: []lease.Lease{{Round: 3, Base: base, Trainer: "t", Issuer: "v"}}})},
@@ -73,6 +82,23 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 		{"release oversized", func(b []byte) error { _, err := DecodeRelease(b); return err }, make([]byte, MaxReleaseBytes+1)},
 		{"unknown field", func(b []byte) error { _, err := DecodeContribution(b); return err }, enc(map[int]int{99: 1})},
 		{"head garbage", func(b []byte) error { _, _, err := DecodeHead(b); return err }, []byte{0xff, 0x00}},
+		{"contribution with negative fetch time", func(b []byte) error { _, err := DecodeContribution(b); return err },
+			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: delta, FetchSeconds: -1})},
+		{"head with notes for another round", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
+			k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+			require.NoError(t, err)
+			m, id := signedHead(t, fixChainHead(2, 0), k)
+			m.Notes = &chain.Notes{Round: 1, Seconds: 1}
+			require.NoError(t, chain.SignNotes(k, id, m.Notes))
+			return enc(m)
+		}()},
+		{"head with altered notes", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
+			k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+			require.NoError(t, err)
+			m, _ := signedHead(t, fixChainHead(2, 0), k)
+			m.Notes.HeldOut = map[string]float64{"accuracy": 1}
+			return enc(m)
+		}()},
 		{"head with too many signatures", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
 			h, err := fixChainHead(1, 0).Encode()
 			require.NoError(t, err)

@@ -11,7 +11,7 @@ var (
 	ErrLengthMismatch = errors.New("merge: length mismatch")
 	// ErrBadWeight: a weight is ≤ 0, NaN or infinite, or the weights sum to infinity.
 	ErrBadWeight = errors.New("merge: bad weight")
-	// ErrBadOption: an option (decay, trim fraction, norm bound, threshold) is out of range.
+	// ErrBadOption: an option (EMA weight, trim fraction, norm bound, threshold) is out of range.
 	ErrBadOption = errors.New("merge: bad option")
 	// ErrNonFinite: an input holds NaN or ±Inf where the operation needs finite values.
 	ErrNonFinite = errors.New("merge: non-finite value")

@@ -27,21 +27,22 @@ func WeightedMean(dst []float32, xs [][]float32, weights []float64, workers int)
 	return nil
 }
 
-// EMA sets dst = (1−d)·base + d·mean elementwise with d = decay ∈ [0, 1]:
+// EMA sets dst = (1−w)·base + w·mean elementwise, w = newWeight ∈ [0, 1] (the weight of
+// the new value, protocol.ema.new_weight; an EMA's "decay" in the usual convention is 1 − w):
 //
-//	dst[i] = float32(a·base[i]) + float32(b·mean[i]),  a = float32(1 − d), b = float32(d)
+//	dst[i] = float32(a·base[i]) + float32(b·mean[i]),  a = float32(1 − w), b = float32(w)
 //
-// (1 − d) is computed in float64 and rounded once. For finite inputs d = 1 gives mean and
-// d = 0 gives base (up to the sign of a zero). dst may alias base or mean.
-func EMA(dst, base, mean []float32, decay float64, workers int) error {
+// (1 − w) is computed in float64 and rounded once. For finite inputs w = 1 gives mean and
+// w = 0 gives base (up to the sign of a zero). dst may alias base or mean.
+func EMA(dst, base, mean []float32, newWeight float64, workers int) error {
 	const op = "ema"
 	if len(base) != len(dst) || len(mean) != len(dst) {
 		return fmt.Errorf("%s: %w: dst %d, base %d, mean %d elements", op, ErrLengthMismatch, len(dst), len(base), len(mean))
 	}
-	if !inRange(decay, 0, 1) {
-		return fmt.Errorf("%s: %w: decay %v not in [0, 1]", op, ErrBadOption, decay)
+	if !inRange(newWeight, 0, 1) {
+		return fmt.Errorf("%s: %w: new weight %v not in [0, 1]", op, ErrBadOption, newWeight)
 	}
-	a, b := float32(1-decay), float32(decay)
+	a, b := float32(1-newWeight), float32(newWeight)
 	parallel.ForChunks(len(dst), parallel.ChunkLen, workers, func(_, lo, hi int) {
 		d, x, y := dst[lo:hi], base[lo:hi], mean[lo:hi]
 		x, y = x[:len(d)], y[:len(d)]

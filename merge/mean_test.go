@@ -113,8 +113,8 @@ func TestEMA(t *testing.T) {
 		want       []float32
 	}{
 		{"decay 0.1", []float32{1, 0.5}, []float32{3, -0.7}, 0.1, f32s(0x3f99999a, 0x3ec28f5c)},
-		{"decay 1 is the mean", []float32{1, 0.5}, []float32{3, -0.7}, 1, []float32{3, -0.7}},
-		{"decay 0 is the base", []float32{1, 0.5}, []float32{3, -0.7}, 0, []float32{1, 0.5}},
+		{"weight 1 is the mean", []float32{1, 0.5}, []float32{3, -0.7}, 1, []float32{3, -0.7}},
+		{"weight 0 is the base", []float32{1, 0.5}, []float32{3, -0.7}, 0, []float32{1, 0.5}},
 		{"half way", []float32{1, -4}, []float32{3, 4}, 0.5, []float32{2, 0}},
 	}
 	for _, tc := range tests {
@@ -144,7 +144,7 @@ func TestEMAErrors(t *testing.T) {
 	}{
 		{"short base", make([]float32, 2), v[:1], v, 0.5, ErrLengthMismatch},
 		{"short mean", make([]float32, 2), v, v[:1], 0.5, ErrLengthMismatch},
-		{"decay above 1", make([]float32, 2), v, v, 1.5, ErrBadOption},
+		{"weight above 1", make([]float32, 2), v, v, 1.5, ErrBadOption},
 		{"negative decay", make([]float32, 2), v, v, -0.1, ErrBadOption},
 		{"NaN decay", make([]float32, 2), v, v, math.NaN(), ErrBadOption},
 	}

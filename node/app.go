@@ -126,9 +126,21 @@ func storageModule(cfg *config.Config) fx.Option {
 				return artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
 			},
 			func() (*chain.Store, error) { return chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads")) },
+			func(store *artifact.Store, heads *chain.Store, t *tips, m *nodeMetrics, log *slog.Logger) *pruner {
+				if cfg.Node.Archive {
+					return nil
+				}
+				return newPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Node.StoreDir, m, log.With("pkg", "node", "component", "prune"))
+			},
 			fx.Annotate(
-				func(store *artifact.Store, log *slog.Logger) (*checkpoint.Checkpointer, error) {
-					return checkpoint.Open(filepath.Join(cfg.Node.StoreDir, "state"), store, log.With("pkg", "checkpoint"))
+				func(store *artifact.Store, pr *pruner, log *slog.Logger) (*checkpoint.Checkpointer, error) {
+					var opts []checkpoint.Option
+					if pr != nil {
+						// Kept generations pin their heads' artifacts: more of them than
+						// node.keep_heads would keep older heads alive.
+						opts = append(opts, checkpoint.KeepGenerations(min(cfg.Node.KeepHeads, 3)), checkpoint.AfterPrune(pr.afterCheckpoint))
+					}
+					return checkpoint.Open(filepath.Join(cfg.Node.StoreDir, "state"), store, log.With("pkg", "checkpoint"), opts...)
 				},
 				fx.OnStop(func(ctx context.Context, c *checkpoint.Checkpointer) error { return c.Close() }),
 			),
@@ -250,6 +262,11 @@ func busModule(cfg *config.Config) fx.Option {
 				return b
 			},
 		),
+		fx.Invoke(func(p *pruner, x *artifact.Exchange) {
+			if p != nil {
+				p.setPartials(x.RemoveIdlePartials)
+			}
+		}),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
 			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)

@@ -43,6 +43,7 @@ type env struct {
 	poison     string         // fault injection mode (tests); "" for an honest node
 	exporter   *export.Writer // keeps export.dir current; nil when export is off
 	rebuild    *round.Merger  // rebuilds heads from their contributions (see rebuildsHeads); nil if not
+	pruner     *pruner        // deletes old artifacts after checkpoints; nil with node.archive
 }
 
 func (e *env) isValidator(p string) bool { return slices.Contains(e.validators, p) }

@@ -19,10 +19,19 @@ import (
 // Failover timing: a follower expects leases within leaseWait of a new head, and a
 // proposal within leaseGrace after the leases' deadline; the k-th validator in the order
 // takes over (k-1) × takeoverStep after that, so they do not all jump in at once.
+//
+// A leader that is heard but gets nowhere — cut off from every peer but one, its leases
+// and heartbeats still arrive by gossip through that link while it cannot fetch a single
+// contribution — keeps the silence timer from ever firing. So the validator that leads
+// the round has stuckRounds round timeouts (lease.round_timeout) to bring a head to
+// quorum; after that it is passed over like a silent one, in the same order. Each attempt
+// of a leader lasts at most one round timeout, so a leader that works needs one, and two
+// leave it a retry.
 const (
 	leaseWait    = 3 * time.Second
 	leaseGrace   = time.Second
 	takeoverStep = time.Second
+	stuckRounds  = 2
 )
 
 // errLocked means this validator signed another validator's proposal for the round it was
@@ -38,7 +47,18 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 	}
 	changed := v.tips.Changed()
 	expect := time.Now().Add(leaseWait) // when a validator ahead must have shown progress by
-	takeoverAt := func() time.Time { return expect.Add(time.Duration(rank-1) * takeoverStep) }
+	silentAt := func() time.Time { return expect.Add(time.Duration(rank-1) * takeoverStep) }
+	// active is the rank of the validator ahead that leads the round now (a takeover
+	// restarts the clock); stuckAt is when it will have had its stuckRounds round timeouts.
+	active, stuckAt := 0, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout)
+	passOver := v.canPassOverHeardLeader()
+	takeoverAt := func() time.Time {
+		at := silentAt()
+		if s := stuckAt.Add(time.Duration(rank-active-1) * takeoverStep); passOver && s.Before(at) {
+			at = s
+		}
+		return at
+	}
 	timer := time.NewTimer(time.Until(takeoverAt()))
 	defer timer.Stop()
 	reset := func() {
@@ -57,6 +77,11 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 		case <-in.Contributions:
 		case l := <-in.Leases:
 			if l.Msg.Round == r && slices.Equal(l.Msg.Base, baseID.Bytes()) && slices.Contains(ahead, l.From) {
+				if k := slices.Index(order, l.From); k > active {
+					// A validator ahead took the round over: it gets its own time.
+					active, stuckAt = k, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout)
+					reset()
+				}
 				if d := time.UnixMilli(l.Msg.Deadline).Add(leaseGrace); d.After(expect) {
 					expect = d
 					reset()
@@ -69,15 +94,36 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			}
 		case <-timer.C:
 			if len(v.trainers.live()) == 0 {
-				expect = time.Now().Add(leaseWait) // nothing to lead without trainers
+				// Nothing to lead without trainers.
+				expect = time.Now().Add(leaseWait)
+				if stuckAt.Before(expect) {
+					stuckAt = expect
+				}
 				reset()
 				continue
 			}
-			v.log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0])
-			v.status.event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
+			if time.Now().Before(silentAt()) {
+				v.log.Warn("the leader is heard but has brought no head to quorum; taking the round over", "round", r, "rank", rank,
+					"leader", order[active], "waited", (stuckRounds * v.cfg.Lease.RoundTimeout).String())
+				v.status.event("takeover", "round %d: %s was heard but brought no head to quorum in %d round timeouts; taking the round over (rank %d)",
+					r, order[active], stuckRounds, rank)
+			} else {
+				v.log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0])
+				v.status.event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
+			}
 			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
 		}
 	}
+}
+
+// canPassOverHeardLeader says whether a follower may take over from a leader that is still
+// heard: only when the quorum is a majority (two heads of one round can then never both
+// reach it, whoever proposes them) and the other validators can reach it without the
+// leader. With two validators and quorum 2, say, a takeover could only leave both locked
+// to their own proposals, and the round would never close.
+func (v *validator) canPassOverHeardLeader() bool {
+	n, q := len(v.validators), v.cfg.Experiment.Quorum
+	return 2*q > n && n-1 >= q
 }
 
 // verifyAndAttest checks another validator's proposal for the round after the canonical
@@ -158,8 +204,10 @@ func (v *validator) signAndAttest(ctx context.Context, from string, m *gossip.He
 	}
 	signed := chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
 	signed.Add(sig)
-	v.locks[h.Round] = lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Metrics: m.Metrics, Proposal: m.Proposal}}
-	v.tips.SetMetrics(id, m.Metrics)
+	v.locks[h.Round] = lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Notes: m.Notes, Proposal: m.Proposal}}
+	if err := v.tips.SetNotes(id, h.Round, m.Notes); err != nil {
+		v.log.Warn("store round notes", "round", h.Round, "err", err)
+	}
 	if _, err := v.tips.Offer(&signed); err != nil {
 		v.log.Warn("store attested head", "round", h.Round, "err", err)
 	}

@@ -83,7 +83,9 @@ func (s *headSync) offer(ctx context.Context, from string, m *gossip.Head) error
 	if err := s.fetchHeadArtifacts(ctx, h, p); err != nil {
 		return err
 	}
-	s.tips.SetMetrics(id, m.Metrics)
+	if err := s.tips.SetNotes(id, h.Round, m.Notes); err != nil {
+		s.log.Warn("store round notes", "round", h.Round, "err", err)
+	}
 	signed := m.Signed
 	if sigs, ok := s.pending[id]; ok {
 		signed = chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
@@ -139,11 +141,12 @@ func (s *headSync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 		return
 	}
 	s.asked[p] = time.Now()
-	sh, h, err := chain.RequestTip(ctx, s.host, p)
+	f, err := chain.RequestTip(ctx, s.host, p)
 	if err != nil {
 		s.log.Debug("catch-up: no tip from peer", "peer", p.String(), "err", err)
 		return
 	}
+	sh, h := f.Signed, f.Head
 	if cur != nil && h.Round <= cur.Round {
 		return
 	}
@@ -154,6 +157,9 @@ func (s *headSync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 	if err := s.fetchHeadArtifacts(ctx, h, p); err != nil {
 		s.log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
 		return
+	}
+	if err := s.tips.SetNotes(sh.ID(), h.Round, f.Notes); err != nil {
+		s.log.Warn("store round notes", "round", h.Round, "err", err)
 	}
 	ok, err := s.tips.Offer(sh)
 	if err != nil {
@@ -169,7 +175,7 @@ func (s *headSync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 // (heads are linked by hash, so the tip's signatures vouch for all of them) and says how
 // many it fetched.
 func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (int, error) {
-	var missing []*chain.SignedHead
+	var missing []*chain.Fetched
 	for {
 		parent, err := h.ParentID()
 		if err != nil {
@@ -178,19 +184,24 @@ func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head)
 		if !parent.Defined() || s.heads.Has(parent) {
 			break
 		}
-		sh, ph, err := chain.RequestHead(ctx, s.host, p, parent)
+		f, err := chain.RequestHead(ctx, s.host, p, parent)
 		if err != nil {
 			return 0, fmt.Errorf("fetch ancestor %s of round %d: %w", parent, h.Round, err)
 		}
-		if ph.Round+1 != h.Round {
-			return 0, fmt.Errorf("ancestor %s claims round %d under round %d", parent, ph.Round, h.Round)
+		if f.Head.Round+1 != h.Round {
+			return 0, fmt.Errorf("ancestor %s claims round %d under round %d", parent, f.Head.Round, h.Round)
 		}
-		missing = append(missing, sh)
-		h = ph
+		missing = append(missing, f)
+		h = f.Head
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
-		if _, err := s.heads.Put(missing[i]); err != nil {
+		f := missing[i]
+		if _, err := s.heads.Put(f.Signed); err != nil {
 			return 0, err
+		}
+		// The round notes come with the chain, so a node that synced it has the history.
+		if err := s.tips.SetNotes(f.Signed.ID(), f.Head.Round, f.Notes); err != nil {
+			s.log.Warn("store round notes", "round", f.Head.Round, "err", err)
 		}
 	}
 	return len(missing), nil
@@ -200,6 +211,9 @@ func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head)
 type announcer struct {
 	*env
 	capacity *capacity
+	// started is when this run started (unix ms), announced so that a round's leader can
+	// tell a restarted trainer from one that kept its lease.
+	started int64
 }
 
 func (a *announcer) run(ctx context.Context) error {
@@ -218,7 +232,8 @@ func (a *announcer) run(ctx context.Context) error {
 func (a *announcer) announce(ctx context.Context) {
 	id, h := a.tips.Current()
 	msg := &gossip.Announce{Experiment: a.cfg.Experiment.ID, Peer: a.self, Roles: a.cfg.Experiment.Roles,
-		Capacity: a.capacity.get(), Version: Version, Time: time.Now().UnixMilli()}
+		Capacity: a.capacity.get(), Version: Version, Time: time.Now().UnixMilli(), Started: a.started,
+		StepSeconds: a.capacity.stepSeconds()}
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
 	}
@@ -294,25 +309,31 @@ func (w *watcher) linger(ctx context.Context, final uint64) {
 }
 
 func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took time.Duration) {
-	metrics := w.tips.Metrics(id)
 	in, out := w.bytes.delta()
-	point := RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, HeldOut: metrics,
-		Merged: len(h.Contributions), Rejected: w.status.takeRejected(h.Round), Seconds: took.Seconds(), BytesIn: in, BytesOut: out}
-	if prev, ok := w.status.lastPoint(); ok && prev.Head == point.Head {
-		// A restarted node follows its tip again: keep what was recorded for it then (the
-		// held-out metrics are not in the chain).
-		point = prev
-		if len(metrics) == 0 {
-			metrics = prev.HeldOut
+	point := w.roundPoint(id, h)
+	point.Seconds, point.BytesIn, point.BytesOut = took.Seconds(), in, out
+	// The next head of the chain the history holds is appended; anything else (the first
+	// head after a start, a jump after catching up) rebuilds the history from the chain.
+	var rebuilt []RoundPoint
+	parent, _ := h.ParentID()
+	if last, ok := w.status.lastPoint(); !ok || !parent.Defined() || last.Head != parent.String() {
+		rebuilt = w.chainHistory(id)
+		if n := len(rebuilt); n > 0 && rebuilt[n-1].Head == point.Head && took == 0 {
+			// A restarted node follows its tip again: keep what it measured then.
+			point = rebuilt[n-1]
 		}
 	}
+	metrics := point.HeldOut
 	if err := appendHistory(w.cfg.Node.StoreDir, point); err != nil {
 		w.log.Warn("could not record the round in the history", "err", err)
 	}
 	w.status.update(func(s *Status) {
 		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, metrics
+		if rebuilt != nil {
+			s.History = rebuilt
+		}
 		for len(s.History) > 0 && s.History[len(s.History)-1].Round >= h.Round {
-			s.History = s.History[:len(s.History)-1] // a resumed node follows its last round again
+			s.History = s.History[:len(s.History)-1]
 		}
 		s.History = append(s.History, point)
 		if len(s.History) > maxHistory {

@@ -3,20 +3,77 @@ package node
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/metrics"
+
+	"github.com/p2pnode/p2pnode/chain"
 )
 
 // HistoryFile (in the store directory) keeps one JSON line per canonical head this node
-// followed (a RoundPoint): what the chain does not hold (held-out metrics, bytes moved,
-// rejections seen here), so that the dashboard's history survives a restart.
+// followed (a RoundPoint), for what only this node measured: the time between heads and
+// the bytes it moved. Everything else in the history is rebuilt from the chain and its round
+// notes (chainHistory).
 const HistoryFile = "history.jsonl"
+
+// errEnoughHistory stops the walk down the chain at maxHistory heads.
+var errEnoughHistory = errors.New("enough history")
+
+// chainHistory is the per-round series from genesis (or the oldest head this node holds,
+// at most maxHistory back) to head id: each head's round, train loss, samples and merged
+// contributions, and its round notes (held-out metrics, rejections, time split), with this
+// node's own measurements from its history file where it has them.
+func (e *env) chainHistory(id cid.Cid) []RoundPoint {
+	local := map[string]RoundPoint{}
+	for _, p := range loadHistory(e.cfg.Node.StoreDir) {
+		local[p.Head] = p
+	}
+	var out []RoundPoint
+	err := e.heads.Walk(id, func(hid cid.Cid, h *chain.Head) error {
+		p := e.roundPoint(hid, h)
+		if l, ok := local[p.Head]; ok {
+			p.Seconds, p.BytesIn, p.BytesOut = l.Seconds, l.BytesIn, l.BytesOut
+			if p.HeldOut == nil && p.Time == nil {
+				// Recorded before heads had notes.
+				p.HeldOut, p.Rejected = l.HeldOut, l.Rejected
+			}
+		}
+		out = append(out, p)
+		if len(out) >= maxHistory {
+			return errEnoughHistory
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnoughHistory) {
+		// A node resumed from a peer's checkpoint may not hold the oldest heads.
+		e.log.Debug("history: the chain held here is incomplete", "heads", len(out), "err", err)
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// roundPoint is what the chain says of one head: the head and its round notes.
+func (e *env) roundPoint(id cid.Cid, h *chain.Head) RoundPoint {
+	p := RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, Samples: h.Metrics.Samples,
+		Merged: len(h.Contributions)}
+	n := e.tips.Notes(id)
+	if n == nil {
+		return p
+	}
+	p.HeldOut, p.Rejected = n.HeldOut, int(n.Rejected)
+	if n.Seconds > 0 {
+		p.Time = &RoundTime{Seconds: n.Seconds, Training: n.TrainSeconds, Communication: n.CommSeconds, Merge: n.MergeSeconds,
+			Other: max(0, n.Seconds-n.TrainSeconds-n.CommSeconds-n.MergeSeconds)}
+	}
+	return p
+}
 
 // loadHistory reads the last maxHistory points of dir's history ("" or a missing file:
 // none). A torn last line (a crash mid-write) is skipped.

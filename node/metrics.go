@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/merge"
 )
@@ -53,6 +54,7 @@ type nodeMetrics struct {
 	// Leader.
 	rounds    prometheus.Counter
 	roundSecs prometheus.Histogram
+	phaseSecs *prometheus.HistogramVec
 	merged    prometheus.Counter
 	// Validators.
 	rejects *prometheus.CounterVec
@@ -67,6 +69,9 @@ type nodeMetrics struct {
 	trainSecs     prometheus.Counter
 	samples       prometheus.Counter
 	lastLoss      prometheus.Gauge
+	// Every node's store (prune.go).
+	prunedArtifacts prometheus.Counter
+	prunedBytes     prometheus.Counter
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -75,6 +80,9 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Rounds this node closed as leader (a head proposed)."}),
 		roundSecs: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "p2ptrain_node_round_duration_seconds",
 			Help: "Wall time of rounds this node led, from first lease to proposed head.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 16)}),
+		phaseSecs: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "p2ptrain_node_round_phase_seconds",
+			Help:    "Time of the rounds this node led by phase (the round notes' split): training, communication, merge.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 18)}, []string{"phase"}),
 		merged: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_merged_total",
 			Help: "Contributions merged into heads this node proposed as leader."}),
 		rejects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_rejected_total",
@@ -85,7 +93,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Training loss recorded in the canonical head (sample-weighted mean of its contributions)."}),
 		heldOut: newHeldOutCollector(),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_leases_failed_total",
-			Help: "Leases this node granted that came to nothing, by how: expired (no report by the deadline) or released (the trainer gave it back)."}, []string{"how"}),
+			Help: "Leases this node granted that came to nothing, by how: expired (no report by the deadline), released (the trainer gave it back) or gone (the trainer restarted or fell silent while holding it)."}, []string{"how"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_metrics_dropped_total",
 			Help: "Held-out metric values dropped because they were not finite (NaN or ±Inf), by metric."}, []string{"metric"}),
 		contributions: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_total",
@@ -96,15 +104,22 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Samples this node trained on."}),
 		lastLoss: prometheus.NewGauge(prometheus.GaugeOpts{Name: "p2ptrain_node_train_loss",
 			Help: "Mean training loss of this node's last contribution."}),
+		prunedArtifacts: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_artifacts_total",
+			Help: "Artifacts deleted from the store because no kept head, checkpoint or recent round needs them (node.keep_heads)."}),
+		prunedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_bytes_total",
+			Help: "Bytes of the artifacts deleted from the store by pruning."}),
 	}
 	for _, r := range rejectReasons {
 		m.rejects.WithLabelValues(r)
 	}
-	for _, how := range []string{"expired", "released"} {
+	for _, how := range []string{"expired", "released", "gone"} {
 		m.ended.WithLabelValues(how)
 	}
-	reg.MustRegister(m.rounds, m.roundSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
-		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped)
+	for _, phase := range roundPhases {
+		m.phaseSecs.WithLabelValues(phase)
+	}
+	reg.MustRegister(m.rounds, m.roundSecs, m.phaseSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
+		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped, m.prunedArtifacts, m.prunedBytes)
 	return m
 }
 
@@ -113,6 +128,16 @@ func (m *nodeMetrics) rejected(reason string) { m.rejects.WithLabelValues(reason
 func (m *nodeMetrics) leaseEnded(how string) { m.ended.WithLabelValues(how).Inc() }
 
 func (m *nodeMetrics) metricDropped(name string) { m.dropped.WithLabelValues(name).Inc() }
+
+// roundPhases are the values of p2ptrain_node_round_phase_seconds' phase label.
+var roundPhases = []string{"training", "communication", "merge"}
+
+// roundSplit observes the time split of a round this node led (its notes).
+func (m *nodeMetrics) roundSplit(n *chain.Notes) {
+	for i, s := range []float64{n.TrainSeconds, n.CommSeconds, n.MergeSeconds} {
+		m.phaseSecs.WithLabelValues(roundPhases[i]).Observe(s)
+	}
+}
 
 func (m *nodeMetrics) roundClosed(took time.Duration, merged int) {
 	m.rounds.Inc()

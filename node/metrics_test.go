@@ -62,11 +62,19 @@ func TestNodeMetricsFollowConventionsAndAreDocumented(t *testing.T) {
 		"p2ptrain_build_info", "go_goroutines", "process_cpu_seconds_total", "p2ptrain_node_peers",
 		"p2ptrain_node_head_heldout_loss", "p2ptrain_node_head_heldout_accuracy", "p2ptrain_node_head_train_loss",
 		"p2ptrain_node_train_loss", "p2ptrain_node_train_seconds_total", "p2ptrain_pyruntime_restarts_total",
-		"p2ptrain_node_round_duration_seconds", "p2ptrain_node_contributions_merged_total",
+		"p2ptrain_node_round_duration_seconds", "p2ptrain_node_round_phase_seconds", "p2ptrain_node_contributions_merged_total",
 	} {
 		require.Contains(t, fams, name)
 	}
 	require.Equal(t, 2.0, fams["p2ptrain_node_rounds_closed_total"].GetMetric()[0].GetCounter().GetValue())
+	phases := map[string]*dto.Histogram{}
+	for _, m := range fams["p2ptrain_node_round_phase_seconds"].GetMetric() {
+		phases[m.GetLabel()[0].GetValue()] = m.GetHistogram()
+	}
+	for _, phase := range roundPhases {
+		require.Equal(t, uint64(2), phases[phase].GetSampleCount(), "phase %s observed once per round led", phase)
+	}
+	require.Positive(t, phases["training"].GetSampleSum())
 	for name, mf := range fams {
 		if !strings.HasPrefix(name, "p2ptrain_") {
 			continue

@@ -143,12 +143,12 @@ func (e *env) headOrRefetch(ctx context.Context, id cid.Cid, until time.Time) (*
 	path := e.heads.Path(id)
 	e.log.Warn("head unreadable: asking peers for it", "head", id.String(), "file", path, "err", err)
 	for _, p := range e.awaitPeers(ctx, until) {
-		sh, _, rerr := chain.RequestHead(ctx, e.host, p, id)
+		f, rerr := chain.RequestHead(ctx, e.host, p, id)
 		if rerr != nil {
 			e.log.Debug("head not had from peer", "peer", p.String(), "err", rerr)
 			continue
 		}
-		if _, perr := e.heads.Put(sh); perr != nil {
+		if _, perr := e.heads.Put(f.Signed); perr != nil {
 			return nil, fmt.Errorf("head %s from %s: %w", id, p, perr)
 		}
 		if _, h, gerr := e.heads.Get(id); gerr == nil {

@@ -31,7 +31,7 @@ func rolesModule(cfg *config.Config) fx.Option {
 		fx.Provide(
 			func(self peer.ID) *statusBoard {
 				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
-					Experiment: cfg.Experiment.ID, Started: time.Now(), History: loadHistory(cfg.Node.StoreDir)}}
+					Experiment: cfg.Experiment.ID, Started: time.Now()}}
 			},
 			func(heads *chain.Store, self peer.ID) *tips {
 				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
@@ -71,6 +71,7 @@ type envParams struct {
 	Keeper  *keeper
 	Metrics *nodeMetrics
 	Export  *export.Writer
+	Pruner  *pruner
 	BW      *metrics.BandwidthCounter `optional:"true"`
 }
 
@@ -90,7 +91,7 @@ func newEnv(p envParams) *env {
 	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export,
-		bytes: &byteMeter{bw: p.BW}}
+		bytes: &byteMeter{bw: p.BW}, pruner: p.Pruner}
 	p.Status.peers = func(round uint64) []PeerStatus {
 		return peerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
 	}
@@ -155,6 +156,9 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		return err
 	}
 	e.data = data
+	if e.pruner != nil {
+		e.pruner.setDataset(data.shards.IDs())
+	}
 	policy, err := mergePolicy(cfg)
 	if err != nil {
 		return err
@@ -171,9 +175,13 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		work.Poison, _ = poisonDelta(e.poison, uint64(trainerSeed(cfg.Experiment.Seed, 0, 0, e.self)))
 	}
 
+	if cfg.Experiment.HasRole(config.RoleTrainer) {
+		probeSpeed(ctx, e, capac)
+	}
+
 	loops := map[string]func(context.Context) error{
 		"heads":    (&headSync{env: e}).run,
-		"announce": (&announcer{env: e, capacity: capac}).run,
+		"announce": (&announcer{env: e, capacity: capac, started: time.Now().UnixMilli()}).run,
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}
 	if cfg.Experiment.HasRole(config.RoleValidator) {
@@ -252,7 +260,7 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 	p := round.Policy{
 		Kind:       cfg.Protocol.MergePolicy,
 		Outer:      diloco.OuterConfig{LR: cfg.Protocol.DiLoCo.OuterLR, Momentum: cfg.Protocol.DiLoCo.Momentum, Nesterov: cfg.Protocol.DiLoCo.Nesterov},
-		Decay:      cfg.Protocol.EMA.Decay,
+		NewWeight:  cfg.Protocol.EMA.NewWeight,
 		Aggregator: agg,
 		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
 		Screen: merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio,

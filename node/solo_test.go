@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -186,22 +187,35 @@ func TestSoloSparseNodeCheckpointsResidual(t *testing.T) {
 	require.NotEqual(t, r, r2, "the resumed trainer carried the residual on")
 }
 
-// The round history (the dashboard's chart and table) survives a restart: it is kept in
-// the store, with the held-out metrics the chain does not hold.
+// The round history (the dashboard's chart and table) survives a restart: it is rebuilt
+// from the chain and the round notes kept beside its heads (held-out metrics, the time
+// split), not from the local history file, which only adds this node's own measurements.
 func TestHistorySurvivesARestart(t *testing.T) {
 	dir := t.TempDir()
 	synthDataset(t, filepath.Join(dir, "data"), 4)
 	cfg := soloConfig(t, dir, 3)
-	runNode(t, cfg, &syncBuffer{})
+	first := runNode(t, cfg, &syncBuffer{}).Status()
+	require.Len(t, first.History, 4)
+	require.NoError(t, os.Remove(filepath.Join(cfg.Node.StoreDir, HistoryFile)))
 	cfg.Experiment.Rounds = 5
 	st := runNode(t, cfg, &syncBuffer{}).Status()
 	require.Len(t, st.History, 6, "rounds 0..5, once each")
 	for i, p := range st.History {
 		require.Equal(t, uint64(i), p.Round)
 		require.Contains(t, p.HeldOut, "mse", "round %d lost its held-out metrics", i)
-		if i > 0 {
-			require.Equal(t, 1, p.Merged)
+		if i < len(first.History) {
+			require.Equal(t, first.History[i].HeldOut, p.HeldOut, "round %d", i)
+			require.Equal(t, first.History[i].Time, p.Time, "round %d", i)
 		}
+		if i == 0 {
+			require.Nil(t, p.Time, "genesis has no round to time")
+			continue
+		}
+		require.Equal(t, 1, p.Merged)
+		require.NotNil(t, p.Time, "round %d has no time split", i)
+		require.Positive(t, p.Time.Training, "round %d", i)
+		require.Positive(t, p.Time.Merge, "round %d", i)
+		require.LessOrEqual(t, p.Time.Training+p.Time.Merge, p.Time.Seconds, "round %d", i)
 	}
 	require.Len(t, st.Peers, 1)
 	require.True(t, st.Peers[0].Self)

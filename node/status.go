@@ -82,20 +82,43 @@ type Rejection struct {
 
 const maxRecentRejections = 20
 
-// RoundPoint is one canonical head in the status history (for the dashboard's plot).
+// RoundPoint is one canonical head in the status history (the dashboard's charts and
+// table). Round to Time come from the chain: the head itself and the round notes its
+// proposer signed, which travel with the chain, so any node that holds the heads (after a
+// restart, or a fresh node that synced) has them. Seconds, BytesIn and BytesOut are this
+// node's own measurements, kept in its history file (HistoryFile): absent (0) for rounds
+// the node did not follow itself.
 type RoundPoint struct {
-	Round     uint64             `json:"round"`
-	Head      string             `json:"head"`
-	TrainLoss float64            `json:"train_loss"`
-	HeldOut   map[string]float64 `json:"held_out,omitempty"`
-	Merged    int                `json:"merged"`
-	// Rejected counts the contributions this node (as a validator) rejected in the round.
-	Rejected int     `json:"rejected"`
-	Seconds  float64 `json:"seconds"`
+	Round     uint64  `json:"round"`
+	Head      string  `json:"head"`
+	TrainLoss float64 `json:"train_loss"`
+	Samples   uint64  `json:"samples"`
+	Merged    int     `json:"merged"`
+	// HeldOut are the held-out metrics the proposer measured on the head (notes).
+	HeldOut map[string]float64 `json:"held_out,omitempty"`
+	// Rejected counts the contributions the round's leader rejected (notes).
+	Rejected int `json:"rejected"`
+	// Time is where the round's time went, at its leader (notes).
+	Time *RoundTime `json:"time,omitempty"`
+
+	// Seconds is the time from the previous head to this one as this node saw it.
+	Seconds float64 `json:"seconds"`
 	// BytesIn and BytesOut are what this node received and sent over libp2p during the
 	// round.
 	BytesIn  uint64 `json:"bytes_in"`
 	BytesOut uint64 `json:"bytes_out"`
+}
+
+// RoundTime splits a round's wall time at its leader (chain.Notes): training (the slowest
+// merged trainer's inner steps), communication (the longest path of parameters and
+// microshards to a trainer and its update back), merge (screening, aggregation, signing),
+// and the rest (leasing, gossip, evaluation, waiting for stragglers or deadlines).
+type RoundTime struct {
+	Seconds       float64 `json:"seconds"`
+	Training      float64 `json:"training_seconds"`
+	Communication float64 `json:"communication_seconds"`
+	Merge         float64 `json:"merge_seconds"`
+	Other         float64 `json:"other_seconds"`
 }
 
 const maxHistory = 1000
@@ -122,8 +145,6 @@ type statusBoard struct {
 	gossipRejects func() map[string]uint64
 	// peers reports the peer table.
 	peers func(round uint64) []PeerStatus
-	// rejectedIn counts this validator's rejections by round (for the history).
-	rejectedIn map[uint64]int
 }
 
 // lastPoint is the newest point of the history.
@@ -134,29 +155,6 @@ func (b *statusBoard) lastPoint() (RoundPoint, bool) {
 		return RoundPoint{}, false
 	}
 	return b.s.History[len(b.s.History)-1], true
-}
-
-// rejectedAt notes a rejection of a contribution to round.
-func (b *statusBoard) rejectedAt(round uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.rejectedIn == nil {
-		b.rejectedIn = map[uint64]int{}
-	}
-	b.rejectedIn[round]++
-}
-
-// takeRejected returns and forgets the rejections counted for round and earlier.
-func (b *statusBoard) takeRejected(round uint64) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := b.rejectedIn[round]
-	for r := range b.rejectedIn {
-		if r <= round {
-			delete(b.rejectedIn, r)
-		}
-	}
-	return n
 }
 
 func (b *statusBoard) update(fn func(s *Status)) {

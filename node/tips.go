@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/ipfs/go-cid"
@@ -19,12 +20,12 @@ type tips struct {
 	mu      sync.Mutex
 	id      cid.Cid
 	head    *chain.Head
-	metrics map[cid.Cid]map[string]float64
-	changed chan struct{} // closed and replaced on every change
+	notes   map[cid.Cid]*chain.Notes // recent round notes (also in the head store)
+	changed chan struct{}            // closed and replaced on every change
 }
 
 func newTips(heads *chain.Store, validators []string, quorum int) *tips {
-	return &tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), metrics: map[cid.Cid]map[string]float64{}}
+	return &tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), notes: map[cid.Cid]*chain.Notes{}}
 }
 
 // Current returns the canonical head (cid.Undef before genesis).
@@ -41,29 +42,58 @@ func (t *tips) Changed() <-chan struct{} {
 	return t.changed
 }
 
-// Metrics returns the held-out metrics announced with a head, if any.
+// Metrics returns the held-out metrics its proposer measured for a head, if any.
 func (t *tips) Metrics(id cid.Cid) map[string]float64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.metrics[id]
+	if n := t.Notes(id); n != nil {
+		return n.HeldOut
+	}
+	return nil
 }
 
-// SetMetrics records held-out metrics announced for a head.
-func (t *tips) SetMetrics(id cid.Cid, m map[string]float64) {
-	if len(m) == 0 {
-		return
+// Notes returns a head's round notes (nil when this node has none).
+func (t *tips) Notes(id cid.Cid) *chain.Notes {
+	t.mu.Lock()
+	n := t.notes[id]
+	t.mu.Unlock()
+	if n != nil {
+		return n
+	}
+	n, err := t.heads.Notes(id)
+	if err != nil {
+		return nil
+	}
+	return n
+}
+
+// SetNotes keeps the round notes announced or fetched with head id: signed (checked by
+// the decoder) by one of the configured validators, for the head's round. Notes from anyone
+// else are dropped. New notes are written beside the head, so that the history outlives the
+// process and is served to peers that sync the chain.
+func (t *tips) SetNotes(id cid.Cid, round uint64, n *chain.Notes) error {
+	if n == nil || n.Round != round || !slices.Contains(t.validators, n.Sig.Peer) {
+		return nil
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.metrics[id] = m
-	if len(t.metrics) > 256 {
-		for k := range t.metrics {
-			if !k.Equals(t.id) {
-				delete(t.metrics, k)
-				break
+	_, known := t.notes[id]
+	if !known {
+		t.notes[id] = n
+		if len(t.notes) > 256 {
+			for k := range t.notes {
+				if !k.Equals(t.id) && !k.Equals(id) {
+					delete(t.notes, k)
+					break
+				}
 			}
 		}
 	}
+	t.mu.Unlock()
+	if known {
+		return nil
+	}
+	if _, err := t.heads.Notes(id); err == nil {
+		return nil
+	}
+	return t.heads.PutNotes(id, n)
 }
 
 // Offer stores a signed head and makes it canonical if it has quorum, its parent is known

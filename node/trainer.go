@@ -96,9 +96,11 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	if err != nil {
 		return err
 	}
+	fetchStart := time.Now()
 	if err := t.bus.Fetch(ctx, paramsID); err != nil {
 		return fmt.Errorf("fetch params %s of round %d: %w", paramsID, base.Round, err)
 	}
+	fetched := time.Since(fetchStart)
 	wctx, cancel := context.WithDeadline(ctx, time.UnixMilli(l.Expiry))
 	defer cancel()
 	steps := int(l.Steps)
@@ -113,9 +115,11 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		return err
 	}
 	t.capacity.observe(float64(res.Samples), res.TrainSeconds)
+	t.capacity.observeWindow(res.Steps, res.Seconds)
 	t.keeper.trained(res.OptState, t.work.Residual, t.work.ResidualTag)
 	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
-		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds}
+		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds,
+		TrainSeconds: res.TrainSeconds, FetchSeconds: fetched.Seconds() + res.FetchSeconds}
 	switch t.poison {
 	case PoisonReplay:
 		// Announce an update that was already merged (the base head's first) as this round's.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -25,7 +26,8 @@ import (
 // leases, collects and screens contributions, merges and proposes the next head; the other
 // validators recompute the proposal bit for bit and attest it, and a head is canonical
 // with a quorum of signatures. A validator that sees the validators ahead of it stay
-// silent takes the round over (follower.go).
+// silent, or sees the one leading the round bring no head to quorum within two round
+// timeouts, takes the round over (follower.go).
 type validator struct {
 	*env
 	merger     *round.Merger
@@ -166,6 +168,9 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 		return fmt.Errorf("genesis: this node makes round 0 but has no workload to initialise the model (set workload.*)")
 	}
 	out := filepath.Join(v.rt.ScratchDir(), "genesis.safetensors")
+	// The pack is copied into the store; a copy left in scratch would be one more model's
+	// bytes on disk for the life of the store.
+	defer os.Remove(out)
 	if err := v.rt.Init(ctx, v.cfg.Experiment.Seed, out); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
@@ -179,14 +184,24 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	metrics := v.evaluate(ctx, h)
-	v.tips.SetMetrics(id, metrics)
+	notes := &chain.Notes{Round: 0, HeldOut: v.evaluate(ctx, h)}
+	if err := v.signNotes(id, 0, notes); err != nil {
+		return fmt.Errorf("genesis: %w", err)
+	}
 	if _, err := v.tips.Offer(sh); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
 	v.log.Info("made genesis", "head", id.String(), "layout", h.LayoutHash[:12])
-	v.locks[0] = lockedHead{id: id, msg: &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Metrics: metrics, Proposal: &gossip.Proposal{}}}
+	v.locks[0] = lockedHead{id: id, msg: &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes, Proposal: &gossip.Proposal{}}}
 	return v.bus.Publish(ctx, v.locks[0].msg)
+}
+
+// signNotes signs the round notes of head id and keeps them beside the head.
+func (v *validator) signNotes(id cid.Cid, round uint64, n *chain.Notes) error {
+	if err := chain.SignNotes(v.key, id, n); err != nil {
+		return err
+	}
+	return v.tips.SetNotes(id, round, n)
 }
 
 func (v *validator) sign(h *chain.Head) (*chain.SignedHead, error) {
@@ -257,7 +272,6 @@ func (v *validator) finiteMetrics(round uint64, m map[string]float64) map[string
 // to mint), and quarantines repeat offenders.
 func (v *validator) rejected(peer string, round uint64, reason, detail, artifact string) {
 	v.metrics.rejected(reason)
-	v.status.rejectedAt(round)
 	if v.rejects.allow(fmt.Sprintf("%s/%d", peer, round)) {
 		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "artifact", artifact, "detail", detail)
 	}

@@ -27,7 +27,7 @@ var ErrNothingMerged = errors.New("no contribution passed screening")
 type Policy struct {
 	Kind       string // "diloco" or "ema"
 	Outer      diloco.OuterConfig
-	Decay      float64
+	NewWeight  float64 // ema: the weight of the trainers' mean
 	Aggregator merge.Aggregator
 	Aggregate  merge.AggregateOptions
 	Screen     merge.ScreenConfig
@@ -40,7 +40,7 @@ func (p Policy) Record() chain.Policy {
 	if p.Kind == "diloco" {
 		r.OuterLR, r.Momentum, r.Nesterov = p.Outer.LR, p.Outer.Momentum, p.Outer.Nesterov
 	} else {
-		r.Decay = p.Decay
+		r.NewWeight = p.NewWeight
 	}
 	return r
 }
@@ -458,7 +458,7 @@ func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, mom
 				return cid.Undef, cid.Undef, err
 			}
 			next := mean[:hi-lo] // g is no longer needed
-			if err := merge.EMA(next, p, local, m.Policy.Decay, m.Workers); err != nil {
+			if err := merge.EMA(next, p, local, m.Policy.NewWeight, m.Workers); err != nil {
 				return cid.Undef, cid.Undef, err
 			}
 			p = next

@@ -108,7 +108,7 @@ func TestMergeIsDeterministicAcrossValidators(t *testing.T) {
 }
 
 func TestMergeImprovesTheModel(t *testing.T) {
-	for _, policy := range []Policy{dilocoPolicy, {Kind: "ema", Decay: 0.8, Aggregator: merge.AggMean, Codec: diloco.FP32}} {
+	for _, policy := range []Policy{dilocoPolicy, {Kind: "ema", NewWeight: 0.8, Aggregator: merge.AggMean, Codec: diloco.FP32}} {
 		t.Run(policy.Kind, func(t *testing.T) {
 			f := newFixture(t, policy)
 			cands := f.candidates(t, diloco.FP32, map[string][]uint32{"a": {0, 1}, "b": {2, 3}})

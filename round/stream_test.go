@@ -99,7 +99,7 @@ func mergeInMemory(t *testing.T, m *Merger, baseID cid.Cid, base *chain.Head, ca
 	} else {
 		local := make([]float32, n)
 		require.NoError(t, diloco.PseudoGradient(local, basePack.Values, mean, 1))
-		require.NoError(t, merge.EMA(params, basePack.Values, local, m.Policy.Decay, 1))
+		require.NoError(t, merge.EMA(params, basePack.Values, local, m.Policy.NewWeight, 1))
 	}
 	_, meta, err := bufferRanges(basePack.Layout, basePack.Meta)
 	require.NoError(t, err)
@@ -203,7 +203,7 @@ func TestStreamingMergeMatchesInMemory(t *testing.T) {
 					t.Parallel()
 					store, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
 					require.NoError(t, err)
-					policy := Policy{Kind: kind, Outer: diloco.DefaultOuter(), Decay: 0.5, Aggregator: agg,
+					policy := Policy{Kind: kind, Outer: diloco.DefaultOuter(), NewWeight: 0.5, Aggregator: agg,
 						Aggregate: merge.AggregateOptions{TrimFraction: 0.2},
 						Screen:    merge.ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}, Codec: cc.codec}
 					base, baseID := bigGenesis(t, store, n, policy, 1)

@@ -77,6 +77,9 @@ type Result struct {
 	// TrainSeconds is the worker's own time for the inner steps: the trainer's compute
 	// capacity is samples / TrainSeconds.
 	TrainSeconds float64
+	// FetchSeconds is the time spent getting the window's microshards (from the local
+	// cache, the dataset's source or peers).
+	FetchSeconds float64
 	Microshards  []uint32
 	OptState     string // path of the new inner-optimizer state file
 	DeltaNorm    float64
@@ -94,10 +97,12 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	if !t.Store.Has(paramsID) {
 		return nil, fmt.Errorf("train on head round %d: params %s: %w", base.Round, paramsID, artifact.ErrNotFound)
 	}
+	fetchStart := time.Now()
 	shards, err := t.Shards.Paths(ctx, microshards)
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
+	fetched := time.Since(fetchStart).Seconds()
 	scratch := t.Runtime.ScratchDir()
 	out := filepath.Join(scratch, fmt.Sprintf("local-%d.safetensors", base.Round+1))
 	optOut := filepath.Join(scratch, fmt.Sprintf("opt-%d.safetensors", base.Round+1))
@@ -118,7 +123,7 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 		t.keepOptState(scratch, optOut)
 		return &Result{
 			Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
-			Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut,
+			Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut,
 			DeltaNorm: norm,
 		}, nil
 	}
@@ -152,7 +157,7 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 			}
 			t.OptState = optOut
 			return &Result{Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, Steps: res.Steps,
-				Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut}, nil
+				Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut}, nil
 		}
 	}
 	var residual []float32
@@ -178,7 +183,7 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	t.keepOptState(scratch, optOut)
 	return &Result{
 		Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
-		Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, Microshards: microshards, OptState: optOut,
+		Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut,
 		DeltaNorm: merge.Norm(delta, t.Workers),
 	}, nil
 }

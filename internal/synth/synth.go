@@ -49,6 +49,10 @@ type Runtime struct {
 	// EvalHook, when set, rewrites every Evaluate's metrics (tests model a model gone
 	// wrong, whose held-out loss is NaN).
 	EvalHook func(metrics map[string]float64) map[string]float64
+	// Pad adds a tensor of this many parameters that training leaves as initialised: it
+	// gives packs, deltas and outer state a chosen size (disk and transfer tests) without
+	// changing what is learnt. Set it before Start; every node of a swarm needs the same.
+	Pad int
 
 	mu     sync.Mutex
 	status pyruntime.Status
@@ -61,9 +65,18 @@ func New(scratch string) *Runtime {
 }
 
 // Layout is the synthetic model's pack layout.
-func Layout() pack.Layout {
-	return pack.Layout{{Name: "linear.bias", Shape: []int64{Out}}, {Name: "linear.weight", Shape: []int64{Out, In}}}
+func Layout() pack.Layout { return PaddedLayout(0) }
+
+// PaddedLayout is the layout of a runtime with Pad = pad.
+func PaddedLayout(pad int) pack.Layout {
+	l := pack.Layout{{Name: "linear.bias", Shape: []int64{Out}}, {Name: "linear.weight", Shape: []int64{Out, In}}}
+	if pad > 0 {
+		l = append(l, pack.Entry{Name: "pad", Shape: []int64{int64(pad)}})
+	}
+	return l
 }
+
+func (r *Runtime) layout() pack.Layout { return PaddedLayout(r.Pad) }
 
 func (r *Runtime) setState(s pyruntime.State, err error) {
 	r.mu.Lock()
@@ -81,17 +94,17 @@ func (r *Runtime) Start(context.Context) (pyruntime.Info, error) {
 		return pyruntime.Info{}, err
 	}
 	r.setState(pyruntime.StateReady, nil)
-	return pyruntime.Info{Backend: "synthetic", Workload: "synth", Device: "cpu", LayoutHash: Layout().Hash(), ParamCount: Layout().Params()}, nil
+	return pyruntime.Info{Backend: "synthetic", Workload: "synth", Device: "cpu", LayoutHash: r.layout().Hash(), ParamCount: r.layout().Params()}, nil
 }
 
 // Init implements pyruntime.Runtime: small random weights from seed.
 func (r *Runtime) Init(_ context.Context, seed int64, out string) error {
 	rng := rand.New(rand.NewPCG(uint64(seed), 1))
-	vals := make([]float32, Layout().Params())
+	vals := make([]float32, r.layout().Params())
 	for i := range vals {
 		vals[i] = float32(rng.NormFloat64() * 0.1)
 	}
-	p, err := pack.New(Layout(), vals, nil)
+	p, err := pack.New(r.layout(), vals, nil)
 	if err != nil {
 		return err
 	}
@@ -171,7 +184,7 @@ func (r *Runtime) train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 		return pyruntime.TrainResult{}, err
 	}
 	defer base.Close()
-	if err := base.CheckLayout(Layout()); err != nil {
+	if err := base.CheckLayout(r.layout()); err != nil {
 		return pyruntime.TrainResult{}, err
 	}
 	w := append([]float32(nil), base.Values...)
@@ -214,7 +227,7 @@ func (r *Runtime) train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 				}
 			}
 		}
-		for i := range w {
+		for i := range grad {
 			w[i] -= r.LR * grad[i]
 		}
 		loss /= batch
@@ -226,7 +239,7 @@ func (r *Runtime) train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 		res.Samples += batch
 	}
 	res.Loss = total / float64(max(job.Steps, 1))
-	p, err := pack.New(Layout(), w, nil)
+	p, err := pack.New(r.layout(), w, nil)
 	if err != nil {
 		return res, err
 	}
@@ -251,7 +264,7 @@ func (r *Runtime) Evaluate(_ context.Context, path string) (map[string]float64, 
 		return nil, err
 	}
 	defer p.Close()
-	if err := p.CheckLayout(Layout()); err != nil {
+	if err := p.CheckLayout(r.layout()); err != nil {
 		return nil, err
 	}
 	xs, ys := examples([]byte("held-out"))

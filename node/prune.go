@@ -1,0 +1,300 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/internal/atomicfile"
+)
+
+// RetentionFile, in the store directory, records the round at which the pruner first saw
+// each artifact (JSON: CID -> round). Losing it only delays pruning: what it does not
+// name counts as new.
+const RetentionFile = "retention.json"
+
+// pruner keeps the artifact store from growing with every round. After each checkpoint
+// generation is durable (checkpoint.AfterPrune), at canonical round r it marks as live:
+//
+//   - the parameters, outer state and merged contributions of the newest K heads of the
+//     canonical chain (the tip, its parent, ...), K = node.keep_heads;
+//   - every artifact a kept checkpoint generation references (so resume always finds
+//     them);
+//   - the dataset's files;
+//   - every artifact first seen less than K rounds ago: in-flight work the chain does not
+//     name yet (a delta being encoded or fetched, a merge output not yet proposed, a
+//     contribution of the current round);
+//
+// and deletes the rest, and the partial files of downloads every caller abandoned K or
+// more rounds ago. Deltas and contributions therefore live until their round is K
+// rounds old; old heads' parameters and momentum as soon as K newer heads exist. Heads
+// themselves (the chain store) are never touched. A deletion removes the manifest first,
+// then the blob, so a crash leaves at worst a blob without a manifest: not an artifact
+// (Has is false, peers are told "not found"), and the first sweep after a restart removes
+// such blobs. An artifact (re)committed while a sweep runs is never deleted by it
+// (artifact.Store.RemoveIdle).
+type pruner struct {
+	store *artifact.Store
+	heads *chain.Store
+	tips  *tips
+	keep  uint64
+	path  string
+	log   *slog.Logger
+	m     *nodeMetrics
+
+	mu    sync.Mutex
+	data  map[cid.Cid]bool   // the dataset's files; nil until the dataset is loaded
+	seen  map[cid.Cid]uint64 // round an artifact was first seen at; nil until loaded
+	last  uint64             // round of the last sweep
+	swept bool               // a sweep has run since start (orphan blobs are removed once)
+	// partials removes idle partial downloads (artifact.Exchange.RemoveIdlePartials);
+	// nil until the exchange exists. partialSeen is the round each was first seen at,
+	// kept in memory only: after a restart they count as new.
+	partials    func(drop func(cid.Cid) bool) (int64, error)
+	partialSeen map[cid.Cid]uint64
+}
+
+// setPartials lets the pruner delete interrupted downloads nobody resumed for K rounds.
+func (p *pruner) setPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.partials = f
+}
+
+func newPruner(store *artifact.Store, heads *chain.Store, t *tips, keep int, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
+	store.TrackCommits()
+	return &pruner{store: store, heads: heads, tips: t, keep: uint64(keep), path: filepath.Join(storeDir, RetentionFile), m: m, log: log}
+}
+
+// setDataset names the dataset's files, which are never pruned. Until it is called the
+// pruner deletes nothing: it could not tell a dataset file from an old delta.
+func (p *pruner) setDataset(ids []cid.Cid) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.data = make(map[cid.Cid]bool, len(ids))
+	for _, id := range ids {
+		p.data[id] = true
+	}
+}
+
+// afterCheckpoint is the checkpoint.AfterPrune hook: it sweeps at the newest round known.
+func (p *pruner) afterCheckpoint(kept []*checkpoint.State) {
+	round := uint64(0)
+	for _, st := range kept {
+		round = max(round, st.Round)
+	}
+	if _, h := p.tips.Current(); h != nil {
+		round = max(round, h.Round)
+	}
+	if _, err := p.sweep(round, kept); err != nil {
+		p.log.Warn("pruning the artifact store failed; it is tried again after the next checkpoint", "err", err)
+	}
+}
+
+// sweepResult says what a sweep did.
+type sweepResult struct {
+	Round   uint64
+	Removed int
+	Freed   int64
+	Kept    int
+}
+
+// sweep deletes the artifacts not live at round (see pruner).
+func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res := sweepResult{Round: round}
+	if p.data == nil {
+		return res, nil
+	}
+	// Rounds only go forward here: a sweep asked for an older round (a late checkpoint)
+	// ages nothing.
+	round = max(round, p.last)
+	p.last, res.Round = round, round
+	if p.seen == nil {
+		p.seen = p.loadSeen()
+	}
+	if !p.swept {
+		p.swept = true
+		if n, err := p.store.RemoveOrphans(); err != nil {
+			p.log.Warn("cannot remove blobs without a manifest", "err", err)
+		} else if n > 0 {
+			p.log.Info("removed blobs a crash left without a manifest", "bytes", n)
+			p.m.prunedBytes.Add(float64(n))
+		}
+	}
+	// Take the commits before listing: an artifact committed after this point is either
+	// not listed or, if listed, protected by RemoveIdle.
+	for _, id := range p.store.TakeCommitted() {
+		p.seen[id] = round
+	}
+	ids, err := p.store.List()
+	if err != nil {
+		return res, err
+	}
+	live, err := p.live(kept)
+	if err != nil {
+		return res, err
+	}
+	present := make(map[cid.Cid]bool, len(ids))
+	for _, id := range ids {
+		present[id] = true
+		if p.data[id] {
+			continue
+		}
+		first, ok := p.seen[id]
+		if !ok || first > round {
+			p.seen[id], first = round, round
+		}
+		if live[id] || round-first < p.keep {
+			res.Kept++
+			continue
+		}
+		size := int64(-1)
+		if fi, err := os.Stat(p.store.BlobPath(id)); err == nil {
+			size = fi.Size()
+		}
+		gone, err := p.store.RemoveIdle(id)
+		if err != nil {
+			return res, err
+		}
+		if !gone {
+			res.Kept++
+			continue
+		}
+		delete(p.seen, id)
+		delete(present, id)
+		res.Removed++
+		res.Freed += max(size, 0)
+	}
+	for id := range p.seen {
+		if !present[id] {
+			delete(p.seen, id)
+		}
+	}
+	p.prunePartials(round, &res)
+	p.m.prunedArtifacts.Add(float64(res.Removed))
+	p.m.prunedBytes.Add(float64(res.Freed))
+	if err := p.saveSeen(); err != nil {
+		return res, err
+	}
+	if res.Removed > 0 {
+		p.log.Debug("pruned the artifact store", "round", round, "removed", res.Removed, "bytes", res.Freed, "kept", res.Kept)
+	}
+	return res, nil
+}
+
+// prunePartials deletes the partial state of downloads that were abandoned (no Fetch runs
+// them) and first seen K or more rounds ago. Caller holds p.mu.
+func (p *pruner) prunePartials(round uint64, res *sweepResult) {
+	if p.partials == nil {
+		return
+	}
+	if p.partialSeen == nil {
+		p.partialSeen = map[cid.Cid]uint64{}
+	}
+	listed := map[cid.Cid]bool{}
+	freed, err := p.partials(func(id cid.Cid) bool {
+		listed[id] = true
+		first, ok := p.partialSeen[id]
+		if !ok || first > round {
+			p.partialSeen[id], first = round, round
+		}
+		if round-first < p.keep {
+			return false
+		}
+		delete(p.partialSeen, id)
+		return true
+	})
+	if err != nil {
+		p.log.Warn("cannot prune interrupted downloads", "err", err)
+	}
+	for id := range p.partialSeen {
+		if !listed[id] {
+			delete(p.partialSeen, id)
+		}
+	}
+	res.Freed += freed
+}
+
+// live is what the chain and the checkpoint need at the tip: the newest K heads'
+// parameters, outer state and contributions, and what the kept generations reference.
+func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
+	live := map[cid.Cid]bool{}
+	for _, st := range kept {
+		for _, id := range st.Refs {
+			live[id] = true
+		}
+	}
+	id, _ := p.tips.Current()
+	for i := uint64(0); i < p.keep && id.Defined(); i++ {
+		_, h, err := p.heads.Get(id)
+		if err != nil {
+			// Without the head we cannot know what it names: delete nothing this time.
+			return nil, fmt.Errorf("head %s, %d back from the tip: %w", id, i, err)
+		}
+		for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
+			if a, err := get(); err == nil && a.Defined() {
+				live[a] = true
+			}
+		}
+		for _, c := range h.Contributions {
+			if a, err := cid.Cast(c.Artifact); err == nil {
+				live[a] = true
+			}
+		}
+		parent, err := h.ParentID()
+		if err != nil {
+			return nil, fmt.Errorf("head %s: %w", id, err)
+		}
+		id = parent
+	}
+	return live, nil
+}
+
+func (p *pruner) loadSeen() map[cid.Cid]uint64 {
+	seen := map[cid.Cid]uint64{}
+	b, err := os.ReadFile(p.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return seen
+	}
+	var raw map[string]uint64
+	if err == nil {
+		err = json.Unmarshal(b, &raw)
+	}
+	if err != nil {
+		p.log.Warn("retention record unreadable: every stored artifact counts as new", "file", p.path, "err", err)
+		return seen
+	}
+	for k, r := range raw {
+		if id, err := cid.Decode(k); err == nil {
+			seen[id] = r
+		}
+	}
+	return seen
+}
+
+func (p *pruner) saveSeen() error {
+	raw := make(map[string]uint64, len(p.seen))
+	for id, r := range p.seen {
+		raw[id.String()] = r
+	}
+	b, err := json.Marshal(raw) // keys sorted
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(p.path, b, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", p.path, err)
+	}
+	return nil
+}
