@@ -22,11 +22,13 @@ import (
 //
 //	go test -race -count=1 -run 'TestOneThirdAttackers$' -v ./node/
 //
-// By default (make test) it runs the rows no other test covers: the copy and the stale
-// base. P2PNODE_ATTACK_MATRIX=1 runs all ten (about 15 minutes on a loaded 2-core machine
-// under -race, and sensitive to that load: see docs/security.md). P2PNODE_ATTACK_ROUNDS
-// sets the rounds per run (default 8); P2PNODE_ATTACK_TABLE names a file the table is
-// written to (Markdown) as well as the test log.
+// It runs only with P2PNODE_ATTACK_MATRIX set: all ten rows take about 15 minutes of a
+// loaded 2-core machine under -race, and at a load average above 20 the rounds' timing
+// breaks down (whole attempts pass with no trainer reporting within 10 s) and rows fail
+// for the machine's sake (see docs/security.md). P2PNODE_ATTACK_MATRIX=copy,stale-base runs
+// those rows only (the clean run always). P2PNODE_ATTACK_ROUNDS sets the rounds per run
+// (default 8); P2PNODE_ATTACK_TABLE names a file the table is written to (Markdown) as well
+// as the test log.
 
 const (
 	matrixHonest    = 6
@@ -93,16 +95,19 @@ func matrixRounds(t *testing.T) int {
 }
 
 func TestOneThirdAttackers(t *testing.T) {
+	sel := os.Getenv("P2PNODE_ATTACK_MATRIX")
+	if sel == "" {
+		t.Skip("slow and load-sensitive: set P2PNODE_ATTACK_MATRIX=1 (or a list of rows) to run the one-third-attackers matrix")
+	}
 	rounds := matrixRounds(t)
 	clean := runMatrix(t, attackKind{name: "clean"}, rounds)
 	t.Logf("clean: %d rounds, mse %.6g, %.2f s/round", clean.rounds, clean.mse, clean.perRound)
 	require.Equal(t, rounds, clean.rounds)
 	var rows []matrixRun
-	all := os.Getenv("P2PNODE_ATTACK_MATRIX") != ""
 	for _, k := range attackKinds {
 		t.Run(k.name, func(t *testing.T) {
-			if !all && k.bus != busCopy && k.bus != busStale {
-				t.Skip("set P2PNODE_ATTACK_MATRIX=1 for the whole matrix (TestAttackersAreScreenedOut covers the poison modes)")
+			if sel != "1" && !slices.Contains(strings.Split(sel, ","), k.name) {
+				t.Skip("not selected in P2PNODE_ATTACK_MATRIX")
 			}
 			r := runMatrix(t, k, rounds)
 			rows = append(rows, r)
