@@ -85,6 +85,11 @@ type Dataset struct {
 	MicroshardBytes int64  `yaml:"microshard_bytes"`
 }
 
+// MaxMicroshardsPerTrainer bounds lease.microshards_per_trainer: it is lease.MaxLeaseMicroshards,
+// the most one lease may grant (config imports none of the node's packages; a node test
+// checks that the two agree).
+const MaxMicroshardsPerTrainer = 4096
+
 // DefaultRounds is experiment.rounds when a config does not say: a finite run (digits:
 // about 30 s on 2 CPU cores to 97% held-out accuracy, 35 MB of store) rather than one that
 // trains, and fills the store, until interrupted. Set rounds: 0 to run until stopped.
@@ -190,7 +195,15 @@ type Lease struct {
 	RoundTimeout          time.Duration `yaml:"round_timeout"`
 	// MinDeadline is the least time an attempt's leases get: the deadline adapts to the
 	// trainers' measured paces but never goes below this (nor above round_timeout).
-	MinDeadline      time.Duration `yaml:"min_deadline"`
+	MinDeadline time.Duration `yaml:"min_deadline"`
+	// FirstDeadline is an attempt's deadline while no pace of any leased trainer is known:
+	// neither observed by this validator (its paces persist with its state) nor announced
+	// by the trainer (its worker's probe, then its windows) — round 1 of a fresh experiment
+	// with a workload that cannot probe. Doubled after each such attempt that expires with
+	// nothing received, and always between min_deadline and round_timeout. It replaces
+	// round_timeout there, so a trainer lost in that attempt costs seconds, not the whole
+	// timeout.
+	FirstDeadline    time.Duration `yaml:"first_deadline"`
 	QuarantineRounds int           `yaml:"quarantine_rounds"`
 }
 

@@ -61,6 +61,7 @@ func Default() *Config {
 			MinGroup:              1,
 			RoundTimeout:          10 * time.Minute,
 			MinDeadline:           3 * time.Second,
+			FirstDeadline:         30 * time.Second,
 			QuarantineRounds:      5,
 		},
 		Export: Export{

@@ -44,6 +44,13 @@ type Announce struct {
 	Time       int64              `cbor:"8,keyasint"`           // unix milliseconds
 	Artifacts  [][]byte           `cbor:"9,keyasint,omitempty"` // recent artifacts this node serves
 	Metrics    map[string]float64 `cbor:"10,keyasint,omitempty"`
+	// Started is when the announcing process started (unix milliseconds): a new value under
+	// the same peer id tells a round's leader that the trainer restarted and lost its lease.
+	Started int64 `cbor:"11,keyasint,omitempty"`
+	// StepSeconds is the trainer's own measure of its seconds per inner step (its worker's
+	// probe, then its windows; 0 unknown): a leader that has observed no window of it yet
+	// sets lease deadlines from it.
+	StepSeconds float64 `cbor:"12,keyasint,omitempty"`
 }
 
 // Leases is the round leader's grant of leases for one round.
@@ -160,7 +167,8 @@ func DecodeAnnounce(b []byte) (*Announce, error) {
 	if err := decode(b, MaxAnnounceBytes, &m); err != nil {
 		return nil, err
 	}
-	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 {
+	if m.Peer == "" || len(m.Roles) == 0 || len(m.Roles) > 3 || !finite(m.Capacity) || m.Capacity < 0 || len(m.Artifacts) > 64 ||
+		!finite(m.StepSeconds) || m.StepSeconds < 0 || m.Started < 0 {
 		return nil, fmt.Errorf("%w: announce from %q: bad fields", ErrMalformed, m.Peer)
 	}
 	if len(m.Head) > 0 {
@@ -195,7 +203,29 @@ func DecodeLeases(b []byte) (*Leases, error) {
 		}
 		seen[l.Trainer] = true
 	}
+	if err := checkMicroshards(m.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "leases"); err != nil {
+		return nil, err
+	}
 	return &m, nil
+}
+
+// checkMicroshards holds lists of microshards to the lease package's bounds: none longer
+// than a lease may be, and together no more than a round may lease. Those bounds are what
+// keep a grant, a contribution and a proposal inside their topics' sizes; a message beyond
+// them was not made by a node that follows them.
+func checkMicroshards[T any](xs []T, shards func(T) []uint32, what string) error {
+	total := 0
+	for _, x := range xs {
+		n := len(shards(x))
+		if n > lease.MaxLeaseMicroshards {
+			return fmt.Errorf("%w: %s: a list of %d microshards, at most %d", ErrMalformed, what, n, lease.MaxLeaseMicroshards)
+		}
+		total += n
+	}
+	if total > lease.MaxRoundMicroshards {
+		return fmt.Errorf("%w: %s: %d microshards in all, at most %d a round", ErrMalformed, what, total, lease.MaxRoundMicroshards)
+	}
+	return nil
 }
 
 // DecodeContribution decodes and schema-checks a contribution.
@@ -219,6 +249,9 @@ func DecodeContribution(b []byte) (*Contribution, error) {
 	}
 	if !slices.IsSorted(m.Microshards) {
 		return nil, fmt.Errorf("%w: contribution from %s: microshards not sorted", ErrMalformed, m.Peer)
+	}
+	if len(m.Microshards) > lease.MaxLeaseMicroshards {
+		return nil, fmt.Errorf("%w: contribution from %s lists %d microshards, a lease grants at most %d", ErrMalformed, m.Peer, len(m.Microshards), lease.MaxLeaseMicroshards)
 	}
 	return &m, nil
 }
@@ -275,6 +308,12 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 			if l.Round != h.Round || l.Trainer == "" {
 				return nil, nil, fmt.Errorf("%w: proposal lease for %q is not for round %d", ErrMalformed, l.Trainer, h.Round)
 			}
+		}
+		if err := checkMicroshards(p.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "proposal leases"); err != nil {
+			return nil, nil, err
+		}
+		if err := checkMicroshards(p.Candidates, func(c Candidate) []uint32 { return c.Microshards }, "proposal candidates"); err != nil {
+			return nil, nil, err
 		}
 	}
 	return &m, h, nil

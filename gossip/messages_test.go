@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"crypto/rand"
+	"math"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -19,7 +20,8 @@ var (
 )
 
 func TestDecodersAcceptWhatEncodeWrites(t *testing.T) {
-	a := &Announce{Experiment: "e", Peer: "p", Roles: []string{"trainer"}, Capacity: 12.5, Version: "v", Head: base, Round: 3, Time: 1}
+	a := &Announce{Experiment: "e", Peer: "p", Roles: []string{"trainer"}, Capacity: 12.5, Version: "v", Head: base, Round: 3, Time: 1,
+		Started: 1700000000000, StepSeconds: 0.25}
 	b, err := Encode(a)
 	require.NoError(t, err)
 	got, err := DecodeAnnounce(b)
@@ -56,6 +58,10 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 	}{
 		{"announce not cbor", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, []byte("hello")},
 		{"announce no roles", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, enc(&Announce{Peer: "p"})},
+		{"announce negative step seconds", func(b []byte) error { _, err := DecodeAnnounce(b); return err },
+			enc(&Announce{Peer: "p", Roles: []string{"trainer"}, StepSeconds: -1})},
+		{"announce infinite step seconds", func(b []byte) error { _, err := DecodeAnnounce(b); return err },
+			enc(&Announce{Peer: "p", Roles: []string{"trainer"}, StepSeconds: math.Inf(1)})},
 		{"announce oversized", func(b []byte) error { _, err := DecodeAnnounce(b); return err }, make([]byte, MaxAnnounceBytes+1)},
 		{"leases lease for other round", func(b []byte) error { _, err := DecodeLeases(b); return err },
 			enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: []lease.Lease{{Round: 3, Base: base, Trainer: "t", Issuer: "v"}}})},

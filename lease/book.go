@@ -23,7 +23,11 @@ import (
 //   - when every live trainer is barred and nothing was received, a new pass readmits them
 //     after a backoff (Backoff, doubling with each pass up to MaxBackoff): the round is not
 //     stalled for good by honest updates that screening happened to reject, and nothing a
-//     peer sends can make the leader spin.
+//     peer sends can make the leader spin;
+//   - a trainer that left (its process restarted, or it fell silent) settles its lease at
+//     once (Gone), and once it is heard from again (Back) it is readmitted at once if it was
+//     barred only for leaving or for letting its lease expire — at most Returns times in the
+//     round. A rejected or released lease is never forgiven this way.
 //
 // A Book is not safe for concurrent use; the leader's loop owns it.
 type Book struct {
@@ -32,12 +36,17 @@ type Book struct {
 	// one up to MaxBackoff.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
+	// Returns is how many times in the round a trainer may be readmitted after it left and
+	// came back (see Gone and Back).
+	Returns int
 
 	attempts int                // attempts granted in this round
 	held     map[string]cid.Cid // the current attempt's unsettled leases, by trainer
 	leased   map[string]bool    // every trainer leased in the round (any attempt)
 	reported map[string]bool    // trainers whose contribution is accepted (and not rejected since)
 	barred   map[string]string  // trainer → why it gets no further attempt this pass
+	gone     map[string]bool    // trainers that left since they were leased or barred
+	returned map[string]int     // readmissions after leaving, by trainer
 	passes   int
 	clean    bool      // the last attempt ended with every lease reported
 	fresh    int       // contributions accepted in the current attempt
@@ -49,13 +58,21 @@ type Book struct {
 const (
 	DefaultBackoff    = 3 * time.Second
 	DefaultMaxBackoff = 24 * time.Second
+	// DefaultReturns: a trainer restarted within its round is leased once more in it.
+	DefaultReturns = 1
+)
+
+// Bar reasons the book gives itself; the leader uses any other reason it likes.
+const (
+	ReasonExpired = "expired" // the lease's deadline passed without a contribution
+	ReasonGone    = "gone"    // its trainer left (restarted or fell silent) while holding it
 )
 
 // NewBook starts the book of a round at now.
 func NewBook(round uint64, now time.Time) *Book {
-	return &Book{Round: round, Backoff: DefaultBackoff, MaxBackoff: DefaultMaxBackoff,
+	return &Book{Round: round, Backoff: DefaultBackoff, MaxBackoff: DefaultMaxBackoff, Returns: DefaultReturns,
 		held: map[string]cid.Cid{}, leased: map[string]bool{}, reported: map[string]bool{}, barred: map[string]string{},
-		ended: now}
+		gone: map[string]bool{}, returned: map[string]int{}, ended: now}
 }
 
 // Candidates returns, in peer order, the trainers that may be leased in the next attempt:
@@ -145,9 +162,46 @@ func (b *Book) Expire() []string {
 	}
 	slices.Sort(out)
 	for _, p := range out {
-		b.Bar(p, "expired")
+		b.Bar(p, ReasonExpired)
 	}
 	return out
+}
+
+// Gone records that peer left: its process restarted (it announced a new start), or it was
+// not heard from for a while. An unsettled lease it holds is settled at once, barring it
+// (ReasonGone), so its microshards go back to the pool without waiting out the deadline;
+// Gone reports whether it settled one. Peers not leased in the round are not recorded.
+func (b *Book) Gone(peer string) bool {
+	if !b.leased[peer] {
+		return false
+	}
+	b.gone[peer] = true
+	_, held := b.held[peer]
+	return held && b.Bar(peer, ReasonGone)
+}
+
+// Back readmits peer to the round's further attempts, and reports whether it did, when it
+// is heard from again after Gone, was barred only for leaving or for an expired lease (not
+// for a rejected contribution or a released lease), and has been readmitted fewer than
+// Returns times in the round. So a restarted trainer is leased again at once, while a
+// trainer whose contribution was rejected stays out however often it reconnects, and none
+// gets more than Returns extra attempts a round by leaving and coming back.
+func (b *Book) Back(peer string) bool {
+	if !b.gone[peer] {
+		return false
+	}
+	switch b.barred[peer] {
+	case ReasonGone, ReasonExpired:
+	default:
+		return false
+	}
+	if b.returned[peer] >= b.Returns {
+		return false
+	}
+	delete(b.gone, peer)
+	delete(b.barred, peer)
+	b.returned[peer]++
+	return true
 }
 
 // End closes the current attempt at now (all settled, or the deadline passed after

@@ -291,3 +291,110 @@ func TestBookRoundsEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestBookReadmitsOnlyTrainersThatCameBack: a trainer that left (restarted, or fell
+// silent) while leased is readmitted once it is heard from again — if it failed the round
+// only by leaving or by an expired lease, and at most Returns times a round. A rejected or
+// released lease is never forgiven, however often its trainer reconnects: the issue-12
+// livelock (a rejected attacker re-leased at every attempt) stays closed.
+func TestBookReadmitsOnlyTrainersThatCameBack(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	cases := []struct {
+		name string
+		// do runs on a book where "x" and "h" hold leases of the round's first attempt.
+		do       func(b *Book) []bool // the results of the Back calls
+		backs    []bool
+		settled  bool // the attempt's leases are all settled afterwards ("h" reports first)
+		canLease []string
+		barred   map[string]string
+	}{
+		{"restarted while holding its lease: settled at once, then readmitted",
+			func(b *Book) []bool { require.True(t, b.Gone("x")); return []bool{b.Back("x")} },
+			[]bool{true}, true, []string{"x"}, map[string]string{}},
+		{"not back yet: stays barred, its lease settled",
+			func(b *Book) []bool { b.Gone("x"); return nil },
+			nil, true, nil, map[string]string{"x": ReasonGone}},
+		{"expired, then restarted: readmitted",
+			func(b *Book) []bool { b.Expire(); b.Gone("x"); return []bool{b.Back("x")} },
+			[]bool{true}, true, []string{"x"}, map[string]string{}},
+		{"expired but never left: no second attempt",
+			func(b *Book) []bool { b.Expire(); return []bool{b.Back("x")} },
+			[]bool{false}, true, nil, map[string]string{"x": ReasonExpired}},
+		{"rejected, then restarted: stays out",
+			func(b *Book) []bool { b.Bar("x", "no_lease"); b.Gone("x"); return []bool{b.Back("x")} },
+			[]bool{false}, true, nil, map[string]string{"x": "no_lease"}},
+		{"released, then restarted: stays out",
+			func(b *Book) []bool { b.Bar("x", "released"); b.Gone("x"); return []bool{b.Back("x")} },
+			[]bool{false}, true, nil, map[string]string{"x": "released"}},
+		{"rejected at screening after it reported, then restarted: stays out",
+			func(b *Book) []bool {
+				b.Report("x")
+				b.Bar("x", "norm_outlier")
+				b.Gone("x")
+				return []bool{b.Back("x")}
+			},
+			[]bool{false}, true, nil, map[string]string{"x": "norm_outlier"}},
+		{"reported, then restarted: nothing to readmit",
+			func(b *Book) []bool { b.Report("x"); require.False(t, b.Gone("x")); return []bool{b.Back("x")} },
+			[]bool{false}, true, nil, map[string]string{}},
+		{"once a round: gone, back, leased again, gone again, back again",
+			func(b *Book) []bool {
+				b.Gone("x")
+				first := b.Back("x")
+				b.Grant(bookLeases(1, "x"))
+				require.True(t, b.Gone("x"))
+				return []bool{first, b.Back("x")}
+			},
+			[]bool{true, false}, true, nil, map[string]string{"x": ReasonGone}},
+		{"back without having left: nothing",
+			func(b *Book) []bool { return []bool{b.Back("x")} },
+			[]bool{false}, false, nil, map[string]string{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewBook(1, t0)
+			b.Grant(bookLeases(1, "x", "h"))
+			b.Report("h")
+			require.Equal(t, tc.backs, tc.do(b))
+			require.Equal(t, tc.settled, b.Settled())
+			require.Equal(t, tc.barred, b.Barred())
+			require.Equal(t, tc.canLease, peersOf(b.Candidates(trainers("x", "h"))))
+		})
+	}
+	// Strangers (never leased in the round) are not recorded: a flood of fresh ids does not
+	// grow the book, and there is nothing to readmit.
+	b := NewBook(1, t0)
+	require.False(t, b.Gone("stranger"))
+	require.False(t, b.Back("stranger"))
+}
+
+// TestBookRestartsCannotSpin: a trainer that restarts at every lease it gets (or lets each
+// expire and reconnects) is granted at most 1 + Returns attempts in a pass, however many
+// times it comes back; the round then goes on without it.
+func TestBookRestartsCannotSpin(t *testing.T) {
+	for _, leave := range []string{"restart", "expire and reconnect"} {
+		t.Run(leave, func(t *testing.T) {
+			t0 := time.Unix(1000, 0)
+			b := NewBook(1, t0)
+			granted := 0
+			for i := range 100 {
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				s := Situation{Received: 1, MinGroup: 2, Candidates: len(b.Candidates(trainers("x"))), Available: 5, Patience: time.Hour}
+				if b.Next(now, s) != Grant {
+					continue
+				}
+				b.Grant(bookLeases(1, "x"))
+				granted++
+				if leave == "restart" {
+					b.Gone("x")
+				} else {
+					b.Expire()
+					b.Gone("x")
+				}
+				b.End(now)
+				b.Back("x")
+			}
+			require.Equal(t, 1+DefaultReturns, granted)
+		})
+	}
+}

@@ -18,6 +18,25 @@
 // pass (3 s up to 24 s), so honest updates that screening happened to reject do not stall
 // the run, and nothing a peer sends makes the leader spin.
 //
+// One exception brings a trainer back within its round: one that left — its process
+// restarted (it announces a new start time) or it fell silent — settles its lease at once
+// (its microshards go back to the pool without waiting out the deadline), and when it is
+// heard from again it is readmitted, if it was barred only for leaving or for an expired
+// lease, at most Book.Returns times a round (once by default). A trainer whose
+// contribution was rejected or who released its lease stays out however often it
+// reconnects, so a trainer can add at most Returns attempts to a pass by leaving and
+// coming back, and each departure costs it the time to restart and a miss toward
+// quarantine.
+//
+// # Deadlines from what is known
+//
+// An attempt's deadline (Deadline) is three times the slowest expected window plus slack:
+// each leased trainer's steps times its seconds per step as this validator observed them,
+// else as the trainer announces them (its worker's probe or its own windows), else the
+// median of the known ones; between lease.min_deadline and lease.round_timeout. With no
+// pace known at all it is lease.first_deadline, doubled after each attempt of the round
+// that expired with nothing known and nothing received.
+//
 // Misses (expired or released leases) count toward Quarantine like soft rejections, and at
 // an epoch's tail, when microshards are fewer than trainers, trainers whose contributions
 // were merged recently are served before those that merely announce a high capacity.

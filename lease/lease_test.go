@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -85,6 +86,42 @@ func TestAssignOrderDependsOnSeed(t *testing.T) {
 	a := Assign(avail, []Trainer{{Peer: "t", Capacity: 1}}, 4, []byte("round-1"))
 	b := Assign(avail, []Trainer{{Peer: "t", Capacity: 1}}, 4, []byte("round-2"))
 	require.NotEqual(t, a["t"], b["t"])
+}
+
+// A lease never exceeds MaxLeaseMicroshards, however fast its trainer, and a round never
+// leases more than its budget: the bounds that keep lease messages inside their topics.
+func TestAssignKeepsTheMessageBounds(t *testing.T) {
+	avail := make([]uint32, MaxRoundMicroshards+MaxLeaseMicroshards)
+	for i := range avail {
+		avail[i] = uint32(i)
+	}
+	total := func(plan map[string][]uint32) (n, most int) {
+		for _, s := range plan {
+			n, most = n+len(s), max(most, len(s))
+		}
+		return n, most
+	}
+	// One trainer 63 times the others' speed, at the largest per-trainer setting.
+	fleet := []Trainer{{Peer: "fast", Capacity: 63}}
+	for i := range 63 {
+		fleet = append(fleet, Trainer{Peer: fmt.Sprintf("t%02d", i), Capacity: 1})
+	}
+	plan := Assign(avail, fleet, MaxLeaseMicroshards, []byte("s"))
+	n, most := total(plan)
+	require.Equal(t, MaxLeaseMicroshards, most, "the fast trainer's share is capped")
+	require.LessOrEqual(t, n, MaxRoundMicroshards)
+	require.Len(t, plan, 64, "everyone still gets work")
+
+	// Every share capped by the round: proportional shares of the round's bound.
+	plan = Assign(avail, fleet[1:], MaxLeaseMicroshards, []byte("s"))
+	n, _ = total(plan)
+	require.Equal(t, MaxRoundMicroshards, n)
+
+	// A later attempt gets what is left of the round.
+	plan = AssignWithin(avail, fleet[1:], 100, 1000, []byte("s"))
+	n, _ = total(plan)
+	require.Equal(t, 1000, n)
+	require.Empty(t, AssignWithin(avail, fleet, 4, 0, []byte("s")), "nothing left")
 }
 
 func TestLeadersIsARendezvousOrder(t *testing.T) {
@@ -183,15 +220,38 @@ func TestStepsScaleWithCapacity(t *testing.T) {
 	require.Equal(t, map[string]int{"a": 20, "b": 20}, Steps([]Trainer{{Peer: "a", Capacity: 11}, {Peer: "b", Capacity: 9}}, 20), "close capacities: measurement noise")
 }
 
-func TestDeadlineFollowsObservedPace(t *testing.T) {
-	floor, ceiling := 5*time.Second, 10*time.Minute
-	require.Equal(t, ceiling, Deadline([]Pace{{"a", 0, 20}}, floor, ceiling), "nothing observed yet")
-	// slowest window 20 steps × 1 s = 20 s → 3 × 20 + 2 = 62 s
-	require.Equal(t, 62*time.Second, Deadline([]Pace{{"a", 0.5, 20}, {"b", 1, 20}}, floor, ceiling))
-	// an unseen trainer is assumed to run at the median pace
-	require.Equal(t, 3*40*time.Second+2*time.Second, Deadline([]Pace{{"a", 1, 10}, {"new", 0, 40}}, floor, ceiling))
-	require.Equal(t, floor, Deadline([]Pace{{"a", 0.001, 10}}, floor, ceiling))
-	require.Equal(t, ceiling, Deadline([]Pace{{"a", 100, 100}}, floor, ceiling))
+func TestDeadlineFollowsKnownPace(t *testing.T) {
+	floor, ceiling, unknown := 5*time.Second, 10*time.Minute, 30*time.Second
+	bounds := Timing{Floor: floor, Ceiling: ceiling, Unknown: unknown}
+	blind := func(n int) Timing { b := bounds; b.Blind = n; return b }
+	cases := []struct {
+		name   string
+		paces  []Pace
+		timing Timing
+		want   time.Duration
+	}{
+		{"nothing known, no default: the ceiling", []Pace{{Peer: "a", Steps: 20}}, Timing{Floor: floor, Ceiling: ceiling}, ceiling},
+		{"nothing known: the default", []Pace{{Peer: "a", Steps: 20}}, bounds, unknown},
+		{"nothing known, one blind attempt expired: twice the default", []Pace{{Peer: "a", Steps: 20}}, blind(1), 2 * unknown},
+		{"blind attempts double up to the ceiling", []Pace{{Peer: "a", Steps: 20}}, blind(40), ceiling},
+		{"default below the floor", []Pace{{Peer: "a", Steps: 20}}, Timing{Floor: floor, Ceiling: ceiling, Unknown: time.Second}, floor},
+		// slowest window 20 steps × 1 s = 20 s → 3 × 20 + 2 = 62 s
+		{"observed", []Pace{{Peer: "a", SecondsPerStep: 0.5, Steps: 20}, {Peer: "b", SecondsPerStep: 1, Steps: 20}}, bounds, 62 * time.Second},
+		{"an unseen trainer runs at the median pace", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 10}, {Peer: "new", Steps: 40}}, bounds, 122 * time.Second},
+		{"announced (probed) pace, nothing observed: steps × pace", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, bounds, 32 * time.Second},
+		{"blind attempts do not matter once a pace is known", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, blind(3), 32 * time.Second},
+		{"observed beats announced", []Pace{{Peer: "a", SecondsPerStep: 1, Announced: 0.01, Steps: 20}}, bounds, 62 * time.Second},
+		{"a claim of speed shortens only its own term", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 20}, {Peer: "liar", Announced: 1e-9, Steps: 20}}, bounds, 62 * time.Second},
+		{"a claim of slowness stops at the ceiling", []Pace{{Peer: "a", Announced: 1e12, Steps: 20}}, bounds, ceiling},
+		{"non-finite figures are unknown", []Pace{{Peer: "a", SecondsPerStep: math.NaN(), Announced: math.Inf(1), Steps: 20}}, bounds, unknown},
+		{"fast: the floor", []Pace{{Peer: "a", SecondsPerStep: 0.001, Steps: 10}}, bounds, floor},
+		{"slow: the ceiling", []Pace{{Peer: "a", SecondsPerStep: 100, Steps: 100}}, bounds, ceiling},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, Deadline(tc.paces, tc.timing))
+		})
+	}
 }
 
 func TestQuarantine(t *testing.T) {

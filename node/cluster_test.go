@@ -344,3 +344,43 @@ func TestMocknetSparseTrainersRebuildHeads(t *testing.T) {
 		require.NotContains(t, n.logs.String(), "rebuild failed")
 	}
 }
+
+// A node that joins with an empty store, after several rounds, shows the whole history: the
+// held-out metrics and time split of the rounds it missed come with the chain it synced
+// (the round notes beside each head), while what only a node that was there could measure
+// (time between heads) is absent for them.
+func TestFreshNodeShowsTheHistoryOfTheChainItSynced(t *testing.T) {
+	const rounds = 6
+	c := newCluster(t, 1, 2, rounds, 20)
+	for _, n := range c.nodes {
+		n.cfg.Lease.MinGroup = 1
+		n.cfg.Experiment.EvalEvery = 1
+	}
+	late := c.nodes[2]
+	c.start(c.nodes[0])
+	c.start(c.nodes[1])
+	require.Eventually(t, func() bool { return c.nodes[0].n.Status().Round >= 3 }, time.Minute, 50*time.Millisecond)
+	c.start(late)
+	c.waitDone(2 * time.Minute)
+	c.requireOneChain(c.nodes, rounds)
+
+	ref := c.nodes[0].n.Status().History
+	st := late.n.Status()
+	require.Len(t, st.History, rounds+1)
+	missed := 0
+	for i, p := range st.History {
+		require.Equal(t, uint64(i), p.Round)
+		require.Equal(t, ref[i].Head, p.Head)
+		require.Contains(t, p.HeldOut, "mse", "round %d", i)
+		require.Equal(t, ref[i].HeldOut, p.HeldOut, "round %d", i)
+		require.Equal(t, ref[i].Merged, p.Merged, "round %d", i)
+		require.Equal(t, ref[i].Time, p.Time, "round %d", i)
+		if i > 0 {
+			require.NotNil(t, p.Time, "round %d", i)
+		}
+		if p.Seconds == 0 && p.BytesIn == 0 {
+			missed++
+		}
+	}
+	require.GreaterOrEqual(t, missed, 3, "the rounds before it joined carry no local measurements")
+}

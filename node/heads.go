@@ -211,6 +211,9 @@ func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head)
 type announcer struct {
 	*env
 	capacity *capacity
+	// started is when this run started (unix ms), announced so that a round's leader can
+	// tell a restarted trainer from one that kept its lease.
+	started int64
 }
 
 func (a *announcer) run(ctx context.Context) error {
@@ -229,7 +232,8 @@ func (a *announcer) run(ctx context.Context) error {
 func (a *announcer) announce(ctx context.Context) {
 	id, h := a.tips.Current()
 	msg := &gossip.Announce{Experiment: a.cfg.Experiment.ID, Peer: a.self, Roles: a.cfg.Experiment.Roles,
-		Capacity: a.capacity.get(), Version: Version, Time: time.Now().UnixMilli()}
+		Capacity: a.capacity.get(), Version: Version, Time: time.Now().UnixMilli(), Started: a.started,
+		StepSeconds: a.capacity.stepSeconds()}
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
 	}

@@ -43,6 +43,15 @@ type openRound struct {
 	book *lease.Book
 	// unbenched: quarantined trainers were leased to this round (too few others).
 	unbenched bool
+	// returns is, per trainer leased in the round, how often it had come back (restarted
+	// or returned from silence, trainerSet.returns) when it was last leased: a change means
+	// its lease is lost and it may be readmitted (lease.Book.Gone and Back).
+	returns map[string]int
+	// blind counts the round's attempts leased with no trainer pace known that expired
+	// with nothing received: each doubles the next blind deadline (lease.Timing.Blind).
+	blind      int
+	blindGrant bool // the current attempt was leased with no pace known
+	atGrant    int  // contributions received when the current attempt was leased
 	// started is when the leader took the round; rejected counts the contributions it
 	// rejected (for the round notes).
 	started  time.Time
@@ -65,7 +74,7 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		return v.awaitQuorum(ctx, in, base.Round+1, l)
 	}
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
-		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now())}
+		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{}}
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
@@ -133,6 +142,7 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 	waitingSince := time.Now()
 	var beat time.Time
 	for {
+		v.noticeReturns(r, in)
 		taken := map[uint32]bool{}
 		for _, rc := range r.received {
 			for _, s := range rc.msg.Microshards {
@@ -232,7 +242,13 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
 	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
-	plan := lease.Assign(avail, work, v.cfg.Lease.MicroshardsPerTrainer, seed)
+	// The round's proposal lists every received contribution's microshards: a later attempt
+	// leases only what is left of the round's bound, so the proposal fits its message.
+	budget := lease.MaxRoundMicroshards
+	for _, rc := range r.received {
+		budget -= len(rc.msg.Microshards)
+	}
+	plan := lease.AssignWithin(avail, work, v.cfg.Lease.MicroshardsPerTrainer, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
 	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, v.cfg.Lease.MicroshardsPerTrainer)
@@ -243,9 +259,12 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	sort.Strings(peers)
 	var pace []lease.Pace
 	for _, p := range peers {
-		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Steps: steps[p]})
+		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Announced: v.trainers.stepSeconds(p), Steps: steps[p]})
+		r.returns[p] = v.trainers.returns(p)
 	}
-	r.window = lease.Deadline(pace, v.cfg.Lease.MinDeadline, v.cfg.Lease.RoundTimeout)
+	r.window = lease.Deadline(pace, lease.Timing{Floor: v.cfg.Lease.MinDeadline, Ceiling: v.cfg.Lease.RoundTimeout,
+		Unknown: v.cfg.Lease.FirstDeadline, Blind: r.blind})
+	r.blindGrant, r.atGrant = !lease.PaceKnown(pace), len(r.received)
 	r.deadline = time.Now().Add(r.window)
 	msg := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
 		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}
@@ -274,7 +293,10 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) error {
 	timer := time.NewTimer(time.Until(r.deadline))
 	defer timer.Stop()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
 	for {
+		v.noticeReturns(r, in)
 		if r.book.Settled() {
 			r.book.End(time.Now())
 			return nil
@@ -295,9 +317,13 @@ func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, change
 			v.accept(ctx, r, c.From, c.Msg)
 		case rl := <-in.Releases:
 			v.release(r, rl.From, rl.Msg)
+		case <-tick.C:
 		case <-timer.C:
 			v.expire(r)
 			r.book.End(time.Now())
+			if r.blindGrant && len(r.received) == r.atGrant {
+				r.blind++ // the first-deadline guess was too short for this workload
+			}
 			if len(r.received) < v.cfg.Lease.MinGroup {
 				v.log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
 				v.status.event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.cfg.Lease.MinGroup)
@@ -323,6 +349,56 @@ func (v *validator) expire(r *openRound) {
 		v.missed(p, r.round, "expired")
 	}
 	v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+}
+
+// noticeReturns settles the lease of a trainer of the round that left — it restarted (it
+// announced a new process start) or fell silent for longer than liveFor — so its
+// microshards go back to the pool at once, and readmits it once it is heard from again, if
+// the round's book allows (lease.Book.Back: only after leaving or an expired lease, at
+// most Returns times a round).
+func (v *validator) noticeReturns(r *openRound, in *Inbox) {
+	// Announcements queued while the loop was busy (fetching a delta) come first: a trainer
+	// is silent only if nothing of it arrived, not because nothing was read.
+	for drained := false; !drained; {
+		select {
+		case a := <-in.Announces:
+			v.trainers.seen(a.From, a.Msg)
+		default:
+			drained = true
+		}
+	}
+	for p, n := range r.returns {
+		now := v.trainers.returns(p)
+		back := now != n
+		left := back || !v.trainers.isLive(p) && v.holdsLease(r, p)
+		r.returns[p] = now
+		if left && r.book.Gone(p) {
+			why := "fell silent"
+			if back {
+				why = "restarted"
+			}
+			v.metrics.leaseEnded(lease.ReasonGone)
+			v.log.Warn("trainer left while holding its lease; its microshards return to the pool", "round", r.round, "peer", p, "how", why)
+			v.status.event("release", "round %d: %s %s while holding its lease; its microshards return to the pool", r.round, p, why)
+			v.missed(p, r.round, lease.ReasonGone)
+			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+		}
+		if back && r.book.Back(p) {
+			v.log.Info("trainer is back: it may be leased again in this round", "round", r.round, "peer", p)
+			v.status.event("release", "round %d: %s is back; it may be leased again this round", r.round, p)
+			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+		}
+	}
+}
+
+// holdsLease reports whether p holds an unsettled lease of the current attempt.
+func (v *validator) holdsLease(r *openRound, p string) bool {
+	for id, l := range r.leases {
+		if l.Trainer == p && r.book.Holds(p, id) {
+			return true
+		}
+	}
+	return false
 }
 
 // release takes back a lease its trainer gave up (its worker failed): the trainer gets no

@@ -93,7 +93,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Training loss recorded in the canonical head (sample-weighted mean of its contributions)."}),
 		heldOut: newHeldOutCollector(),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_leases_failed_total",
-			Help: "Leases this node granted that came to nothing, by how: expired (no report by the deadline) or released (the trainer gave it back)."}, []string{"how"}),
+			Help: "Leases this node granted that came to nothing, by how: expired (no report by the deadline), released (the trainer gave it back) or gone (the trainer restarted or fell silent while holding it)."}, []string{"how"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_metrics_dropped_total",
 			Help: "Held-out metric values dropped because they were not finite (NaN or ±Inf), by metric."}, []string{"metric"}),
 		contributions: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_contributions_total",
@@ -112,7 +112,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 	for _, r := range rejectReasons {
 		m.rejects.WithLabelValues(r)
 	}
-	for _, how := range []string{"expired", "released"} {
+	for _, how := range []string{"expired", "released", "gone"} {
 		m.ended.WithLabelValues(how)
 	}
 	for _, phase := range roundPhases {

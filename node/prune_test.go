@@ -78,6 +78,10 @@ func TestStoreIsPrunedToKeepHeads(t *testing.T) {
 		n.cfg.Node.KeepHeads = keep
 		n.cfg.Node.Archive = archive
 		n.cfg.Lease.MinGroup = 2
+		// One attempt per round: a lease that expired on a loaded machine would have its
+		// trainer encode a second delta in that round, one model more than the figure
+		// counts (which holds for one delta per round).
+		n.cfg.Lease.MinDeadline = 20 * time.Second
 		require.NoError(t, n.cfg.Validate())
 	}
 	val := c.nodes[0]
@@ -345,4 +349,31 @@ func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
 	require.True(t, f.store.Has(f.params[7]), "re-committed at round 8, so kept until round 10")
 	f.round(11)
 	require.False(t, f.store.Has(f.params[7]))
+
+	// A download every caller abandoned leaves partial files; they go K rounds after the
+	// pruner first saw them.
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	h, err := mn.GenPeer()
+	require.NoError(t, err)
+	x := artifact.NewExchange(h, f.store, artifact.ExchangeOptions{})
+	t.Cleanup(func() { x.Close() })
+	f.p.setPartials(x.RemoveIdlePartials)
+	abandoned := f.put("abandoned download")
+	require.True(t, f.store.Has(abandoned))
+	var files []string
+	for _, ext := range []string{".manifest", ".data", ".have"} {
+		path := filepath.Join(f.dir, "artifacts", "partial", abandoned.String()+ext)
+		require.NoError(t, os.WriteFile(path, []byte("partial state"), 0o644))
+		files = append(files, path)
+	}
+	f.round(12)
+	f.round(13)
+	for _, path := range files {
+		require.FileExists(t, path)
+	}
+	f.round(14)
+	for _, path := range files {
+		require.NoFileExists(t, path)
+	}
 }

@@ -173,9 +173,13 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		work.Poison, _ = poisonDelta(e.poison, uint64(cfg.Experiment.Seed))
 	}
 
+	if cfg.Experiment.HasRole(config.RoleTrainer) {
+		probeSpeed(ctx, e, capac)
+	}
+
 	loops := map[string]func(context.Context) error{
 		"heads":    (&headSync{env: e}).run,
-		"announce": (&announcer{env: e, capacity: capac}).run,
+		"announce": (&announcer{env: e, capacity: capac, started: time.Now().UnixMilli()}).run,
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}
 	if cfg.Experiment.HasRole(config.RoleValidator) {

@@ -115,6 +115,7 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		return err
 	}
 	t.capacity.observe(float64(res.Samples), res.TrainSeconds)
+	t.capacity.observeWindow(res.Steps, res.Seconds)
 	t.keeper.trained(res.OptState, t.work.Residual, t.work.ResidualTag)
 	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
 		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds,

@@ -28,6 +28,13 @@ type trainerSet struct {
 type trainerSeen struct {
 	capacity float64
 	at       time.Time
+	sent     int64   // the time its last announcement carried (unix ms, its clock)
+	started  int64   // the process start it announced (unix ms; 0 unknown)
+	stepSecs float64 // its own seconds per inner step (0 unknown)
+	// returns counts the times it came back: announced a new process start (a restart)
+	// or was heard from again after a gap of more than liveFor between its announcements. A leader that
+	// sees it change for a trainer it leased knows the lease is lost (lease.Book.Gone).
+	returns int
 }
 
 func newTrainerSet() *trainerSet {
@@ -40,7 +47,42 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.peers[from] = trainerSeen{capacity: a.Capacity, at: t.now()}
+	now := t.now()
+	s, known := t.peers[from]
+	// Silence is judged by the sender's own clock (the gap between its announcements that
+	// arrived), not by when they were read: a validator busy for a while reads a backlog.
+	restarted := a.Started != 0 && s.started != 0 && a.Started != s.started
+	silent := s.sent != 0 && a.Time-s.sent > liveFor.Milliseconds()
+	if known && (restarted || silent) {
+		s.returns++
+	}
+	s.capacity, s.at, s.sent, s.stepSecs = a.Capacity, now, a.Time, a.StepSeconds
+	if a.Started != 0 {
+		s.started = a.Started
+	}
+	t.peers[from] = s
+}
+
+// returns is how many times peer came back (see trainerSeen.returns).
+func (t *trainerSet) returns(peer string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[peer].returns
+}
+
+// isLive reports whether peer was heard from within liveFor.
+func (t *trainerSet) isLive(peer string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.peers[peer]
+	return ok && t.now().Sub(s.at) <= liveFor
+}
+
+// stepSeconds is the seconds per inner step peer announced (0 unknown).
+func (t *trainerSet) stepSeconds(peer string) float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[peer].stepSecs
 }
 
 // live returns the trainers heard from recently, in peer order.

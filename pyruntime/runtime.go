@@ -90,7 +90,9 @@ type TrainResult struct {
 type ProbeResult struct {
 	Device           string  `json:"device"`
 	SamplesPerSecond float64 `json:"samples_per_second"`
-	ParamCount       int64   `json:"param_count"`
+	// SecondsPerStep is the mean time of one inner step (the first, warm-up step left out).
+	SecondsPerStep float64 `json:"seconds_per_step"`
+	ParamCount     int64   `json:"param_count"`
 }
 
 // State of a runtime.

@@ -127,7 +127,7 @@ func TestWorkerProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Device != "cpu" || r.SamplesPerSecond <= 0 || r.ParamCount != 26122 {
+	if r.Device != "cpu" || r.SamplesPerSecond <= 0 || r.SecondsPerStep <= 0 || r.ParamCount != 26122 {
 		t.Fatalf("probe %+v", r)
 	}
 }

@@ -311,7 +311,7 @@ class Session:
         return {"metrics": clean_metrics(m, "evaluate()")}
 
     def probe(self, shards=(), steps=5):
-        out = {"device": str(self.device), "samples_per_second": 0.0, "param_count": self.spec.param_count}
+        out = {"device": str(self.device), "samples_per_second": 0.0, "seconds_per_step": 0.0, "param_count": self.spec.param_count}
         if not shards or steps <= 0:
             return out
         # A throw-away model so that probing never changes the loaded parameters.
@@ -333,6 +333,7 @@ class Session:
                     seconds += time.perf_counter() - t0
                     samples += int(self.workload.count_samples(batch))
             out["samples_per_second"] = samples / seconds if seconds > 0 else 0.0
+            out["seconds_per_step"] = seconds / steps
         finally:
             self.model, self.spec = saved_model, saved_spec
         return out

@@ -151,6 +151,7 @@ class WorkerProtocolTest(unittest.TestCase):
 
         probe = self.w.ok("probe", shards=["x"], steps=3)
         self.assertGreater(probe["samples_per_second"], 0)
+        self.assertGreater(probe["seconds_per_step"], 0)
 
         self.w.ok("legacy_export", dir=self.path("legacy"))
         with open(self.path("legacy/manifest.json")) as f:

@@ -1,0 +1,52 @@
+package node
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+// TestTrainerSetCountsReturns: a trainer counts as come back (its lease in the open round
+// is lost) when it announces a new process start, or after a gap in its own announcements
+// longer than liveFor — not when the validator merely read a backlog late, and not for a
+// first announcement.
+func TestTrainerSetCountsReturns(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	ann := func(at time.Time, started int64) *gossip.Announce {
+		return &gossip.Announce{Peer: "p", Roles: []string{config.RoleTrainer}, Time: at.UnixMilli(), Started: started}
+	}
+	type seen struct {
+		read time.Time // when the validator reads it
+		a    *gossip.Announce
+	}
+	cases := []struct {
+		name string
+		seq  []seen
+		want int
+	}{
+		{"first announcement", []seen{{t0, ann(t0, 1)}}, 0},
+		{"steady", []seen{{t0, ann(t0, 1)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)}}, 0},
+		{"restarted", []seen{{t0, ann(t0, 1)}, {t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)}}, 1},
+		{"silent for longer than liveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(liveFor + 2*time.Second), ann(t0.Add(liveFor+2*time.Second), 1)}}, 1},
+		{"a backlog read late is no silence", []seen{
+			{t0, ann(t0, 1)},
+			{t0.Add(20 * time.Second), ann(t0.Add(2*time.Second), 1)},
+			{t0.Add(20 * time.Second), ann(t0.Add(4*time.Second), 1)},
+		}, 0},
+		{"an old node without a start time", []seen{{t0, ann(t0, 0)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 0)}}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTrainerSet()
+			for _, s := range tc.seq {
+				ts.now = func() time.Time { return s.read }
+				ts.seen("p", s.a)
+			}
+			require.Equal(t, tc.want, ts.returns("p"))
+		})
+	}
+}
