@@ -78,6 +78,9 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
+	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+		return errHeadMoved // before changed was taken: it would not fire for that move
+	}
 	r.started = time.Now()
 	for {
 		closeNow, err := v.issue(ctx, in, r, changed)
