@@ -85,6 +85,11 @@ type Dataset struct {
 	MicroshardBytes int64  `yaml:"microshard_bytes"`
 }
 
+// MaxMicroshardsPerTrainer bounds lease.microshards_per_trainer: it is lease.MaxLeaseMicroshards,
+// the most one lease may grant (config imports none of the node's packages; a node test
+// checks that the two agree).
+const MaxMicroshardsPerTrainer = 4096
+
 // DefaultRounds is experiment.rounds when a config does not say: a finite run (digits:
 // about 30 s on 2 CPU cores to 97% held-out accuracy, 35 MB of store) rather than one that
 // trains, and fills the store, until interrupted. Set rounds: 0 to run until stopped.

@@ -203,7 +203,29 @@ func DecodeLeases(b []byte) (*Leases, error) {
 		}
 		seen[l.Trainer] = true
 	}
+	if err := checkMicroshards(m.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "leases"); err != nil {
+		return nil, err
+	}
 	return &m, nil
+}
+
+// checkMicroshards holds lists of microshards to the lease package's bounds: none longer
+// than a lease may be, and together no more than a round may lease. Those bounds are what
+// keep a grant, a contribution and a proposal inside their topics' sizes; a message beyond
+// them was not made by a node that follows them.
+func checkMicroshards[T any](xs []T, shards func(T) []uint32, what string) error {
+	total := 0
+	for _, x := range xs {
+		n := len(shards(x))
+		if n > lease.MaxLeaseMicroshards {
+			return fmt.Errorf("%w: %s: a list of %d microshards, at most %d", ErrMalformed, what, n, lease.MaxLeaseMicroshards)
+		}
+		total += n
+	}
+	if total > lease.MaxRoundMicroshards {
+		return fmt.Errorf("%w: %s: %d microshards in all, at most %d a round", ErrMalformed, what, total, lease.MaxRoundMicroshards)
+	}
+	return nil
 }
 
 // DecodeContribution decodes and schema-checks a contribution.
@@ -227,6 +249,9 @@ func DecodeContribution(b []byte) (*Contribution, error) {
 	}
 	if !slices.IsSorted(m.Microshards) {
 		return nil, fmt.Errorf("%w: contribution from %s: microshards not sorted", ErrMalformed, m.Peer)
+	}
+	if len(m.Microshards) > lease.MaxLeaseMicroshards {
+		return nil, fmt.Errorf("%w: contribution from %s lists %d microshards, a lease grants at most %d", ErrMalformed, m.Peer, len(m.Microshards), lease.MaxLeaseMicroshards)
 	}
 	return &m, nil
 }
@@ -283,6 +308,12 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 			if l.Round != h.Round || l.Trainer == "" {
 				return nil, nil, fmt.Errorf("%w: proposal lease for %q is not for round %d", ErrMalformed, l.Trainer, h.Round)
 			}
+		}
+		if err := checkMicroshards(p.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "proposal leases"); err != nil {
+			return nil, nil, err
+		}
+		if err := checkMicroshards(p.Candidates, func(c Candidate) []uint32 { return c.Microshards }, "proposal candidates"); err != nil {
+			return nil, nil, err
 		}
 	}
 	return &m, h, nil

@@ -55,6 +55,9 @@ func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 	if len(l.Microshards) == 0 || !slices.IsSorted(l.Microshards) {
 		return fmt.Errorf("%w: lease for %s: microshards must be non-empty and sorted", ErrInvalid, l.Trainer)
 	}
+	if len(l.Microshards) > MaxLeaseMicroshards {
+		return fmt.Errorf("%w: lease for %s grants %d microshards, at most %d", ErrInvalid, l.Trainer, len(l.Microshards), MaxLeaseMicroshards)
+	}
 	for i, s := range l.Microshards {
 		if i > 0 && l.Microshards[i-1] == s {
 			return fmt.Errorf("%w: lease for %s lists microshard %d twice", ErrInvalid, l.Trainer, s)
@@ -65,6 +68,21 @@ func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 	}
 	return nil
 }
+
+// Bounds on the microshards a round leases. Leases, contributions and proposals list
+// microshards, and each travels in one gossip message with a size bound (1 MiB for a grant,
+// 64 KiB for a contribution, 4 MiB for a head with its proposal): capping one lease and one
+// round keeps every such message inside its bound whatever the fleet size, the capacities
+// or lease.microshards_per_trainer (gossip's size tests build the largest messages these
+// bounds allow). A microshard id of a large plan costs 5 bytes in CBOR, so the biggest
+// lease is about 20 KiB and a round's grant about 330 KiB plus some 200 bytes a trainer.
+const (
+	// MaxLeaseMicroshards is the most microshards one lease grants.
+	MaxLeaseMicroshards = 4096
+	// MaxRoundMicroshards is the most microshards leased in one round, over all its
+	// attempts (the leases a proposal lists are disjoint).
+	MaxRoundMicroshards = 65536
+)
 
 // Trainer is a candidate for a lease with its announced capacity (samples per second).
 type Trainer struct {
@@ -78,13 +96,21 @@ type Trainer struct {
 
 // Assign splits microshards among trainers in proportion to their capacity, so that trainers
 // of different speeds finish near the same time. At most perTrainer microshards go to a
-// trainer of average capacity (faster ones get proportionally more, every trainer at least
-// one while microshards last). The choice is deterministic in (available, trainers, seed):
+// trainer of average capacity (faster ones get proportionally more, up to
+// MaxLeaseMicroshards, every trainer at least one while microshards last), and at most
+// MaxRoundMicroshards in all. The choice is deterministic in (available, trainers, seed):
 // microshards are drawn in a seed-dependent order so that successive epochs see the data in
 // different orders. Trainers are returned in peer order; those that got nothing are omitted.
 func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte) map[string][]uint32 {
+	return AssignWithin(available, trainers, perTrainer, MaxRoundMicroshards, seed)
+}
+
+// AssignWithin is Assign granting at most budget microshards in all: a round's later attempt
+// passes what is left of MaxRoundMicroshards after the contributions already received.
+func AssignWithin(available []uint32, trainers []Trainer, perTrainer, budget int, seed []byte) map[string][]uint32 {
 	out := map[string][]uint32{}
-	if len(available) == 0 || len(trainers) == 0 || perTrainer <= 0 {
+	budget = min(budget, MaxRoundMicroshards)
+	if len(available) == 0 || len(trainers) == 0 || perTrainer <= 0 || budget <= 0 {
 		return out
 	}
 	ts := slices.Clone(trainers)
@@ -98,12 +124,13 @@ func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte)
 	want := make([]int, len(ts))
 	sum := 0
 	for i, t := range ts {
-		want[i] = max(1, int(math.Round(float64(perTrainer)*t.Capacity)))
+		want[i] = min(MaxLeaseMicroshards, max(1, int(math.Round(float64(perTrainer)*t.Capacity))))
 		sum += want[i]
 	}
+	limit := min(len(order), budget)
 	// Not enough microshards left: scale the shares down, keeping at least one each while
 	// they last (proven trainers first, the fastest of them first).
-	if sum > len(order) {
+	if sum > limit {
 		byCap := make([]int, len(ts))
 		for i := range byCap {
 			byCap[i] = i
@@ -125,7 +152,7 @@ func Assign(available []uint32, trainers []Trainer, perTrainer int, seed []byte)
 		// One each, proven and fastest first; then the rest by highest average (D'Hondt), so shares stay
 		// proportional to capacity and nobody gets more than they would unconstrained.
 		alloc := make([]int, len(ts))
-		left := len(order)
+		left := limit
 		for _, i := range byCap {
 			if left == 0 {
 				break

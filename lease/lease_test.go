@@ -88,6 +88,42 @@ func TestAssignOrderDependsOnSeed(t *testing.T) {
 	require.NotEqual(t, a["t"], b["t"])
 }
 
+// A lease never exceeds MaxLeaseMicroshards, however fast its trainer, and a round never
+// leases more than its budget: the bounds that keep lease messages inside their topics.
+func TestAssignKeepsTheMessageBounds(t *testing.T) {
+	avail := make([]uint32, MaxRoundMicroshards+MaxLeaseMicroshards)
+	for i := range avail {
+		avail[i] = uint32(i)
+	}
+	total := func(plan map[string][]uint32) (n, most int) {
+		for _, s := range plan {
+			n, most = n+len(s), max(most, len(s))
+		}
+		return n, most
+	}
+	// One trainer 63 times the others' speed, at the largest per-trainer setting.
+	fleet := []Trainer{{Peer: "fast", Capacity: 63}}
+	for i := range 63 {
+		fleet = append(fleet, Trainer{Peer: fmt.Sprintf("t%02d", i), Capacity: 1})
+	}
+	plan := Assign(avail, fleet, MaxLeaseMicroshards, []byte("s"))
+	n, most := total(plan)
+	require.Equal(t, MaxLeaseMicroshards, most, "the fast trainer's share is capped")
+	require.LessOrEqual(t, n, MaxRoundMicroshards)
+	require.Len(t, plan, 64, "everyone still gets work")
+
+	// Every share capped by the round: proportional shares of the round's bound.
+	plan = Assign(avail, fleet[1:], MaxLeaseMicroshards, []byte("s"))
+	n, _ = total(plan)
+	require.Equal(t, MaxRoundMicroshards, n)
+
+	// A later attempt gets what is left of the round.
+	plan = AssignWithin(avail, fleet[1:], 100, 1000, []byte("s"))
+	n, _ = total(plan)
+	require.Equal(t, 1000, n)
+	require.Empty(t, AssignWithin(avail, fleet, 4, 0, []byte("s")), "nothing left")
+}
+
 func TestLeadersIsARendezvousOrder(t *testing.T) {
 	vs := []string{"v1", "v2", "v3", "v4", "v5"}
 	h1 := artifact.RecordCID([]byte("head-1"))

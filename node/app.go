@@ -257,6 +257,11 @@ func busModule(cfg *config.Config) fx.Option {
 				return b
 			},
 		),
+		fx.Invoke(func(p *pruner, x *artifact.Exchange) {
+			if p != nil {
+				p.setPartials(x.RemoveIdlePartials)
+			}
+		}),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
 			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)

@@ -78,6 +78,9 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
+	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+		return errHeadMoved // before changed was taken: it would not fire for that move
+	}
 	r.started = time.Now()
 	for {
 		closeNow, err := v.issue(ctx, in, r, changed)
@@ -239,7 +242,13 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
 	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
-	plan := lease.Assign(avail, work, v.cfg.Lease.MicroshardsPerTrainer, seed)
+	// The round's proposal lists every received contribution's microshards: a later attempt
+	// leases only what is left of the round's bound, so the proposal fits its message.
+	budget := lease.MaxRoundMicroshards
+	for _, rc := range r.received {
+		budget -= len(rc.msg.Microshards)
+	}
+	plan := lease.AssignWithin(avail, work, v.cfg.Lease.MicroshardsPerTrainer, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
 	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, v.cfg.Lease.MicroshardsPerTrainer)
