@@ -79,7 +79,7 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
 	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
-		return errHeadMoved // the head moved before the channel was taken: its change is not on it
+		return errHeadMoved // before changed was taken: it would not fire for that move
 	}
 	r.started = time.Now()
 	for {

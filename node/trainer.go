@@ -160,10 +160,9 @@ func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for {
-		// The channel first: a head accepted between reading the tip and taking the channel
-		// would close a channel this loop never sees, and the trainer sat out its lease
-		// waiting 10 s for a head it already had (a lease often arrives just before its
-		// base head does).
+		// Watch for a change before looking: a head that becomes canonical between the look
+		// and the wait would otherwise go unnoticed until the next one (a round later, or
+		// never), and the lease would wait out the 10 s below.
 		changed := t.tips.Changed()
 		cur, h := t.tips.Current()
 		if cur.Equals(id) {
