@@ -87,7 +87,7 @@ func newClusterSorted(t *testing.T, validators, trainers, rounds int, shards int
 	}
 	for _, n := range c.nodes {
 		n.cfg.Experiment.Validators = vids
-		n.cfg.Experiment.Quorum = 1
+		n.cfg.Experiment.Quorum = len(vids)/2 + 1 // a majority, as config requires
 		require.NoError(t, n.cfg.Validate())
 	}
 	require.NoError(t, c.mn.LinkAll())
