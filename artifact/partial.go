@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -312,4 +314,50 @@ func (p *partial) finish() error {
 	os.Remove(p.store.partialPath(p.id, ".have"))
 	os.Remove(p.store.partialPath(p.id, ".manifest"))
 	return nil
+}
+
+// partialExts are the files of one interrupted download.
+var partialExts = []string{".manifest", ".data", ".have"}
+
+// RemoveIdlePartials deletes the partial state of interrupted downloads that no Fetch is
+// running or releasing and for which drop says yes (a pruner's age rule): without it, a
+// download every caller gave up on (a contribution whose trainer vanished mid-upload)
+// keeps its bytes on disk forever. A Fetch of such an id later starts from nothing. It
+// returns the bytes freed.
+func (x *Exchange) RemoveIdlePartials(drop func(cid.Cid) bool) (int64, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ents, err := os.ReadDir(filepath.Join(x.store.dir, "partial"))
+	if err != nil {
+		return 0, fmt.Errorf("list partial downloads: %w", err)
+	}
+	ids := map[cid.Cid]bool{}
+	for _, e := range ents {
+		name := e.Name()
+		for _, ext := range partialExts {
+			if base, ok := strings.CutSuffix(name, ext); ok {
+				if id, err := cid.Decode(base); err == nil {
+					ids[id] = true
+				}
+			}
+		}
+	}
+	var freed int64
+	for id := range ids {
+		// join adds a download under x.mu before it touches the files, and it leaves
+		// these maps only once it has closed them.
+		if x.downloads[id] != nil || x.stopping[id] != nil || !drop(id) {
+			continue
+		}
+		for _, ext := range partialExts {
+			path := x.store.partialPath(id, ext)
+			if fi, err := os.Stat(path); err == nil {
+				freed += fi.Size()
+			}
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return freed, fmt.Errorf("remove partial download %s: %w", id, err)
+			}
+		}
+	}
+	return freed, nil
 }

@@ -41,6 +41,10 @@ type Store struct {
 type Options struct {
 	// ChunkSize for artifacts created here (default 1 MiB).
 	ChunkSize int
+	// LeaveTemps opens the store beside a node that may be running on it (commands that
+	// only read: audit, export, verify): its temporary files may be that node's writes in
+	// progress, so they are not removed.
+	LeaveTemps bool
 }
 
 // OpenStore opens (creating if needed) the store rooted at dir.
@@ -56,6 +60,9 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return nil, fmt.Errorf("open artifact store %s: %w", dir, err)
 		}
+	}
+	if opts.LeaveTemps {
+		return &Store{dir: dir, chunkSize: cs}, nil
 	}
 	// Left-over temporary files belong to writes that never committed: whole artifacts
 	// in tmp/, manifests being renamed into manifests/ and partial/.

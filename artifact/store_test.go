@@ -2,6 +2,7 @@ package artifact
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -117,27 +118,37 @@ func FuzzDecodeManifest(f *testing.F) {
 }
 
 // Temporary files of writes that a killed process never finished are removed when the
-// store opens again; committed artifacts and the state of partial downloads stay.
+// store opens again; committed artifacts and the state of partial downloads stay. A store
+// opened with LeaveTemps (a command beside a running node) removes nothing: the files may
+// be that node's writes in progress.
 func TestOpenStoreRemovesTempFilesOfKilledWrites(t *testing.T) {
-	dir := t.TempDir()
-	st, err := OpenStore(dir, Options{ChunkSize: testChunk})
-	require.NoError(t, err)
-	id, err := st.PutBytes(randomBytes(51, 3*testChunk))
-	require.NoError(t, err)
-	keep := []string{"partial/" + id.String() + ".manifest", "partial/" + id.String() + ".data", "partial/" + id.String() + ".have"}
-	leaks := []string{"tmp/new-123", "manifests/." + id.String() + ".tmp4567", "partial/." + id.String() + ".manifest.tmp89"}
-	for _, f := range append(keep, leaks...) {
-		require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644))
-	}
+	for _, leave := range []bool{false, true} {
+		t.Run(fmt.Sprintf("LeaveTemps=%v", leave), func(t *testing.T) {
+			dir := t.TempDir()
+			st, err := OpenStore(dir, Options{ChunkSize: testChunk})
+			require.NoError(t, err)
+			id, err := st.PutBytes(randomBytes(51, 3*testChunk))
+			require.NoError(t, err)
+			keep := []string{"partial/" + id.String() + ".manifest", "partial/" + id.String() + ".data", "partial/" + id.String() + ".have"}
+			leaks := []string{"tmp/new-123", "manifests/." + id.String() + ".tmp4567", "partial/." + id.String() + ".manifest.tmp89"}
+			for _, f := range append(keep, leaks...) {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644))
+			}
 
-	st, err = OpenStore(dir, Options{ChunkSize: testChunk})
-	require.NoError(t, err)
-	for _, f := range leaks {
-		require.NoFileExists(t, filepath.Join(dir, f))
+			st, err = OpenStore(dir, Options{ChunkSize: testChunk, LeaveTemps: leave})
+			require.NoError(t, err)
+			for _, f := range leaks {
+				if leave {
+					require.FileExists(t, filepath.Join(dir, f))
+				} else {
+					require.NoFileExists(t, filepath.Join(dir, f))
+				}
+			}
+			for _, f := range keep {
+				require.FileExists(t, filepath.Join(dir, f))
+			}
+			require.True(t, st.Has(id))
+			require.NoError(t, st.Verify(id))
+		})
 	}
-	for _, f := range keep {
-		require.FileExists(t, filepath.Join(dir, f))
-	}
-	require.True(t, st.Has(id))
-	require.NoError(t, st.Verify(id))
 }

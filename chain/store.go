@@ -28,11 +28,21 @@ type Store struct {
 
 // OpenStore opens (creating) the head store in dir.
 func OpenStore(dir string) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("open head store %s: %w", dir, err)
+	s, err := OpenStoreLeavingTemps(dir)
+	if err != nil {
+		return nil, err
 	}
 	// Heads being written when the process died.
 	if _, err := atomicfile.RemoveTemps(dir); err != nil {
+		return nil, fmt.Errorf("open head store %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+// OpenStoreLeavingTemps opens (creating) the head store in dir beside a node that may be
+// running on it: heads it is writing are left alone.
+func OpenStoreLeavingTemps(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open head store %s: %w", dir, err)
 	}
 	return &Store{dir: dir}, nil

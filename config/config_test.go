@@ -66,6 +66,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"several at once", "protocol:\n  inner_steps: 0\nlease:\n  min_group: 0", []string{"protocol.inner_steps: must be >= 1", "lease.min_group: must be >= 1"}},
 		{"export dir", "export:\n  every_rounds: 5", []string{"export.dir: must be set"}},
 		{"not yaml", "node: [unclosed", []string{"invalid config"}},
+		{"quorum not a majority", "experiment:\n  validators: [12D3KooWJndsDidjsE4N4W9MaRtLQ8iPPLXypd7k2W1Pb4qTP46D, 12D3KooWKRkDv7Qtc3XarfLsiD2Cr8Hfx2Ly5DgCaR7HQMht5Epi]\n  quorum: 1", []string{"experiment.quorum: 1 of 2 validators is not a majority", "use at least 2"}},
 		{"quorum without validators", "experiment:\n  quorum: 3", []string{"experiment.quorum: 3 needs experiment.validators to list at least 3 peer ids"}},
 		{"trainer without validators", "experiment:\n  roles: [trainer]", []string{"experiment.validators: a trainer without the validator role needs the validators' peer ids"}},
 		{"psk length", "node:\n  psk: abc", []string{"node.psk: must be 64 hex characters", "got 3 characters"}},

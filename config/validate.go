@@ -121,6 +121,11 @@ func (c *Config) validateExperiment(v *validator) {
 	v.check(e.Quorum >= 1, "experiment.quorum", "must be >= 1, got %d", e.Quorum)
 	if len(e.Validators) > 0 {
 		v.check(e.Quorum <= len(e.Validators), "experiment.quorum", "%d exceeds the %d configured validators", e.Quorum, len(e.Validators))
+		// Two disjoint groups of validators below a majority could each sign a different
+		// head for the same round (a partition, or a leader taken over while heard).
+		v.check(e.Quorum <= 0 || 2*e.Quorum > len(e.Validators), "experiment.quorum",
+			"%d of %d validators is not a majority, so two heads could reach quorum for one round; use at least %d",
+			e.Quorum, len(e.Validators), len(e.Validators)/2+1)
 	} else {
 		// Empty validators means this node alone signs heads: a quorum above 1 could never
 		// be met, and the node would stall after genesis without a word.

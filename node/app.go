@@ -58,7 +58,11 @@ type Node struct {
 
 // New assembles a node from the config. It does no long work: the dataset, the Python worker
 // and the role loops start in Run.
-func New(cfg *config.Config, opts Options) (*Node, error) {
+func New(cfg *config.Config, opts Options) (*Node, error) { return newNode(cfg, opts) }
+
+// newNode is New with extra fx options appended to the graph: in-package tests decorate
+// parts of a node (an attacker's bus) without test hooks in Options.
+func newNode(cfg *config.Config, opts Options, extra ...fx.Option) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -80,6 +84,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		}),
 		Module(cfg, opts),
 		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
+		fx.Options(extra...),
 	)
 	if err := app.Err(); err != nil {
 		return nil, dig.RootCause(err) // it names the setting; fx's wrapping only adds reflect stubs
@@ -257,6 +262,11 @@ func busModule(cfg *config.Config) fx.Option {
 				return b
 			},
 		),
+		fx.Invoke(func(p *pruner, x *artifact.Exchange) {
+			if p != nil {
+				p.setPartials(x.RemoveIdlePartials)
+			}
+		}),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
 			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)

@@ -18,6 +18,7 @@ import (
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/internal/synth"
@@ -44,6 +45,8 @@ type clusterNode struct {
 	stop   context.CancelFunc
 	// logs, when set, receives the node's log lines (text, info and up).
 	logs *syncBuffer
+	// extra options join the node's fx graph (a test attacker decorates its bus).
+	extra []fx.Option
 }
 
 // newCluster makes validators+trainers hosts on a fully connected mocknet and their configs.
@@ -84,7 +87,7 @@ func newClusterSorted(t *testing.T, validators, trainers, rounds int, shards int
 	}
 	for _, n := range c.nodes {
 		n.cfg.Experiment.Validators = vids
-		n.cfg.Experiment.Quorum = 1
+		n.cfg.Experiment.Quorum = len(vids)/2 + 1 // a majority, as config requires
 		require.NoError(t, n.cfg.Validate())
 	}
 	require.NoError(t, c.mn.LinkAll())
@@ -121,7 +124,7 @@ func (c *cluster) start(n *clusterNode) {
 	if n.logs != nil {
 		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
 	}
-	node, err := New(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Poison: n.poison})
+	node, err := newNode(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Poison: n.poison}, n.extra...)
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)

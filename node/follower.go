@@ -46,6 +46,9 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 		return v.awaitQuorum(ctx, in, r, l)
 	}
 	changed := v.tips.Changed()
+	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+		return errHeadMoved // before changed was taken: it would not fire for that move
+	}
 	expect := time.Now().Add(leaseWait) // when a validator ahead must have shown progress by
 	silentAt := func() time.Time { return expect.Add(time.Duration(rank-1) * takeoverStep) }
 	// active is the rank of the validator ahead that leads the round now (a takeover

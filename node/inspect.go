@@ -22,13 +22,15 @@ type Stores struct {
 	dir       string
 }
 
-// OpenStores opens the stores under the config's store directory.
+// OpenStores opens the stores under the config's store directory. It leaves temporary
+// files alone: they may be the running node's writes in progress (the node removes its
+// own leftovers when it starts).
 func OpenStores(cfg *config.Config) (*Stores, error) {
-	a, err := artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
+	a, err := artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize, LeaveTemps: true})
 	if err != nil {
 		return nil, err
 	}
-	h, err := chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads"))
+	h, err := chain.OpenStoreLeavingTemps(filepath.Join(cfg.Node.StoreDir, "heads"))
 	if err != nil {
 		return nil, err
 	}

@@ -78,6 +78,9 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
+	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+		return errHeadMoved // before changed was taken: it would not fire for that move
+	}
 	r.started = time.Now()
 	for {
 		closeNow, err := v.issue(ctx, in, r, changed)
@@ -442,7 +445,10 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		if c.Round < r.round {
 			return // late for a closed round: nothing to do
 		}
-		reject(false, "wrong_base", "for round %d on another base, open round is %d", c.Round, r.round)
+		// A trainer leased in this round that reports on another base has failed its lease:
+		// barred, its microshards go back to the pool now rather than at the deadline.
+		_, reported := r.received[from]
+		reject(c.Round == r.round && !reported, "wrong_base", "for round %d on another base, open round is %d", c.Round, r.round)
 		return
 	}
 	if c.Peer != from {
@@ -481,12 +487,27 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		reject(true, "replay", "delta %s was merged in an earlier round", deltaID)
 		return
 	}
+	// A free rider announces another trainer's delta of this round as its own: the artifact
+	// is credited once, to whoever announced it first (the copier can only copy what it has
+	// already seen announced).
+	for p, rc := range r.received {
+		if slices.Equal(rc.msg.Delta, c.Delta) {
+			reject(true, "copy", "delta %s was already announced by %s in this round", deltaID, p)
+			return
+		}
+	}
 	hint, _ := peer.Decode(from)
 	// A holder that stalls must not hold the round past its deadline.
 	fctx, cancel := context.WithDeadline(ctx, r.deadline)
 	defer cancel()
 	fetchStart := time.Now()
 	if err := v.bus.Fetch(fctx, deltaID, hint); err != nil || !v.store.Has(deltaID) {
+		if !time.Now().Before(r.deadline) {
+			// The attempt ran out while the delta was on its way (or queued here behind
+			// other work): late, not a fault of the holder, so no strike toward quarantine.
+			reject(true, "late", "fetch delta %s: the attempt's deadline passed: %v", deltaID, err)
+			return
+		}
 		reject(true, "unavailable", "fetch delta %s: %v", deltaID, err)
 		return
 	}

@@ -65,12 +65,12 @@ func TestMinorityLeaderWithOneSurvivingLink(t *testing.T) {
 				n.rt.Delay = time.Second // a round outlasts the cut below, which lands inside it
 			}
 			validators, trainers := c.nodes[:3], c.nodes[3:]
-			for _, n := range validators {
+			for _, n := range c.nodes {
 				n.logs = &syncBuffer{}
 			}
 			t.Cleanup(func() {
 				if t.Failed() {
-					for _, n := range validators {
+					for _, n := range c.nodes {
 						t.Logf("%s:\n%s", n.name, nodeLines(n.logs.String()))
 					}
 				}

@@ -35,7 +35,8 @@ const RetentionFile = "retention.json"
 //     name yet (a delta being encoded or fetched, a merge output not yet proposed, a
 //     contribution of the current round);
 //
-// and deletes the rest. Deltas and contributions therefore live until their round is K
+// and deletes the rest, and the partial files of downloads every caller abandoned K or
+// more rounds ago. Deltas and contributions therefore live until their round is K
 // rounds old; old heads' parameters and momentum as soon as K newer heads exist. Heads
 // themselves (the chain store) are never touched. A deletion removes the manifest first,
 // then the blob, so a crash leaves at worst a blob without a manifest: not an artifact
@@ -56,6 +57,18 @@ type pruner struct {
 	seen  map[cid.Cid]uint64 // round an artifact was first seen at; nil until loaded
 	last  uint64             // round of the last sweep
 	swept bool               // a sweep has run since start (orphan blobs are removed once)
+	// partials removes idle partial downloads (artifact.Exchange.RemoveIdlePartials);
+	// nil until the exchange exists. partialSeen is the round each was first seen at,
+	// kept in memory only: after a restart they count as new.
+	partials    func(drop func(cid.Cid) bool) (int64, error)
+	partialSeen map[cid.Cid]uint64
+}
+
+// setPartials lets the pruner delete interrupted downloads nobody resumed for K rounds.
+func (p *pruner) setPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.partials = f
 }
 
 func newPruner(store *artifact.Store, heads *chain.Store, t *tips, keep int, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
@@ -169,6 +182,7 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 			delete(p.seen, id)
 		}
 	}
+	p.prunePartials(round, &res)
 	p.m.prunedArtifacts.Add(float64(res.Removed))
 	p.m.prunedBytes.Add(float64(res.Freed))
 	if err := p.saveSeen(); err != nil {
@@ -178,6 +192,39 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 		p.log.Debug("pruned the artifact store", "round", round, "removed", res.Removed, "bytes", res.Freed, "kept", res.Kept)
 	}
 	return res, nil
+}
+
+// prunePartials deletes the partial state of downloads that were abandoned (no Fetch runs
+// them) and first seen K or more rounds ago. Caller holds p.mu.
+func (p *pruner) prunePartials(round uint64, res *sweepResult) {
+	if p.partials == nil {
+		return
+	}
+	if p.partialSeen == nil {
+		p.partialSeen = map[cid.Cid]uint64{}
+	}
+	listed := map[cid.Cid]bool{}
+	freed, err := p.partials(func(id cid.Cid) bool {
+		listed[id] = true
+		first, ok := p.partialSeen[id]
+		if !ok || first > round {
+			p.partialSeen[id], first = round, round
+		}
+		if round-first < p.keep {
+			return false
+		}
+		delete(p.partialSeen, id)
+		return true
+	})
+	if err != nil {
+		p.log.Warn("cannot prune interrupted downloads", "err", err)
+	}
+	for id := range p.partialSeen {
+		if !listed[id] {
+			delete(p.partialSeen, id)
+		}
+	}
+	res.Freed += freed
 }
 
 // live is what the chain and the checkpoint need at the tip: the newest K heads'

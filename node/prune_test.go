@@ -349,4 +349,31 @@ func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
 	require.True(t, f.store.Has(f.params[7]), "re-committed at round 8, so kept until round 10")
 	f.round(11)
 	require.False(t, f.store.Has(f.params[7]))
+
+	// A download every caller abandoned leaves partial files; they go K rounds after the
+	// pruner first saw them.
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	h, err := mn.GenPeer()
+	require.NoError(t, err)
+	x := artifact.NewExchange(h, f.store, artifact.ExchangeOptions{})
+	t.Cleanup(func() { x.Close() })
+	f.p.setPartials(x.RemoveIdlePartials)
+	abandoned := f.put("abandoned download")
+	require.True(t, f.store.Has(abandoned))
+	var files []string
+	for _, ext := range []string{".manifest", ".data", ".have"} {
+		path := filepath.Join(f.dir, "artifacts", "partial", abandoned.String()+ext)
+		require.NoError(t, os.WriteFile(path, []byte("partial state"), 0o644))
+		files = append(files, path)
+	}
+	f.round(12)
+	f.round(13)
+	for _, path := range files {
+		require.FileExists(t, path)
+	}
+	f.round(14)
+	for _, path := range files {
+		require.NoFileExists(t, path)
+	}
 }

@@ -170,7 +170,9 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	}
 	if e.poison != "" {
 		e.log.Warn("POISONED TRAINER: this node sends corrupted updates on purpose", "mode", e.poison)
-		work.Poison, _ = poisonDelta(e.poison, uint64(cfg.Experiment.Seed))
+		// Each attacker draws its own noise: with the experiment's seed alone, every noisy
+		// attacker sent the same vector, and colluding copies agree with each other.
+		work.Poison, _ = poisonDelta(e.poison, uint64(trainerSeed(cfg.Experiment.Seed, 0, 0, e.self)))
 	}
 
 	if cfg.Experiment.HasRole(config.RoleTrainer) {

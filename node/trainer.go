@@ -160,6 +160,10 @@ func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for {
+		// Watch for a change before looking: a head that becomes canonical between the look
+		// and the wait would otherwise go unnoticed until the next one (a round later, or
+		// never), and the lease would wait out the 10 s below.
+		changed := t.tips.Changed()
 		cur, h := t.tips.Current()
 		if cur.Equals(id) {
 			return h, nil
@@ -172,7 +176,7 @@ func (t *trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-t.tips.Changed():
+		case <-changed:
 		case <-deadline.C:
 			return nil, fmt.Errorf("base head is not canonical here: %w", chain.ErrNotFound)
 		}

@@ -117,6 +117,9 @@ func roundOf(h *chain.Head) uint64 {
 // validator).
 func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
 	changed := v.tips.Changed()
+	if id, _ := v.tips.Current(); id.Defined() {
+		return nil // genesis arrived before changed was taken
+	}
 	for {
 		select {
 		case <-ctx.Done():

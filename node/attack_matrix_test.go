@@ -1,0 +1,297 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/internal/synth"
+)
+
+// The one-third-attackers matrix (issue 12 item 4, docs/security.md): nine trainers, three
+// of them attacking, one row per kind of attack, each against a clean run of the six honest
+// trainers alone on the same seed and peer ids.
+//
+//	go test -race -count=1 -run 'TestOneThirdAttackers$' -v ./node/
+//
+// It runs only with P2PNODE_ATTACK_MATRIX set: all ten rows take about 15 minutes of a
+// loaded 2-core machine under -race, and at a load average above 20 the rounds' timing
+// breaks down (whole attempts pass with no trainer reporting within 10 s) and rows fail
+// for the machine's sake (see docs/security.md). P2PNODE_ATTACK_MATRIX=copy,stale-base runs
+// those rows only (the clean run always). P2PNODE_ATTACK_ROUNDS sets the rounds per run
+// (default 8); P2PNODE_ATTACK_TABLE names a file the table is written to (Markdown) as well
+// as the test log.
+
+const (
+	matrixHonest    = 6
+	matrixAttackers = 3
+	matrixTimeout   = 20 * time.Second // lease.round_timeout of every matrix run
+)
+
+type attackKind struct {
+	name   string // the row's label
+	poison string // the attackers' Options.Poison
+	bus    string // or the attackers' bus attack (attackbus_test.go)
+}
+
+var attackKinds = []attackKind{
+	{name: "nan", poison: PoisonNaN},
+	{name: "x1000", poison: PoisonScale},
+	{name: "sign-flip", poison: PoisonFlip},
+	{name: "noise", poison: PoisonNoise},
+	{name: "replay", poison: PoisonReplay},
+	{name: "copy", bus: busCopy},
+	{name: "stale-base", bus: busStale},
+	{name: "unleased", poison: PoisonNoLease},
+	{name: "never-report", bus: busSilent},
+	{name: "late", bus: busLate},
+}
+
+var attackLabels = map[string]string{
+	"nan":          "NaN/Inf in the update",
+	"x1000":        "update ×1000",
+	"sign-flip":    "sign flip",
+	"noise":        "Gaussian noise at the honest norm",
+	"replay":       "replay of an already merged delta",
+	"copy":         "copy of another trainer's current delta",
+	"stale-base":   "contribution on a stale base head",
+	"unleased":     "contribution under a lease nobody granted",
+	"never-report": "leases taken, never reported",
+	"late":         "always reports after the deadline",
+}
+
+// matrixRun is what one run measured.
+type matrixRun struct {
+	kind      string
+	rounds    int     // rounds the chain reached
+	mse       float64 // held-out loss of the last head
+	perRound  float64 // mean seconds per round (validator's history)
+	maxRound  float64 // the longest round, seconds
+	merged    int     // attacker contributions merged
+	honest    int     // honest contributions merged
+	credited  int     // delta artifacts credited more than once
+	stalled   int     // rounds that took longer than two lease.round_timeouts, or never closed
+	deadlined int     // rounds in which a lease was waited out to its deadline
+	rejects   map[string]uint64
+	quarant   int // attackers quarantined at the end
+	honestOut int // honest trainers quarantined at the end
+}
+
+func matrixRounds(t *testing.T) int {
+	if s := os.Getenv("P2PNODE_ATTACK_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err, "P2PNODE_ATTACK_ROUNDS")
+		return n
+	}
+	return 8
+}
+
+func TestOneThirdAttackers(t *testing.T) {
+	sel := os.Getenv("P2PNODE_ATTACK_MATRIX")
+	if sel == "" {
+		t.Skip("slow and load-sensitive: set P2PNODE_ATTACK_MATRIX=1 (or a list of rows) to run the one-third-attackers matrix")
+	}
+	rounds := matrixRounds(t)
+	clean := runMatrix(t, attackKind{name: "clean"}, rounds)
+	t.Logf("clean: %d rounds, mse %.6g, %.2f s/round", clean.rounds, clean.mse, clean.perRound)
+	require.Equal(t, rounds, clean.rounds)
+	var rows []matrixRun
+	for _, k := range attackKinds {
+		t.Run(k.name, func(t *testing.T) {
+			if sel != "1" && !slices.Contains(strings.Split(sel, ","), k.name) {
+				t.Skip("not selected in P2PNODE_ATTACK_MATRIX")
+			}
+			r := runMatrix(t, k, rounds)
+			rows = append(rows, r)
+			t.Logf("%s: merged %d, credited twice %d, stalled %d, at deadline %d, mse %.6g (%+.2f%%), %.2f s/round (clean %.2f), rejections %v, quarantined %d",
+				k.name, r.merged, r.credited, r.stalled, r.deadlined, r.mse, pct(r.mse, clean.mse), r.perRound, clean.perRound, r.rejects, r.quarant)
+			require.Equal(t, rounds, r.rounds, "the chain reached every round")
+			require.Zero(t, r.merged, "attacker updates merged")
+			require.Zero(t, r.credited, "a delta credited more than once")
+			require.Zero(t, r.stalled, "rounds stalled")
+			require.Zero(t, r.honestOut, "honest trainers quarantined")
+			// Ending better than the clean run is no harm: the attackers' microshards go back
+			// to the pool and honest trainers train on them, other data than in the clean run.
+			// The comparison holds the attacked run to the clean one when both merged the same
+			// honest work. On a CPU-starved machine an honest trainer is sometimes not heard
+			// from when a round's leases go out (its announcements queue behind ten nodes
+			// under -race) and sits the round out; the loss then measures the schedule, and
+			// the row says so instead of failing.
+			if r.honest == clean.honest {
+				require.LessOrEqual(t, r.mse, 1.02*clean.mse, "held-out loss more than 2%% worse than the clean run's")
+			} else {
+				t.Logf("%s: %d honest updates merged, %d in the clean run: the loss comparison measures the schedule, not the attackers", k.name, r.honest, clean.honest)
+			}
+		})
+	}
+	table := matrixTable(clean, rows, rounds)
+	t.Log("\n" + table)
+	if p := os.Getenv("P2PNODE_ATTACK_TABLE"); p != "" {
+		require.NoError(t, os.WriteFile(p, []byte(table), 0o644))
+	}
+}
+
+func pct(x, ref float64) float64 { return 100 * (x - ref) / ref }
+
+func matrixTable(clean matrixRun, rows []matrixRun, rounds int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d trainers (%d attacking), 1 validator, %d rounds, synthetic workload on mocknet; clean run: %d honest trainers alone, mse %.6g, %.2f s/round\n\n",
+		matrixHonest+matrixAttackers, matrixAttackers, rounds, matrixHonest, clean.mse, clean.perRound)
+	b.WriteString("| attack | attacker updates merged | deltas credited twice | rounds stalled | rounds that waited out a deadline | held-out mse vs clean | honest updates merged (clean) | s/round (clean) | longest round s | rejections | attackers quarantined |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rows {
+		var rj []string
+		for _, k := range sortedKeys(r.rejects) {
+			rj = append(rj, fmt.Sprintf("%s %d", k, r.rejects[k]))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %+.2f %% | %d (%d) | %.2f (%.2f) | %.2f | %s | %d of %d |\n",
+			attackLabels[r.kind], r.merged, r.credited, r.stalled, r.deadlined, pct(r.mse, clean.mse), r.honest, clean.honest, r.perRound, clean.perRound,
+			r.maxRound, strings.Join(rj, ", "), r.quarant, matrixAttackers)
+	}
+	return b.String()
+}
+
+func sortedKeys(m map[string]uint64) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+var (
+	deadlineRound   = regexp.MustCompile(`trainer did not report by the deadline.* round=(\d+)`)
+	quarantinedPeer = regexp.MustCompile(`peer quarantined.* peer=(\S+)`)
+)
+
+// runMatrix runs one validator and the six honest trainers, plus three attackers of kind k
+// (none for the clean run).
+func runMatrix(t *testing.T, k attackKind, rounds int) matrixRun {
+	attackers := matrixAttackers
+	if k.name == "clean" {
+		attackers = 0
+	}
+	c := newClusterSorted(t, 1, matrixHonest+attackers, rounds, 64, 1+matrixHonest)
+	for i, n := range c.nodes {
+		n.cfg.Merge.Screen.MinCosine = new(0.2)
+		n.cfg.Lease.RoundTimeout = matrixTimeout
+		// Every attempt gets 10 s: with 4 s, under -race on a loaded 2-core machine the
+		// honest trainers of a 10-node cluster missed whole attempts (received 0 of 9 at
+		// the deadline), and the rows measured the machine, not the attackers.
+		n.cfg.Lease.MinDeadline = 10 * time.Second
+		n.cfg.Lease.MicroshardsPerTrainer = 1
+		n.cfg.Lease.MinGroup = matrixHonest
+		// A slow learner keeps honest updates pointing the same way for the whole run, so
+		// the cosine check can tell noise from signal.
+		n.rt.LR = 0.01
+		n.rt.Delay = 50 * time.Millisecond
+		if i > matrixHonest {
+			n.name = fmt.Sprintf("attacker-%s-%d", k.name, i-matrixHonest)
+			n.poison = k.poison
+			if k.bus != "" {
+				n.extra = append(n.extra, attackBusOption(k.bus))
+			}
+		}
+	}
+	v := c.nodes[0]
+	v.logs = &syncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			var lines []string
+			for _, l := range strings.Split(v.logs.String(), "\n") {
+				if !strings.Contains(l, "pkg=gossip") {
+					lines = append(lines, l)
+				}
+			}
+			t.Logf("validator log, gossip left out (last 300 lines):\n%s", strings.Join(lines[max(0, len(lines)-300):], "\n"))
+		}
+	})
+	// Everyone announces before the validator leases round 1, so the attackers are offered
+	// leases from the start.
+	for _, n := range c.nodes[1:] {
+		c.start(n)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	c.start(v)
+	c.waitDone(3 * time.Minute)
+
+	out := matrixRun{kind: k.name}
+	st := v.n.Status()
+	ids, heads := c.chainOf(v)
+	out.rounds = len(ids) - 1
+	last := heads[len(heads)-1]
+	params, err := last.ParamsID()
+	require.NoError(t, err)
+	stores, err := OpenStores(v.cfg)
+	require.NoError(t, err)
+	m, err := synth.New(t.TempDir()).Evaluate(context.Background(), stores.Artifacts.BlobPath(params))
+	require.NoError(t, err)
+	out.mse = m["mse"]
+
+	bad := map[string]bool{}
+	for _, n := range c.nodes[1+matrixHonest:] {
+		bad[n.host.ID().String()] = true
+	}
+	credit := map[string]int{}
+	for _, h := range heads {
+		for _, ct := range h.Contributions {
+			if bad[ct.Peer] {
+				out.merged++
+			} else {
+				out.honest++
+			}
+			credit[string(ct.Artifact)]++
+		}
+	}
+	for _, n := range credit {
+		if n > 1 {
+			out.credited++
+		}
+	}
+	var sum float64
+	for _, p := range st.History {
+		if p.Round == 0 {
+			continue
+		}
+		sum += p.Seconds
+		out.maxRound = max(out.maxRound, p.Seconds)
+		// One attempt may wait out its deadline (a validator cannot know that a silent
+		// trainer will never report); a round that needs more than two is held hostage.
+		if p.Seconds > 2*matrixTimeout.Seconds() {
+			out.stalled++
+		}
+	}
+	if n := len(st.History); n > 0 {
+		out.perRound = sum / float64(out.rounds)
+	}
+	out.stalled += rounds - out.rounds
+	waited := map[string]bool{}
+	for _, mt := range deadlineRound.FindAllStringSubmatch(v.logs.String(), -1) {
+		waited[mt[1]] = true
+	}
+	out.deadlined = len(waited)
+	if st.Validator != nil {
+		out.rejects = st.Validator.Rejections
+	}
+	quarantined := map[string]bool{}
+	for _, mt := range quarantinedPeer.FindAllStringSubmatch(v.logs.String(), -1) {
+		quarantined[mt[1]] = true
+	}
+	for p := range quarantined {
+		if bad[p] {
+			out.quarant++
+		} else {
+			out.honestOut++
+		}
+	}
+	return out
+}
