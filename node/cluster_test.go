@@ -248,9 +248,9 @@ func (c *cluster) restart(n *clusterNode) {
 			_, _ = c.mn.LinkPeers(n.host.ID(), o.host.ID())
 		}
 	}
-	lr, delay := n.rt.LR, n.rt.Delay
+	lr, delay, step := n.rt.LR, n.rt.Delay, n.rt.StepSeconds
 	n.rt = synth.New(n.rt.ScratchDir())
-	n.rt.LR, n.rt.Delay = lr, delay
+	n.rt.LR, n.rt.Delay, n.rt.StepSeconds = lr, delay, step
 	c.start(n)
 }
 

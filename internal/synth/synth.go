@@ -46,6 +46,10 @@ type Runtime struct {
 	Hook func(job pyruntime.TrainJob) error
 	// Delay is added to every Train (to model slow trainers).
 	Delay time.Duration
+	// StepSeconds is the modelled cost of one step, reported as the window's training time
+	// (default 1 ms). A trainer with half the step time measures twice the capacity, so a
+	// mixed fleet is modelled without anyone sleeping.
+	StepSeconds float64
 	// EvalHook, when set, rewrites every Evaluate's metrics (tests model a model gone
 	// wrong, whose held-out loss is NaN).
 	EvalHook func(metrics map[string]float64) map[string]float64
@@ -160,7 +164,11 @@ func (r *Runtime) Train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 	// Report the modelled time of the window (Delay plus a fixed cost per step), not the
 	// wall time: on a loaded test machine wall times scatter, and trainers would look like
 	// a mixed fleet. Real workers report what they measure.
-	res.Seconds = r.Delay.Seconds() + float64(job.Steps)*stepSeconds
+	step := r.StepSeconds
+	if step <= 0 {
+		step = stepSeconds
+	}
+	res.Seconds = r.Delay.Seconds() + float64(job.Steps)*step
 	_ = start
 	r.setState(pyruntime.StateReady, nil)
 	return res, nil
