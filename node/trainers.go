@@ -1,6 +1,7 @@
 package node
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -129,11 +130,7 @@ func (p *peerRounds) seen(from string, a *gossip.Announce) {
 func (p *peerRounds) snapshot() map[string]announced {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]announced, len(p.rounds))
-	for k, v := range p.rounds {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(p.rounds)
 }
 
 // allAt reports whether every peer heard from recently has announced at least round.

@@ -115,17 +115,21 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 		os.Remove(optOut)
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
-	if t.Codec != diloco.Sparse && t.Poison == nil {
-		id, norm, err := t.encodeDense(paramsID, out)
-		if err != nil {
-			return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
-		}
+	// done keeps the optimizer state for the next window and reports the stored delta.
+	done := func(id cid.Cid, norm float64) *Result {
 		t.keepOptState(scratch, optOut)
 		return &Result{
 			Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
 			Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut,
 			DeltaNorm: norm,
-		}, nil
+		}
+	}
+	if t.Codec != diloco.Sparse && t.Poison == nil {
+		id, norm, err := t.encodeDense(paramsID, out)
+		if err != nil {
+			return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+		}
+		return done(id, norm), nil
 	}
 	basePack, err := pack.Load(t.Store.BlobPath(paramsID))
 	if err != nil {
@@ -180,12 +184,7 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
-	t.keepOptState(scratch, optOut)
-	return &Result{
-		Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
-		Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut,
-		DeltaNorm: merge.Norm(delta, t.Workers),
-	}, nil
+	return done(id, merge.Norm(delta, t.Workers)), nil
 }
 
 // keepOptState makes optOut the inner-optimizer state, removing the previous one if it was
