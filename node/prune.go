@@ -152,11 +152,8 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 		if p.data[id] {
 			continue
 		}
-		first, ok := p.seen[id]
-		if !ok || first > round {
-			p.seen[id], first = round, round
-		}
-		if live[id] || round-first < p.keep {
+		aged := old(p.seen, id, round, p.keep) // records when first seen, live or not
+		if live[id] || !aged {
 			res.Kept++
 			continue
 		}
@@ -194,6 +191,16 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 	return res, nil
 }
 
+// old reports whether id, first seen at the round seen records (now, if it records none
+// or a later one), is keep or more rounds old at round.
+func old(seen map[cid.Cid]uint64, id cid.Cid, round, keep uint64) bool {
+	first, ok := seen[id]
+	if !ok || first > round {
+		seen[id], first = round, round
+	}
+	return round-first >= keep
+}
+
 // prunePartials deletes the partial state of downloads that were abandoned (no Fetch runs
 // them) and first seen K or more rounds ago. Caller holds p.mu.
 func (p *pruner) prunePartials(round uint64, res *sweepResult) {
@@ -206,11 +213,7 @@ func (p *pruner) prunePartials(round uint64, res *sweepResult) {
 	listed := map[cid.Cid]bool{}
 	freed, err := p.partials(func(id cid.Cid) bool {
 		listed[id] = true
-		first, ok := p.partialSeen[id]
-		if !ok || first > round {
-			p.partialSeen[id], first = round, round
-		}
-		if round-first < p.keep {
+		if !old(p.partialSeen, id, round, p.keep) {
 			return false
 		}
 		delete(p.partialSeen, id)
@@ -227,6 +230,9 @@ func (p *pruner) prunePartials(round uint64, res *sweepResult) {
 	res.Freed += freed
 }
 
+// errEnoughHeads stops live's walk down the chain after K heads.
+var errEnoughHeads = errors.New("enough heads")
+
 // live is what the chain and the checkpoint need at the tip: the newest K heads'
 // parameters, outer state and contributions, and what the kept generations reference.
 func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
@@ -236,13 +242,9 @@ func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
 			live[id] = true
 		}
 	}
-	id, _ := p.tips.Current()
-	for i := uint64(0); i < p.keep && id.Defined(); i++ {
-		_, h, err := p.heads.Get(id)
-		if err != nil {
-			// Without the head we cannot know what it names: delete nothing this time.
-			return nil, fmt.Errorf("head %s, %d back from the tip: %w", id, i, err)
-		}
+	tip, _ := p.tips.Current()
+	n := uint64(0)
+	err := p.heads.Walk(tip, func(_ cid.Cid, h *chain.Head) error {
 		for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
 			if a, err := get(); err == nil && a.Defined() {
 				live[a] = true
@@ -253,11 +255,14 @@ func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
 				live[a] = true
 			}
 		}
-		parent, err := h.ParentID()
-		if err != nil {
-			return nil, fmt.Errorf("head %s: %w", id, err)
+		if n++; n == p.keep {
+			return errEnoughHeads // the walk would read the next head before stopping
 		}
-		id = parent
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnoughHeads) {
+		// Without a head we cannot know what it names: delete nothing this time.
+		return nil, fmt.Errorf("the newest %d heads from %s: %w", p.keep, tip, err)
 	}
 	return live, nil
 }
