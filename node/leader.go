@@ -592,7 +592,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	v.metrics.roundClosed(took, len(out.Head.Contributions))
 	v.metrics.roundSplit(notes)
 	v.log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
-		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String())
+		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened)
 	if err := v.bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
 	}
