@@ -293,18 +293,26 @@ func (t *table) skip(params int64, trainers int, why string) {
 
 func (t *table) notes() {
 	fmt.Print(`
-size: parameters (fp32; model bytes M = 4 × size). T: trainers. Stages of the last round, seconds, the slowest
-trainer where trainers differ: lease (leader's "issued leases" to the trainer starting its fetch), fetch head
-(params download: transfer and install; trainers fetch a head's params as soon as it is canonical,
-in parallel with the lease), train (worker wall time; the modelled training cost is fixed, see above), encode (delta
-encoded and stored), upload (last trainer's announcement to the leader's merge start: the tail of fetching
-contributions), screen (contributions opened, norms, cosines, verdicts), merge (aggregate, outer step, params
-and momentum written), eval (held-out evaluation of the new head, worker wall), sign (head and notes signed,
-offered, published), attest (proposal to a follower's attestation: fetch, re-merge, verify, sign), ckpt
-(canonical head to "checkpoint saved", slowest node), round (leases issued to the last node holding the head).
-Bytes: libp2p bytes (MB) each node moved over its whole run, divided by the rounds run (T: mean per trainer,
-V: the round's leader); a trainer's include the genesis params and, when it arrived before the node stopped,
-the last head's. RSS/M: peak RSS of each process's whole
-life (start-up, genesis, the round) over model bytes; T the largest trainer, worker the largest workload call.
+size: parameters (fp32; model bytes M = 4 × size). T: trainers. Seconds of the last round's stages, the
+slowest trainer's where trainers differ:
+  lease   the leader's "issued leases" to the trainer starting its fetch of the base params
+  fetch   params download (transfer + install); a trainer fetches a head's params as soon as the head is
+          canonical, in parallel with the leader's leasing, so fetch and lease overlap
+  train   the worker's wall time (start, load the base pack, copy, train, write the trained pack); the
+          modelled training cost is fixed (see above)
+  encode  the trainer's window minus the worker and shard fetch: the delta encoded and stored
+  upload  the last trainer's announcement to the leader's merge start (the tail of fetching contributions)
+  screen  contributions opened, norms, cosines, verdicts (round.Merger stages open + screen)
+  merge   aggregate, outer step, next params and momentum written, head built (stage step)
+  eval    held-out evaluation of the new head (worker wall)
+  sign    head and notes signed, offered, published (after eval)
+  attest  the leader's proposal to a follower's attestation (fetch contributions, re-merge, verify, sign)
+  ckpt    canonical head to "checkpoint saved", slowest node
+  round   leases issued to the last node holding the head as canonical
+MB: libp2p bytes each node moved over its whole run divided by the rounds run (T: mean per trainer, V: the
+round's leader); a trainer's include the genesis params and, if it came before the node stopped, the last head's.
+RSS/M: peak RSS (VmHWM) of each process over its whole life (start-up, genesis, every round) over model bytes:
+V-lead the round's leader, V-foll the largest follower, T the largest trainer (Go side), worker the largest
+synthetic-workload call (it copies the params; a Python worker's memory is its own affair).
 `)
 }
