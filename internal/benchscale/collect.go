@@ -314,5 +314,8 @@ round's leader); a trainer's include the genesis params and, if it came before t
 RSS/M: peak RSS (VmHWM) of each process over its whole life (start-up, genesis, every round) over model bytes:
 V-lead the round's leader, V-foll the largest follower, T the largest trainer (Go side), worker the largest
 synthetic-workload call (it copies the params; a Python worker's memory is its own affair).
+A row that does not fit: disk as each role stores (nothing pruned), RAM as Σ peak RSS/M × M over the processes,
+with the largest ratios measured at 100 M parameters and up (kept in BENCH_SCALE_DIR/rss-ratios.json) or
+2/2/1/2 before any; workers of every trainer run at once.
 `)
 }
