@@ -27,13 +27,16 @@ import (
 )
 
 // peakKiB is this process's peak RSS (VmHWM of /proc/self/status), in KiB.
-func peakKiB() int64 {
+func peakKiB() int64 { return statusKiB("VmHWM:") }
+
+// statusKiB is a field of /proc/self/status in KiB (-1 if absent).
+func statusKiB(field string) int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return -1
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(l, field); ok {
 			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return n
 		}
@@ -41,10 +44,31 @@ func peakKiB() int64 {
 	return -1
 }
 
+// watchAnon samples RssAnon (heap, stacks, anonymous mappings: memory that is the
+// process's own, unlike the file pages of mapped or cached artifacts that VmHWM also
+// counts) every 50 ms until ctx ends, and keeps the largest.
+func watchAnon(ctx context.Context, res *nodeResult, mu *sync.Mutex) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		v := statusKiB("RssAnon:")
+		mu.Lock()
+		res.PeakAnonKiB = max(res.PeakAnonKiB, v)
+		mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // nodeResult is what a node process reports when its run ends.
 type nodeResult struct {
 	Peer    string `json:"peer"`
 	PeakKiB int64  `json:"peak_kib"`
+	// PeakAnonKiB is the largest RssAnon sampled (every 50 ms).
+	PeakAnonKiB int64 `json:"peak_anon_kib"`
 	// BytesIn and BytesOut are the libp2p bytes of the node's run (its
 	// p2ptrain_node_protocol_bytes_total, last read shortly before the run ended).
 	BytesIn  float64 `json:"bytes_in"`
@@ -131,8 +155,9 @@ func runNode(args []string) int {
 		defer stop()
 		wctx, wstop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Add(1)
+		wg.Add(2)
 		go func() { defer wg.Done(); watchBytes(wctx, n, &res, &mu) }()
+		go func() { defer wg.Done(); watchAnon(wctx, &res, &mu) }()
 		err = n.Run(ctx)
 		wstop()
 		wg.Wait()

@@ -62,7 +62,12 @@ type stages struct {
 }
 
 // roleRSS is peak RSS per model byte.
-type roleRSS struct{ leader, follower, trainer, worker float64 }
+type roleRSS struct {
+	leader, follower, trainer, worker float64
+	// anon are the same for RssAnon (sampled): the process's own memory, without the file
+	// pages of mapped or cached artifacts.
+	leaderAnon, followerAnon, trainerAnon float64
+}
 
 // roleBytes are MB received and sent over libp2p during the round.
 type roleBytes struct{ leaderIn, leaderOut, followerIn, followerOut, trainerIn, trainerOut float64 }
@@ -239,16 +244,17 @@ func collect(params int64, trainers, rounds int, procs []*proc) (*rowResult, err
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		ratio := float64(nr.PeakKiB) * 1024 / model
+		anon := float64(nr.PeakAnonKiB) * 1024 / model
 		in, out := nr.BytesIn/1e6/float64(rounds), nr.BytesOut/1e6/float64(rounds)
 		switch {
 		case p == leader:
-			res.rss.leader = ratio
+			res.rss.leader, res.rss.leaderAnon = ratio, anon
 			res.bytes.leaderIn, res.bytes.leaderOut = in, out
 		case p.validator:
-			res.rss.follower = max(res.rss.follower, ratio)
+			res.rss.follower, res.rss.followerAnon = max(res.rss.follower, ratio), max(res.rss.followerAnon, anon)
 			res.bytes.followerIn, res.bytes.followerOut = max(res.bytes.followerIn, in), max(res.bytes.followerOut, out)
 		default:
-			res.rss.trainer = max(res.rss.trainer, ratio)
+			res.rss.trainer, res.rss.trainerAnon = max(res.rss.trainer, ratio), max(res.rss.trainerAnon, anon)
 			res.bytes.trainerIn += in / float64(trainers)
 			res.bytes.trainerOut += out / float64(trainers)
 		}
@@ -261,12 +267,12 @@ type table struct{}
 
 func newTable() *table { return &table{} }
 
-const rowFmt = "%5s %3s | %6s %6s %6s %6s %6s %6s %6s %5s %5s %6s %6s | %6s | %7s %7s %7s %7s | %6s %6s %6s %6s\n"
+const rowFmt = "%5s %3s | %6s %6s %6s %6s %6s %6s %6s %5s %5s %6s %6s | %6s | %7s %7s %7s %7s | %13s %13s %13s %6s\n"
 
 func (t *table) header() {
 	fmt.Printf(rowFmt, "size", "T", "lease", "fetch", "train", "encode", "upload", "screen", "merge", "eval", "sign", "attest", "ckpt", "round",
 		"T in", "T out", "V in", "V out", "V-lead", "V-foll", "T", "worker")
-	fmt.Printf(rowFmt, "", "", "s", "head s", "wall s", "s", "s", "s", "s", "s", "s", "s", "s", "s", "MB", "MB", "MB", "MB", "RSS/M", "RSS/M", "RSS/M", "RSS/M")
+	fmt.Printf(rowFmt, "", "", "s", "head s", "wall s", "s", "s", "s", "s", "s", "s", "s", "s", "s", "MB", "MB", "MB", "MB", "RSS (anon)/M", "RSS (anon)/M", "RSS (anon)/M", "RSS/M")
 }
 
 func (t *table) row(r *rowResult) {
@@ -281,7 +287,8 @@ func (t *table) row(r *rowResult) {
 	fmt.Printf(rowFmt, countName(r.params), strconv.Itoa(r.trainers), s(r.st.lease), s(r.st.fetchHead), s(r.st.train), s(r.st.encode),
 		s(r.st.upload), s(r.st.screen), s(r.st.merge), s(r.st.eval), s(r.st.sign), s(r.st.attest), s(r.st.checkpoint), s(r.st.round),
 		mb(r.bytes.trainerIn), mb(r.bytes.trainerOut), mb(r.bytes.leaderIn), mb(r.bytes.leaderOut),
-		x(r.rss.leader), x(r.rss.follower), x(r.rss.trainer), x(r.rss.worker))
+		x(r.rss.leader)+" ("+x(r.rss.leaderAnon)+")", x(r.rss.follower)+" ("+x(r.rss.followerAnon)+")",
+		x(r.rss.trainer)+" ("+x(r.rss.trainerAnon)+")", x(r.rss.worker))
 	if r.merged != r.trainers {
 		fmt.Printf("      (%d of %d contributions merged)\n", r.merged, r.trainers)
 	}
@@ -293,18 +300,31 @@ func (t *table) skip(params int64, trainers int, why string) {
 
 func (t *table) notes() {
 	fmt.Print(`
-size: parameters (fp32; model bytes M = 4 × size). T: trainers. Stages of the last round, seconds, the slowest
-trainer where trainers differ: lease (leader's "issued leases" to the trainer starting its fetch), fetch head
-(params download: transfer and install; trainers fetch a head's params as soon as it is canonical,
-in parallel with the lease), train (worker wall time; the modelled training cost is fixed, see above), encode (delta
-encoded and stored), upload (last trainer's announcement to the leader's merge start: the tail of fetching
-contributions), screen (contributions opened, norms, cosines, verdicts), merge (aggregate, outer step, params
-and momentum written), eval (held-out evaluation of the new head, worker wall), sign (head and notes signed,
-offered, published), attest (proposal to a follower's attestation: fetch, re-merge, verify, sign), ckpt
-(canonical head to "checkpoint saved", slowest node), round (leases issued to the last node holding the head).
-Bytes: libp2p bytes (MB) each node moved over its whole run, divided by the rounds run (T: mean per trainer,
-V: the round's leader); a trainer's include the genesis params and, when it arrived before the node stopped,
-the last head's. RSS/M: peak RSS of each process's whole
-life (start-up, genesis, the round) over model bytes; T the largest trainer, worker the largest workload call.
+size: parameters (fp32; model bytes M = 4 × size). T: trainers. Seconds of the last round's stages, the
+slowest trainer's where trainers differ:
+  lease   the leader's "issued leases" to the trainer starting its fetch of the base params
+  fetch   params download (transfer + install); a trainer fetches a head's params as soon as the head is
+          canonical, in parallel with the leader's leasing, so fetch and lease overlap
+  train   the worker's wall time (start, load the base pack, copy, train, write the trained pack); the
+          modelled training cost is fixed (see above)
+  encode  the trainer's window minus the worker and shard fetch: the delta encoded and stored
+  upload  the last trainer's announcement to the leader's merge start (the tail of fetching contributions)
+  screen  contributions opened, norms, cosines, verdicts (round.Merger stages open + screen)
+  merge   aggregate, outer step, next params and momentum written, head built (stage step)
+  eval    held-out evaluation of the new head (worker wall)
+  sign    head and notes signed, offered, published (after eval)
+  attest  the leader's proposal to a follower's attestation (fetch contributions, re-merge, verify, sign)
+  ckpt    canonical head to "checkpoint saved", slowest node
+  round   leases issued to the last node holding the head as canonical
+MB: libp2p bytes each node moved over its whole run divided by the rounds run (T: mean per trainer, V: the
+round's leader); a trainer's include the genesis params and, if it came before the node stopped, the last head's.
+RSS/M: peak RSS (VmHWM) of each process over its whole life (start-up, genesis, every round) over model bytes:
+V-lead the round's leader, V-foll the largest follower, T the largest trainer (Go side), worker the largest
+synthetic-workload call (it copies the params; a Python worker's memory is its own affair). In brackets the
+largest RssAnon sampled every 50 ms: the process's own memory (heap, stacks), without the file pages of mapped
+or cached artifacts that VmHWM counts too.
+A row that does not fit: disk as each role stores (nothing pruned), RAM as Σ peak RSS/M × M over the processes,
+with the largest ratios measured at 100 M parameters and up (kept in BENCH_SCALE_DIR/rss-ratios.json) or
+2/2/1/2 before any; workers of every trainer run at once.
 `)
 }

@@ -119,7 +119,7 @@ func runBench() error {
 		innerSteps, synthStepSec*1000, innerSteps*synthStepSec)
 	tab := newTable()
 	tab.header()
-	est := estimator{}
+	est := loadEstimator(s.dir)
 	for _, p := range s.sizes {
 		for _, t := range s.trainers {
 			need := est.need(p, t, s.validators, s.rounds)
@@ -379,7 +379,17 @@ func loadAvg() string {
 // from the peak RSS per model byte measured in the rows run so far (or defaults before any).
 type estimator struct {
 	// ratios are the largest peak RSS per model byte seen per role.
-	leader, follower, trainer, worker float64
+	Leader, Follower, Trainer, Worker float64
+	// path keeps them between runs (rows of 100 M parameters take minutes each, and a
+	// quick run of one of them should inform the next run's estimate of the larger rows).
+	path string
+}
+
+// loadEstimator reads the ratios an earlier run kept in dir (none: the defaults).
+func loadEstimator(dir string) *estimator {
+	e := &estimator{path: filepath.Join(dir, "rss-ratios.json")}
+	_ = readJSON(e.path, e)
+	return e
 }
 
 type need struct{ disk, ram int64 }
@@ -392,8 +402,8 @@ func (e *estimator) need(params int64, trainers, validators, rounds int) need {
 	t, v, r := int64(trainers), int64(validators), int64(rounds)
 	disk := t*(1+3*r)*m + v*(2+r*(t+2))*m + 1<<30
 	ratio := func(seen, def float64) float64 { return max(seen, def) }
-	ram := ratio(e.leader, 2)*float64(m) + float64(validators-1)*ratio(e.follower, 2)*float64(m) +
-		float64(trainers)*(ratio(e.trainer, 1)+ratio(e.worker, 2))*float64(m)
+	ram := ratio(e.Leader, 2)*float64(m) + float64(validators-1)*ratio(e.Follower, 2)*float64(m) +
+		float64(trainers)*(ratio(e.Trainer, 1)+ratio(e.Worker, 2))*float64(m)
 	return need{disk: disk, ram: int64(ram)}
 }
 
@@ -403,10 +413,15 @@ func (e *estimator) learn(r *rowResult) {
 	if r.params < 100e6 {
 		return
 	}
-	e.leader = max(e.leader, r.rss.leader)
-	e.follower = max(e.follower, r.rss.follower)
-	e.trainer = max(e.trainer, r.rss.trainer)
-	e.worker = max(e.worker, r.rss.worker)
+	e.Leader = max(e.Leader, r.rss.leader)
+	e.Follower = max(e.Follower, r.rss.follower)
+	e.Trainer = max(e.Trainer, r.rss.trainer)
+	e.Worker = max(e.Worker, r.rss.worker)
+	if e.path != "" {
+		if b, err := json.Marshal(e); err == nil {
+			_ = os.WriteFile(e.path, b, 0o644)
+		}
+	}
 }
 
 var errNoRound = errors.New("no round in the logs")
