@@ -168,6 +168,8 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	if err := restore(ctx, e, work); err != nil {
 		return err
 	}
+	// After restore set the residual, before any loop can checkpoint.
+	e.keeper.trackResidual(work.ReadResidual)
 	if e.poison != "" {
 		e.log.Warn("POISONED TRAINER: this node sends corrupted updates on purpose", "mode", e.poison)
 		// Each attacker draws its own noise: with the experiment's seed alone, every noisy
@@ -185,7 +187,10 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}
 	if cfg.Experiment.HasRole(config.RoleValidator) {
-		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy}).run
+		mlog := e.log.With("component", "merge")
+		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
+			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
+		}}).run
 	}
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
 		loops["trainer"] = (&trainer{env: e, work: work, capacity: capac}).run

@@ -116,7 +116,7 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	}
 	t.capacity.observe(float64(res.Samples), res.TrainSeconds)
 	t.capacity.observeWindow(res.Steps, res.Seconds)
-	t.keeper.trained(res.OptState, t.work.Residual, t.work.ResidualTag)
+	t.keeper.trained(res.OptState)
 	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
 		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds,
 		TrainSeconds: res.TrainSeconds, FetchSeconds: fetched.Seconds() + res.FetchSeconds}
@@ -136,7 +136,8 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	})
 	t.metrics.trained(res.Samples, res.TrainSeconds, res.Loss)
 	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
-		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds))
+		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds),
+		"fetch_params_seconds", fmt.Sprintf("%.3f", fetched.Seconds()), "fetch_shards_seconds", fmt.Sprintf("%.3f", res.FetchSeconds))
 	return t.bus.Publish(ctx, c)
 }
 
