@@ -8,7 +8,7 @@ BIN := bin/p2pnode
 VERSION ?= 0.1.0
 LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 
-.PHONY: all setup build image demo demo-local test test-go test-py bench e2e wan wan-goodput lint clean
+.PHONY: all setup build image demo demo-local test test-go test-py bench bench-scale e2e wan wan-goodput lint clean
 
 all: build
 
@@ -41,6 +41,18 @@ test-py:
 ## bench: run the benchmarks and print a table of ratios against same-run baselines
 bench: setup
 	scripts/bench.sh
+
+## bench-scale: one full round per model size and trainer count, every node a real p2pnode
+## process (loopback TCP, its own store) on the synthetic workload padded to the size (run in
+## a worker process per call, as the Python worker is); prints seconds per stage (lease, fetch
+## head, train, encode, upload, screen, merge, eval, sign, attest, checkpoint), MB moved and
+## peak RSS per role over model bytes. Rows that need more disk or RAM than is free say what
+## they would need. Not part of `make test`. BENCH_SCALE_SIZES (1M,10M,100M,1B),
+## BENCH_SCALE_TRAINERS (3,8,16), BENCH_SCALE_VALIDATORS (2), BENCH_SCALE_ROUNDS (2: the table
+## shows the last), BENCH_SCALE_DIR ($$TMPDIR/p2pnode-bench-scale), BENCH_SCALE_TIMEOUT (30m a
+## row), BENCH_SCALE_KEEP=1 keeps stores and logs. Quick: BENCH_SCALE_SIZES=1M,10M BENCH_SCALE_TRAINERS=3
+bench-scale:
+	$(GO) run ./internal/benchscale
 
 ## image: the Docker image p2pnode:latest from bin/p2pnode. With no registry (here) the base
 ## is debootstrapped and imported once, then cached; BASE_IMAGE=debian:bookworm-slim builds

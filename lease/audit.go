@@ -19,8 +19,11 @@ type Report struct {
 	EpochsCompleted   uint64 `json:"epochs_completed"`
 	ConsumedInEpoch   int    `json:"consumed_in_current_epoch"`
 	MicroshardsMerged uint64 `json:"microshards_merged"`
-	Duplicated        int    `json:"duplicated"`
-	Lost              int    `json:"lost"`
+	// Duplicated and Lost count the microshards of the failing round that were merged a
+	// second time in their epoch, or that a head's epoch ended without; they are non-zero
+	// only together with an audit error.
+	Duplicated int `json:"duplicated"`
+	Lost       int `json:"lost"`
 }
 
 // Audit replays the ledger along heads (genesis first) and proves that every microshard was
@@ -56,6 +59,9 @@ func Audit(heads []*chain.Head) (Report, error) {
 			return r, fmt.Errorf("%w: round %d: %v", ErrAudit, h.Round, err)
 		}
 		if want.Epoch != h.Ledger.Epoch || !slices.Equal(want.Consumed, h.Ledger.Consumed) {
+			if h.Ledger.Epoch > want.Epoch {
+				r.Lost = int(r.Shards) - Count(want)
+			}
 			return r, fmt.Errorf("%w: round %d: ledger (epoch %d, %d consumed) differs from its parent plus merged microshards (epoch %d, %d consumed)",
 				ErrAudit, h.Round, h.Ledger.Epoch, Count(h.Ledger), want.Epoch, Count(want))
 		}

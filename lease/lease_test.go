@@ -159,6 +159,7 @@ func TestAuditProvesExactlyOnce(t *testing.T) {
 	require.Equal(t, 1, rep.ConsumedInEpoch)
 	require.Equal(t, uint64(5), rep.MicroshardsMerged)
 	require.Equal(t, 0, rep.Duplicated)
+	require.Equal(t, 0, rep.Lost)
 
 	t.Run("duplicate in an epoch", func(t *testing.T) {
 		bad := []*chain.Head{good[0], good[1], head(2, nil, l1, []uint32{1})}
@@ -174,8 +175,9 @@ func TestAuditProvesExactlyOnce(t *testing.T) {
 	})
 	t.Run("epoch ended early", func(t *testing.T) {
 		early := chain.Ledger{Plan: "plan", Shards: 4, Epoch: 1, Consumed: []byte{0}}
-		_, err := Audit([]*chain.Head{good[0], head(1, nil, early, []uint32{0, 1})})
+		rep, err := Audit([]*chain.Head{good[0], head(1, nil, early, []uint32{0, 1})})
 		require.ErrorIs(t, err, ErrAudit)
+		require.Equal(t, 2, rep.Lost, "microshards 2 and 3 were never consumed in epoch 0")
 	})
 	t.Run("not from genesis", func(t *testing.T) {
 		_, err := Audit(good[1:])

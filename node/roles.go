@@ -185,7 +185,10 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}
 	if cfg.Experiment.HasRole(config.RoleValidator) {
-		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy}).run
+		mlog := e.log.With("component", "merge")
+		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
+			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
+		}}).run
 	}
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
 		loops["trainer"] = (&trainer{env: e, work: work, capacity: capac}).run

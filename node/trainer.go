@@ -136,7 +136,8 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	})
 	t.metrics.trained(res.Samples, res.TrainSeconds, res.Loss)
 	t.log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
-		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds))
+		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds),
+		"fetch_params_seconds", fmt.Sprintf("%.3f", fetched.Seconds()), "fetch_shards_seconds", fmt.Sprintf("%.3f", res.FetchSeconds))
 	return t.bus.Publish(ctx, c)
 }
 

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ipfs/go-cid"
 
@@ -83,6 +84,19 @@ type Merger struct {
 	// Block is the number of values read from each input at a time: 0 means StreamBlock,
 	// otherwise a positive multiple of parallel.ChunkLen.
 	Block int
+	// Observe, when set, is told how long each stage of a merge took: "open" (the base and
+	// the contributions opened and checked), "screen" (norms, cosines, verdicts) and "step"
+	// (aggregate, outer step, the next params and momentum written, the head built).
+	// Benchmarks and logs use it; it does not change the result.
+	Observe func(stage string, d time.Duration)
+}
+
+func (m *Merger) observe(stage string, since time.Time) time.Time {
+	now := time.Now()
+	if m.Observe != nil {
+		m.Observe(stage, now.Sub(since))
+	}
+	return now
 }
 
 func (m *Merger) block() (int, error) {
@@ -125,6 +139,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
+	stageStart := time.Now()
 	paramsID, err := base.ParamsID()
 	if err != nil {
 		return nil, err
@@ -163,6 +178,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		kept = append(kept, c)
 	}
 
+	stageStart = m.observe("open", stageStart)
 	// The reference for small cohorts is the outer momentum: the recent merged updates every
 	// validator holds for the base head (none for ema heads and before the first step).
 	hasRef := momR != nil && m.Policy.Screen.MinCosine != nil
@@ -223,6 +239,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
+	stageStart = m.observe("screen", stageStart)
 
 	var accepted []int
 	var weights, norms []float64
@@ -264,6 +281,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if out.ID, err = head.ID(); err != nil {
 		return nil, err
 	}
+	m.observe("step", stageStart)
 	return out, nil
 }
 

@@ -23,7 +23,8 @@ is in --dir. The dataset is prepared on first use (Debian's python3-sklearn ship
 
 --workload lm trains the byte-level transformer of p2ptrain.workloads.lm instead (--preset
 tiny by default, ~1 M parameters) on the Python standard library's sources, and prints the
-held-out loss (nats per byte) and bits per byte per round.`,
+held-out loss (nats per byte) and bits per byte per round. --workload charlm trains the
+byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(g, "warn", os.Stderr)
@@ -39,7 +40,7 @@ held-out loss (nats per byte) and bits per byte per round.`,
 			if err != nil {
 				return err
 			}
-			if o.Workload == demo.WorkloadLM {
+			if o.Workload == demo.WorkloadLM || o.Workload == demo.WorkloadCharLM {
 				fmt.Fprintf(cmd.OutOrStdout(), "demo: %d rounds in %.1fs (%.2fs per round); final held-out loss %.4f (%.3f bits per byte)\n",
 					res.Rounds, res.Seconds, res.SecondsPerRnd, res.FinalLoss, res.FinalLoss/math.Ln2)
 				return nil
@@ -52,7 +53,7 @@ held-out loss (nats per byte) and bits per byte per round.`,
 	cmd.Flags().StringVar(&o.Dir, "dir", ".p2pnode/demo", "directory for the demo's configs, stores, logs and data")
 	cmd.Flags().IntVar(&o.Trainers, "trainers", 3, "number of trainer processes")
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 20, "rounds to train")
-	cmd.Flags().StringVar(&o.Workload, "workload", demo.WorkloadDigits, "what to train: digits or lm (a byte-level transformer)")
+	cmd.Flags().StringVar(&o.Workload, "workload", demo.WorkloadDigits, "what to train: digits, lm (a byte-level transformer) or charlm (a byte-level GRU)")
 	cmd.Flags().StringVar(&o.Preset, "preset", "", "lm preset: tiny (default), small or base")
 	cmd.Flags().BoolVar(&resume, "resume", false, "continue an earlier demo in --dir instead of starting fresh")
 	return cmd

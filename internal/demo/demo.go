@@ -1,6 +1,7 @@
 // Package demo runs a small swarm on this machine: one validator (which is also the
 // bootstrap node) and a few trainers, each a real `p2pnode run` process talking libp2p over
-// loopback TCP, training the digits workload (or the lm transformer with Workload "lm"). It writes their configs, prepares the
+// loopback TCP, training the digits workload (or the lm transformer with Workload "lm", or
+// the charlm GRU with Workload "charlm"). It writes their configs, prepares the
 // dataset once, starts the processes, relays the validator's progress and stops everyone
 // when the experiment's rounds are done.
 package demo
@@ -39,7 +40,8 @@ type Options struct {
 	// Fresh discards an earlier demo's state instead of resuming it.
 	Fresh bool
 	// Workload is "digits" (default: an MLP on the 8x8 digits) or "lm" (the byte-level
-	// transformer of p2ptrain.workloads.lm on the Python standard library's sources).
+	// transformer of p2ptrain.workloads.lm on the Python standard library's sources) or
+	// "charlm" (the byte-level GRU of p2ptrain.workloads.charlm on the same sources).
 	Workload string
 	// Preset is the lm workload's preset (default "tiny").
 	Preset string
@@ -49,6 +51,7 @@ type Options struct {
 const (
 	WorkloadDigits = "digits"
 	WorkloadLM     = "lm"
+	WorkloadCharLM = "charlm"
 )
 
 // Result is what the demo measured.
@@ -185,13 +188,13 @@ func (o Options) workload() string {
 
 func (o Options) checkWorkload() error {
 	switch o.workload() {
-	case WorkloadDigits:
+	case WorkloadDigits, WorkloadCharLM:
 		if o.Preset != "" {
 			return fmt.Errorf("demo: --preset %q: only the lm workload has presets", o.Preset)
 		}
 	case WorkloadLM:
 	default:
-		return fmt.Errorf("demo: --workload %q: unknown workload (want %s or %s)", o.Workload, WorkloadDigits, WorkloadLM)
+		return fmt.Errorf("demo: --workload %q: unknown workload (want %s, %s or %s)", o.Workload, WorkloadDigits, WorkloadLM, WorkloadCharLM)
 	}
 	return nil
 }
@@ -248,6 +251,15 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 			c.Dataset.MicroshardBytes = 65536
 			c.Lease.MicroshardsPerTrainer = 2
 			// A transformer on CPUs: rounds take tens of seconds, not a few.
+			c.Lease.RoundTimeout = 10 * time.Minute
+		}
+		if o.workload() == WorkloadCharLM {
+			c.Experiment.ID = "charlm-demo"
+			c.Workload.Factory = "p2ptrain.workloads.charlm:CharLM"
+			c.Workload.Config = map[string]any{}
+			// The workload's 64 KiB shard files, two per trainer and window, as for lm.
+			c.Dataset.MicroshardBytes = 65536
+			c.Lease.MicroshardsPerTrainer = 2
 			c.Lease.RoundTimeout = 10 * time.Minute
 		}
 		return c

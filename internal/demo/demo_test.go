@@ -1,0 +1,46 @@
+package demo
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestWriteConfigsPerWorkload(t *testing.T) {
+	for _, tc := range []struct {
+		workload, preset, factory, experiment string
+		microshardBytes                       int64
+	}{
+		{"", "", "", "digits-demo", 16384},
+		{WorkloadLM, "", "p2ptrain.workloads.lm:LM", "lm-tiny-demo", 65536},
+		{WorkloadCharLM, "", "p2ptrain.workloads.charlm:CharLM", "charlm-demo", 65536},
+	} {
+		t.Run(tc.experiment, func(t *testing.T) {
+			cfgs, err := WriteConfigs(Options{Dir: t.TempDir(), Trainers: 2, Rounds: 3, Workload: tc.workload, Preset: tc.preset})
+			require.NoError(t, err)
+			require.Len(t, cfgs, 3)
+			for _, c := range cfgs {
+				require.Equal(t, tc.experiment, c.Experiment.ID)
+				require.Equal(t, 3, c.Experiment.Rounds)
+				require.EqualValues(t, tc.microshardBytes, c.Dataset.MicroshardBytes)
+				if tc.factory != "" {
+					require.Equal(t, tc.factory, c.Workload.Factory)
+				}
+			}
+		})
+	}
+}
+
+func TestWorkloadChoicesAreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		workload, preset, wantErr string
+	}{
+		{"resnet", "", `--workload "resnet": unknown workload`},
+		{WorkloadCharLM, "tiny", `--preset "tiny": only the lm workload has presets`},
+		{WorkloadDigits, "tiny", `--preset "tiny": only the lm workload has presets`},
+	} {
+		err := Options{Workload: tc.workload, Preset: tc.preset}.checkWorkload()
+		require.ErrorContains(t, err, tc.wantErr)
+	}
+	require.NoError(t, Options{Workload: WorkloadLM, Preset: "small"}.checkWorkload())
+}
