@@ -92,6 +92,7 @@ SCREEN = {"non_finite", "norm_bound", "norm_outlier", "low_cosine"}
 by_reason, by_phase = Counter(), defaultdict(Counter)
 quarantines, quarantined_rounds, unlogged, later, readmits = 0, [], 0, 0, 0
 cos_rows = []
+margins = defaultdict(lambda: defaultdict(list))
 buckets = 10
 bucket = max(1, -(-last // buckets))
 with open(logp, errors="replace") as f:
@@ -110,6 +111,14 @@ with open(logp, errors="replace") as f:
         elif 'msg="peer quarantined' in line:
             quarantines += 1
             quarantined_rounds.append(fields(line).get("peer", "?")[-6:])
+        elif 'msg="proposed head"' in line and "screened=" in line:
+            # The accepted updates' lowest cosines and the bar (validators that log them).
+            m = fields(line)
+            r = int(m.get("round", -1))
+            if 0 < r <= last:
+                lo = (r - 1) // bucket * bucket + 1
+                for key, val in re.findall(r"(cosine min|to momentum min|bar) (-?[\d.]+)", m["screened"]):
+                    margins[(lo, min(lo + bucket - 1, last))][key].append(float(val))
         elif 'msg="every live trainer failed this round' in line:
             readmits += 1
         elif 'msg="contribution rejections not logged' in line:
@@ -143,8 +152,13 @@ for lo in range(1, last + 1, bucket):
     c = by_phase.get((lo, hi), Counter())
     if True:
         got = sum(p.get("merged", 0) + p.get("rejected", 0) for r, p in heads.items() if lo <= r <= hi)
+        mg = margins.get((lo, hi))
+        seen = ""
+        if mg:
+            q = lambda xs: f"{min(xs):.3f}/{sorted(xs)[len(xs) // 2]:.3f}"
+            seen = "; accepted " + ", ".join(f"{k} {q(v)}" for k, v in mg.items() if v) + " (lowest/median)"
         print(f"  rounds {lo}-{hi}: " + (", ".join(f"{r} {n}" for r, n in sorted(c.items())) or "none") +
-              f" of {got} offered")
+              f" of {got} offered{seen}")
 if cos_rows:
     print("first screening rejections (norm, cosine to the others, to the momentum, bar):")
     print("\n".join(cos_rows))
