@@ -55,23 +55,30 @@ func (q *queue) signal() {
 // slow disk costs generations, never memory or the caller's time.
 //
 // SaveAsync takes ownership of s: its maps and the byte slices in Large must not be
-// changed or reused by the caller afterwards. Errors are logged and reported by Flush.
+// changed or reused by the caller afterwards, and its Streams are closed by the
+// checkpointer (written or dropped). Errors are logged and reported by Flush.
 func (c *Checkpointer) SaveAsync(s Snapshot) {
 	q := &c.q
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
+		s.release()
 		c.log.Warn("checkpoint dropped: checkpointer closed", "round", s.Round)
 		return
 	}
 	q.issued++
 	r := &request{snap: &s, ticket: q.issued}
+	var dropped *Snapshot
 	if n := len(q.items); n > 0 && q.items[n-1].result == nil {
+		dropped = q.items[n-1].snap
 		q.items[n-1] = r
 	} else {
 		q.items = append(q.items, r)
 	}
 	q.mu.Unlock()
+	if dropped != nil {
+		dropped.release()
+	}
 	q.signal()
 }
 
@@ -86,19 +93,26 @@ func (c *Checkpointer) Save(ctx context.Context, s Snapshot) (*State, error) {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
+		s.release()
 		return nil, fmt.Errorf("checkpoint round %d: %w", s.Round, ErrClosed)
 	}
 	q.issued++
 	r.ticket = q.issued
 	kept := q.items[:0]
+	var dropped []*Snapshot
 	for _, it := range q.items {
 		if it.result != nil { // another caller's Save: it waits for its own answer
 			kept = append(kept, it)
+		} else {
+			dropped = append(dropped, it.snap)
 		}
 	}
 	clear(q.items[len(kept):])
 	q.items = append(kept, r)
 	q.mu.Unlock()
+	for _, d := range dropped {
+		d.release()
+	}
 	q.signal()
 
 	select {
@@ -152,6 +166,7 @@ func (c *Checkpointer) run() {
 		}
 		if r.skip {
 			// Flush reports it: snapshots this Save superseded were not written either.
+			r.snap.release()
 			q.finish(r.ticket, fmt.Errorf("checkpoint round %d: abandoned: %w", r.snap.Round, r.ctx.Err()))
 			continue
 		}
@@ -166,6 +181,7 @@ func (c *Checkpointer) run() {
 		case err == nil:
 			c.log.Debug("checkpoint saved", "seq", st.Seq, "round", st.Round)
 		}
+		r.snap.release()
 		r.snap = nil // the caller's buffers can be collected now
 		q.finish(r.ticket, err)
 		if r.result != nil {

@@ -17,6 +17,11 @@ type Snapshot struct {
 	Meta  map[string]string
 	// Large blobs are written to the checkpoint's own store and appear in State.Blobs.
 	Large map[string][]byte
+	// Streams are written to the checkpoint's own store like Large blobs, and appear in
+	// State.Blobs, but their bytes are read from the Source while the blob is written: a
+	// model-sized state (a file on disk, a live buffer its source guards) is never copied
+	// into memory. The checkpointer closes every Source it is handed (see Source.Close).
+	Streams map[string]Source
 	// Keep names artifacts already in the shared store, referenced as-is in State.Refs
 	// (e.g. the head's outer-optimizer state, which the node stores anyway).
 	Keep map[string]cid.Cid
@@ -30,6 +35,17 @@ func (c *Checkpointer) check(s *Snapshot) error {
 			return fmt.Errorf("checkpoint round %d: blob name %q must be 1 to %d bytes of UTF-8", s.Round, name, maxNameBytes)
 		}
 	}
+	for name, src := range s.Streams {
+		if name == "" || len(name) > maxNameBytes || !utf8.ValidString(name) {
+			return fmt.Errorf("checkpoint round %d: blob name %q must be 1 to %d bytes of UTF-8", s.Round, name, maxNameBytes)
+		}
+		if src == nil {
+			return fmt.Errorf("checkpoint round %d: blob %q has no source", s.Round, name)
+		}
+		if _, dup := s.Large[name]; dup {
+			return fmt.Errorf("checkpoint round %d: blob %q is both in Large and in Streams", s.Round, name)
+		}
+	}
 	probe := &State{Head: s.Head, Meta: s.Meta, Refs: s.Keep}
 	if err := probe.validate(); err != nil {
 		return fmt.Errorf("checkpoint round %d: %w", s.Round, err)
@@ -38,6 +54,9 @@ func (c *Checkpointer) check(s *Snapshot) error {
 		id := s.Keep[name]
 		if _, dup := s.Large[name]; dup {
 			return fmt.Errorf("checkpoint round %d: blob %q is both in Large and in Keep", s.Round, name)
+		}
+		if _, dup := s.Streams[name]; dup {
+			return fmt.Errorf("checkpoint round %d: blob %q is both in Streams and in Keep", s.Round, name)
 		}
 		if c.shared == nil {
 			return fmt.Errorf("checkpoint round %d: kept blob %q (%s): no shared artifact store", s.Round, name, id)
@@ -54,4 +73,15 @@ func (c *Checkpointer) check(s *Snapshot) error {
 // every time.
 func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// release closes the snapshot's sources; the snapshot is done with (written, failed or
+// dropped). Safe to call more than once.
+func (s *Snapshot) release() {
+	for _, name := range sortedKeys(s.Streams) {
+		if src := s.Streams[name]; src != nil {
+			src.Close()
+		}
+	}
+	s.Streams = nil
 }

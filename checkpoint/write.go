@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -23,7 +24,7 @@ func (c *Checkpointer) write(ctx context.Context, s *Snapshot) (*State, error) {
 	seq := c.lastSeq + 1
 	st := &State{
 		Seq: seq, Round: s.Round, Head: s.Head,
-		Blobs: make(map[string]cid.Cid, len(s.Large)),
+		Blobs: make(map[string]cid.Cid, len(s.Large)+len(s.Streams)),
 		Refs:  nonNil(maps.Clone(s.Keep)),
 		Meta:  nonNil(maps.Clone(s.Meta)),
 		// Whole nanoseconds, no monotonic reading: the value Load will return.
@@ -34,6 +35,16 @@ func (c *Checkpointer) write(ctx context.Context, s *Snapshot) (*State, error) {
 			return nil, fmt.Errorf("checkpoint generation %d: %w", seq, err)
 		}
 		id, err := c.own.PutBytes(s.Large[name])
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint generation %d: blob %q: %w", seq, name, err)
+		}
+		st.Blobs[name] = id
+	}
+	for _, name := range sortedKeys(s.Streams) {
+		id, err := c.putStream(ctx, s.Streams[name])
+		if errors.Is(err, ErrNoBlob) {
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint generation %d: blob %q: %w", seq, name, err)
 		}
@@ -53,6 +64,32 @@ func (c *Checkpointer) write(ctx context.Context, s *Snapshot) (*State, error) {
 	c.lastSeq = seq
 	c.prune()
 	return st, nil
+}
+
+// putStream writes src into the checkpoint's own store, block by block. A source that ends
+// early or runs long, a failed write (a full disk) or ctx ending leaves no blob: the
+// artifact store's temporary file is removed and nothing names it.
+func (c *Checkpointer) putStream(ctx context.Context, src Source) (cid.Cid, error) {
+	if err := ctx.Err(); err != nil {
+		return cid.Undef, err
+	}
+	w, err := c.own.Create()
+	if err != nil {
+		return cid.Undef, err
+	}
+	cw := &countWriter{w: ctxWriter{ctx: ctx, w: w}}
+	if _, err := src.WriteTo(cw); err != nil {
+		w.Abort()
+		if errors.Is(err, ErrNoBlob) && cw.n == 0 {
+			return cid.Undef, ErrNoBlob
+		}
+		return cid.Undef, fmt.Errorf("from %s: %w", src.Describe(), err)
+	}
+	if want := src.Size(); want >= 0 && cw.n != want {
+		w.Abort()
+		return cid.Undef, fmt.Errorf("from %s: %d bytes written, the source has %d", src.Describe(), cw.n, want)
+	}
+	return w.Commit()
 }
 
 // prune deletes state files beyond the newest c.keep, then every blob in our own

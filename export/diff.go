@@ -57,6 +57,7 @@ func diffFile(ctx context.Context, path string, fp *filePlan, src []byte, block 
 		return nil, fmt.Errorf("map %s: %w", path, err)
 	}
 	defer syscall.Munmap(old)
+	oldPages := &pageDropper{m: old}
 	// We read the whole file once, front to back: ask for read-ahead.
 	_ = syscall.Madvise(old, syscall.MADV_SEQUENTIAL)
 	buf := make([]byte, block)
@@ -68,7 +69,7 @@ func diffFile(ctx context.Context, path string, fp *filePlan, src []byte, block 
 		d.compared += int64(n)
 		want := fp.at(src, off, n, buf)
 		same := bytes.Equal(old[off:off+int64(n)], want)
-		dropPages(old, old[off:off+int64(n)])
+		oldPages.drop(old[off : off+int64(n)])
 		if drop != nil {
 			drop(want)
 		}

@@ -18,18 +18,30 @@ import (
 )
 
 // exportMemEnv selects the model sizes TestExportMemory measures (comma-separated
-// parameter counts, e.g. P2PNODE_EXPORT_MEM=100000000); skipped without it.
+// parameter counts, e.g. P2PNODE_EXPORT_MEM=1000000000 for a 4 GB head); without it, 32 M
+// parameters (a 128 MB model: 2 minutes at 256 MB under -race on the loaded 2-core
+// machine, mostly writing the heads).
 const exportMemEnv = "P2PNODE_EXPORT_MEM"
+
+// exportMemSlack bounds an export's peak RSS whatever the model's size: the Go runtime
+// (and the race detector's), a few blocks, the plan. Measured at 256 MB: 22 MiB, 42 MiB
+// under -race; before pageDropper an in-place export kept 0.55 × model more.
+const exportMemSlack = 64.0
 
 const exportChildEnv = "P2PNODE_EXPORT_MEM_CHILD"
 
 // TestExportMemory measures the peak RSS of exporting a head (fresh, then in place over
 // the previous round with every block changed), each in a child process that reports its
-// own VmHWM, and asserts ≤ 2 × model bytes + 256 MiB.
+// own VmHWM, and asserts a bound that does not grow with the model (exportMemSlack): the
+// params blob and the model files are mapped and their pages released as the export
+// passes them, nothing is copied.
 func TestExportMemory(t *testing.T) {
 	spec := os.Getenv(exportMemEnv)
 	if spec == "" {
-		t.Skipf("set %s (e.g. 100000000) to measure export memory", exportMemEnv)
+		if testing.Short() {
+			t.Skip("writes 512 MB")
+		}
+		spec = strconv.Itoa(32 << 20)
 	}
 	for _, ps := range strings.Split(spec, ",") {
 		p, err := strconv.Atoi(ps)
@@ -58,7 +70,7 @@ func TestExportMemory(t *testing.T) {
 				p, step.name, rss, rss/model, model, wall.Round(time.Millisecond))
 			t.Log(row)
 			fmt.Println(row)
-			require.LessOrEqual(t, rss, 2*model+256, row)
+			require.LessOrEqual(t, rss, exportMemSlack, row)
 		}
 	}
 }

@@ -28,11 +28,13 @@ type Source struct {
 	Layout pack.Layout
 	Data   []byte
 	close  func() error
-	mapped []byte // the mapping Data views, if any (see drop)
+	pages  *pageDropper // over the mapping Data views, if any (see drop)
 }
 
-// drop releases the resident pages of b, a part of Data already exported (see dropPages).
-func (s *Source) drop(b []byte) { dropPages(s.mapped, b) }
+// drop releases the resident pages of b, a part of Data already exported, and of what was
+// exported before it (see pageDropper). An export walks Data front to back, one export
+// at a time.
+func (s *Source) drop(b []byte) { s.pages.drop(b) }
 
 // Close releases the mapping behind Data, if any. It is safe to call more than once.
 func (s *Source) Close() error {
@@ -106,7 +108,7 @@ func OpenHead(arts *artifact.Store, heads *chain.Store, id cid.Cid) (*Source, er
 					Layout: p.Layout,
 					Data:   f.Data(),
 					close:  blob.Close,
-					mapped: blob.Bytes(),
+					pages:  &pageDropper{m: blob.Bytes()},
 				}, nil
 			}
 		}

@@ -3,9 +3,8 @@ package node
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
-	"os"
-	"slices"
 	"sync"
 
 	"github.com/ipfs/go-cid"
@@ -36,12 +35,21 @@ type keeper struct {
 	ck        *checkpoint.Checkpointer
 	keepOuter bool
 
-	mu          sync.Mutex
-	optPath     string // newest inner-optimizer state file
-	residual    []float32
-	residualTag string
-	paces       func() map[string]float64 // the validator's paces to checkpoint; nil on trainers
-	restored    map[string]float64        // paces of the checkpoint resumed from
+	mu      sync.Mutex
+	optPath string // newest inner-optimizer state file
+	// residual reads the trainer's error-feedback residual while the checkpoint writer
+	// streams it (round.Trainer.ReadResidual); nil until trackResidual.
+	residual func(f func(r []float32, tag string) error) error
+	paces    func() map[string]float64 // the validator's paces to checkpoint; nil on trainers
+	restored map[string]float64        // paces of the checkpoint resumed from
+}
+
+// trackResidual has every later checkpoint carry the residual read reads, streamed from
+// the trainer's own buffer by the checkpoint writer: no copy of a model-sized vector.
+func (k *keeper) trackResidual(read func(f func(r []float32, tag string) error) error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.residual = read
 }
 
 // trackPaces has every later checkpoint carry the paces f returns.
@@ -100,29 +108,26 @@ func (k *keeper) restore() (*resumed, error) {
 		}
 	}
 	if _, ok := st.Blobs[blobResidual]; ok {
-		b, err := k.ck.OpenBlob(st, blobResidual)
+		path, err := k.ck.BlobPath(st, blobResidual)
 		if err != nil {
 			return nil, err
 		}
-		r.residual, r.residualTag, err = round.ParseResidual(b.Bytes())
-		b.Close()
+		// Block reads into the trainer's vector: not a mapping of the file and a copy.
+		r.residual, r.residualTag, err = round.ReadResidual(path)
 		if err != nil {
 			r.residualErr = fmt.Errorf("checkpoint %s: %w", blobResidual, err)
 		}
 	}
-	k.trained(r.optPath, r.residual, r.residualTag)
+	k.trained(r.optPath)
 	return r, nil
 }
 
-// trained records the trainer's state after a window.
-func (k *keeper) trained(optPath string, residual []float32, residualTag string) {
+// trained records the trainer's inner-optimizer state file after a window.
+func (k *keeper) trained(optPath string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if optPath != "" {
 		k.optPath = optPath
-	}
-	if residual != nil {
-		k.residual, k.residualTag = slices.Clone(residual), residualTag
 	}
 }
 
@@ -136,10 +141,22 @@ func (k *keeper) headChanged(id cid.Cid, h *chain.Head) error {
 	return nil
 }
 
-func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error) {
+// snapshot describes the node's state at head id for the checkpoint writer. Nothing
+// model-sized is copied: the inner-optimizer state is a file opened now (the writer reads
+// it even if the trainer has moved on and removed it) and the residual is read from the
+// trainer's buffer when the writer gets to it (see residualSource).
+func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (snap checkpoint.Snapshot, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	snap := checkpoint.Snapshot{Round: h.Round, Head: id.String(), Large: map[string][]byte{}, Keep: map[string]cid.Cid{}}
+	snap = checkpoint.Snapshot{Round: h.Round, Head: id.String(), Streams: map[string]checkpoint.Source{}, Keep: map[string]cid.Cid{}}
+	defer func() {
+		if err != nil {
+			for _, src := range snap.Streams {
+				src.Close()
+			}
+			snap.Streams = nil
+		}
+	}()
 	if p, err := h.ParamsID(); err == nil {
 		snap.Keep[refHeadParams] = p
 	}
@@ -147,11 +164,11 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 		snap.Keep[refHeadOuter] = o
 	}
 	if k.optPath != "" {
-		b, err := os.ReadFile(k.optPath)
+		src, err := checkpoint.OpenFile(k.optPath)
 		if err != nil {
-			return snap, fmt.Errorf("checkpoint inner optimizer state %s: %w", k.optPath, err)
+			return snap, fmt.Errorf("checkpoint inner optimizer state: %w", err)
 		}
-		snap.Large[blobInnerOpt] = b
+		snap.Streams[blobInnerOpt] = src
 	}
 	if k.paces != nil {
 		if p := k.paces(); len(p) > 0 {
@@ -163,11 +180,42 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (checkpoint.Snapshot, error
 		}
 	}
 	if k.residual != nil {
-		b, err := round.EncodeResidual(k.residual, k.residualTag)
-		if err != nil {
-			return snap, fmt.Errorf("checkpoint %s: %w", blobResidual, err)
-		}
-		snap.Large[blobResidual] = b
+		snap.Streams[blobResidual] = residualSource{read: k.residual}
 	}
 	return snap, nil
+}
+
+// residualSource streams the trainer's residual into a checkpoint blob while holding it
+// against changes (round.Trainer.ReadResidual): an encoding waits for at most this write,
+// and the blob is never a half-updated residual. The residual written is the newest when
+// the writer gets to it, possibly a window newer than the head it is saved with: it is
+// what the trainer still owes the model, whatever the head (see round.ResidualTag).
+type residualSource struct {
+	read func(f func(r []float32, tag string) error) error
+}
+
+func (s residualSource) WriteTo(w io.Writer) (int64, error) {
+	cw := &countingWriter{w: w}
+	err := s.read(func(r []float32, tag string) error {
+		if r == nil {
+			return checkpoint.ErrNoBlob // no residual now (a fresh trainer, or reset)
+		}
+		return round.WriteResidual(cw, r, tag)
+	})
+	return cw.n, err
+}
+
+func (residualSource) Size() int64      { return -1 }
+func (residualSource) Describe() string { return "the trainer's error-feedback residual" }
+func (residualSource) Close() error     { return nil }
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.n += int64(k)
+	return k, err
 }

@@ -168,6 +168,8 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	if err := restore(ctx, e, work); err != nil {
 		return err
 	}
+	// After restore set the residual, before any loop can checkpoint.
+	e.keeper.trackResidual(work.ReadResidual)
 	if e.poison != "" {
 		e.log.Warn("POISONED TRAINER: this node sends corrupted updates on purpose", "mode", e.poison)
 		// Each attacker draws its own noise: with the experiment's seed alone, every noisy

@@ -116,7 +116,7 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	}
 	t.capacity.observe(float64(res.Samples), res.TrainSeconds)
 	t.capacity.observeWindow(res.Steps, res.Seconds)
-	t.keeper.trained(res.OptState, t.work.Residual, t.work.ResidualTag)
+	t.keeper.trained(res.OptState)
 	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
 		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds,
 		TrainSeconds: res.TrainSeconds, FetchSeconds: fetched.Seconds() + res.FetchSeconds}

@@ -3,6 +3,7 @@ package round
 import (
 	"bytes"
 	"fmt"
+	"io"
 
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/merge"
@@ -76,4 +77,41 @@ func ParseResidual(b []byte) ([]float32, string, error) {
 		return nil, "", fmt.Errorf("residual: element %d is %v", i, out[i])
 	}
 	return out, f.Header.Metadata["tag"], nil
+}
+
+// WriteResidual writes what EncodeResidual returns to w, streaming: the values are written
+// from r itself, not copied.
+func WriteResidual(w io.Writer, r []float32, tag string) error {
+	err := pack.Write(w, []pack.Tensor{{Name: "residual", DType: pack.F32, Shape: []int64{int64(len(r))}, Data: pack.Float32Bytes(r)}},
+		map[string]string{"format": ResidualFormat, "tag": tag})
+	if err != nil {
+		return fmt.Errorf("write residual: %w", err)
+	}
+	return nil
+}
+
+// ReadResidual reads a residual file (what EncodeResidual wrote) with block reads into
+// the slice it returns: the process holds the residual once, not also a mapping of the
+// file. Like ParseResidual it refuses NaN or ±Inf and names the file in errors.
+func ReadResidual(path string) ([]float32, string, error) {
+	r, err := pack.OpenReader(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("residual: %w", err)
+	}
+	defer r.Close()
+	if r.Header.Metadata["format"] != ResidualFormat {
+		return nil, "", fmt.Errorf("residual %s: format %q, want %q", path, r.Header.Metadata["format"], ResidualFormat)
+	}
+	t, ok := r.Header.Find("residual")
+	if !ok || t.DType != pack.F32 || len(t.Shape) != 1 {
+		return nil, "", fmt.Errorf("residual %s: needs a one-dimensional F32 tensor \"residual\"", path)
+	}
+	out := make([]float32, t.Elements())
+	if err := r.ReadTensor(t, 0, pack.Float32Bytes(out)); err != nil {
+		return nil, "", fmt.Errorf("residual: %w", err)
+	}
+	if i := merge.FirstNonFinite(out, 0); i >= 0 {
+		return nil, "", fmt.Errorf("residual %s: element %d is %v", path, i, out[i])
+	}
+	return out, r.Header.Metadata["tag"], nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/ipfs/go-cid"
@@ -101,6 +103,34 @@ func TestResidualFileRoundTrip(t *testing.T) {
 	require.ErrorContains(t, err, "p2ptrain-residual/1")
 	_, _, err = ParseResidual(pack.Float32Bytes(r)) // the raw bytes an older node wrote
 	require.Error(t, err)
+}
+
+// WriteResidual streams the bytes EncodeResidual returns; ReadResidual reads them back
+// from a file, refusing the same damage ParseResidual does and naming the file.
+func TestResidualStreamedFile(t *testing.T) {
+	dir := t.TempDir()
+	r := []float32{1, -0.5, 0, 3e-8}
+	want, err := EncodeResidual(r, "int8/256/0/L")
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	require.NoError(t, WriteResidual(&buf, r, "int8/256/0/L"))
+	require.Equal(t, want, buf.Bytes())
+	path := filepath.Join(dir, "res")
+	require.NoError(t, os.WriteFile(path, want, 0o600))
+	got, tag, err := ReadResidual(path)
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+	require.Equal(t, "int8/256/0/L", tag)
+
+	require.NoError(t, os.WriteFile(path, want[:len(want)-3], 0o600)) // truncated
+	_, _, err = ReadResidual(path)
+	require.ErrorContains(t, err, path)
+	nan, err := EncodeResidual([]float32{1, float32(math.NaN())}, "t")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, nan, 0o600))
+	_, _, err = ReadResidual(path)
+	require.ErrorContains(t, err, "element 1 is NaN")
+	require.ErrorContains(t, err, path)
 }
 
 func FuzzParseResidual(f *testing.F) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -45,6 +46,10 @@ type Trainer struct {
 	// settings and the pack layout it was made for; see ResidualTag for when it is reset.
 	Residual    []float32
 	ResidualTag string
+	// residualMu is held for writing while an encoding updates Residual, and for reading
+	// by ReadResidual (the checkpoint writer streaming it to disk), so that neither sees
+	// the residual half-updated and the residual is never copied to be saved.
+	residualMu sync.RWMutex
 
 	// Poison, when set, corrupts the pseudo-gradient before it is encoded: fault injection
 	// for end-to-end tests of screening (p2pnode run --poison). A poisoned delta that is
@@ -165,6 +170,7 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 		}
 	}
 	var residual []float32
+	t.residualMu.Lock()
 	if tag := t.residualTag(basePack.Layout.Hash()); tag != "" {
 		if len(t.Residual) != len(delta) || t.ResidualTag != tag {
 			t.Residual, t.ResidualTag = make([]float32, len(delta)), tag
@@ -177,6 +183,7 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	} else {
 		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
 	}
+	t.residualMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: encode delta: %w", base.Round+1, err)
 	}
@@ -185,6 +192,14 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
 	return done(id, merge.Norm(delta, t.Workers)), nil
+}
+
+// ReadResidual calls f with the error-feedback residual and its tag (nil and "" when there
+// is none); no encoding changes them until f returns. f must not keep r.
+func (t *Trainer) ReadResidual(f func(r []float32, tag string) error) error {
+	t.residualMu.RLock()
+	defer t.residualMu.RUnlock()
+	return f(t.Residual, t.ResidualTag)
 }
 
 // keepOptState makes optOut the inner-optimizer state, removing the previous one if it was
@@ -215,6 +230,8 @@ func (t *Trainer) encodeDense(paramsID cid.Cid, out string) (cid.Cid, float64, e
 	}
 	var residual []float32
 	n := int(baseR.Layout.Params())
+	t.residualMu.Lock()
+	defer t.residualMu.Unlock()
 	if tag := t.residualTag(baseR.Layout.Hash()); tag != "" {
 		if len(t.Residual) != n || t.ResidualTag != tag {
 			t.Residual, t.ResidualTag = make([]float32, n), tag
