@@ -21,7 +21,8 @@
 #   - DIR/validator.log: one "contribution rejected" line per rejected peer and round, with
 #     the reason and the cosines/bar (round/merge.go rejectionDetail), and the "peer
 #     quarantined" lines.
-# Updates offered = merged + rejected (notes); the rate is all rejections over that. The
+# Updates offered = merged + rejected (notes); the rates are screening's rejections (with
+# the repeats below) and all rejections (late ones too) over that. The
 # log's rejections are counted for the rounds that have a head; the notes' count minus them
 # is reported apart, reason unknown: a peer is logged once per round, so a trainer rejected
 # again in a later attempt of the round (after every update of an attempt was rejected and
@@ -90,7 +91,7 @@ def fields(line):
 
 SCREEN = {"non_finite", "norm_bound", "norm_outlier", "low_cosine"}
 by_reason, by_phase = Counter(), defaultdict(Counter)
-quarantines, quarantined_rounds, unlogged, later, readmits = 0, [], 0, 0, 0
+quarantines, q_why, unlogged, later, readmits = 0, Counter(), 0, 0, 0
 cos_rows = []
 margins = defaultdict(lambda: defaultdict(list))
 buckets = 10
@@ -110,7 +111,8 @@ with open(logp, errors="replace") as f:
                 cos_rows.append(f"  round {r} {m['reason']}: {m.get('detail', '')}")
         elif 'msg="peer quarantined' in line:
             quarantines += 1
-            quarantined_rounds.append(fields(line).get("peer", "?")[-6:])
+            # Rejections quarantine without a reason field; missed leases name theirs.
+            q_why[fields(line).get("reason", "rejections")] += 1
         elif 'msg="proposed head"' in line and "screened=" in line:
             # The accepted updates' lowest cosines and the bar (validators that log them).
             m = fields(line)
@@ -142,8 +144,12 @@ if unlogged:
     print(f"rejections held back by the log's rate limit: {unlogged}")
 if repeats < 0:
     print(f"WARNING: the log names {logged} rejections, more than the notes count ({noted})")
-print(f"screening rejections logged {screened} ({pct(screened):.2f} %); all rejections {noted} of {offered}: "
-      f"{pct(noted):.2f} %; rounds where every update was rejected {readmits}; quarantines of honest peers {quarantines}")
+# Screening's rate counts the repeats too (a round readmits its trainers only after every
+# update of an attempt was rejected, in practice by screening): an upper bound.
+scr = screened + max(repeats, 0)
+print(f"screening rejections {scr} of {offered}: {pct(scr):.2f} %; all rejections {noted} (late etc. included): "
+      f"{pct(noted):.2f} %; rounds where every trainer failed an attempt (readmitted) {readmits}; quarantines of honest peers {quarantines}"
+      + (" (" + ", ".join(f"after {r} {n}" for r, n in sorted(q_why.items())) + ")" if q_why else ""))
 if later:
     print(f"(and {later} rejections in the unfinished round after {last}, not counted)")
 print("rejections by round (phase):")
@@ -164,5 +170,6 @@ if cos_rows:
     print("\n".join(cos_rows))
 print(f"TABLE | {workload} | {last} | {offered} | "
       + (", ".join([f"{r} {n}" for r, n in sorted(by_reason.items())] + ([f"again in a later attempt {repeats}"] if repeats > 0 else [])) or "none")
-      + f" | {pct(noted):.2f} % | {readmits} | {quarantines} |")
+      + f" | {pct(scr):.2f} % | {pct(noted):.2f} % | {readmits} | {quarantines}"
+      + (" (" + ", ".join(f"{r} {n}" for r, n in sorted(q_why.items())) + ")" if q_why else "") + " |")
 EOF

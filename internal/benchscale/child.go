@@ -215,7 +215,9 @@ type workerReply struct {
 	Train   pyruntime.TrainResult `json:"train"`
 	Metrics map[string]float64    `json:"metrics,omitempty"`
 	PeakKiB int64                 `json:"peak_kib"`
-	Err     string                `json:"err,omitempty"`
+	// AnonKiB is RssAnon as the call ends (Go keeps what it allocated: about its peak).
+	AnonKiB int64  `json:"anon_kib"`
+	Err     string `json:"err,omitempty"`
 }
 
 // procRuntime runs every call of the synthetic workload that touches the model (init,
@@ -242,7 +244,7 @@ func (r *procRuntime) call(ctx context.Context, j workerJob) (workerReply, error
 	if jerr := json.Unmarshal(out.Bytes(), &rep); jerr != nil {
 		return rep, fmt.Errorf("bench worker %s: %v (%v): %s", j.Op, err, jerr, errb.String())
 	}
-	r.log.Debug("worker call", "op", j.Op, "seconds", wall.Seconds(), "peak_kib", rep.PeakKiB)
+	r.log.Debug("worker call", "op", j.Op, "seconds", wall.Seconds(), "peak_kib", rep.PeakKiB, "anon_kib", rep.AnonKiB)
 	if rep.Err != "" {
 		return rep, errors.New(rep.Err)
 	}
@@ -301,7 +303,7 @@ func runWorker() int {
 		}
 		return fmt.Errorf("unknown op %q", j.Op)
 	}()
-	rep.PeakKiB = peakKiB()
+	rep.PeakKiB, rep.AnonKiB = peakKiB(), statusKiB("RssAnon:")
 	if err != nil {
 		rep.Err = err.Error()
 	}

@@ -66,7 +66,7 @@ type roleRSS struct {
 	leader, follower, trainer, worker float64
 	// anon are the same for RssAnon (sampled): the process's own memory, without the file
 	// pages of mapped or cached artifacts.
-	leaderAnon, followerAnon, trainerAnon float64
+	leaderAnon, followerAnon, trainerAnon, workerAnon float64
 }
 
 // roleBytes are MB received and sent over libp2p during the round.
@@ -165,6 +165,7 @@ func collect(params int64, trainers, rounds int, procs []*proc) (*rowResult, err
 			if r.msg == "worker call" && r.attrs["op"] == "train" && !r.at.After(tr.at) {
 				w = r.num("seconds")
 				res.rss.worker = max(res.rss.worker, r.num("peak_kib")*1024/model)
+				res.rss.workerAnon = max(res.rss.workerAnon, r.num("anon_kib")*1024/model)
 			}
 		}
 		began := tr.at.Add(-time.Duration((window + fp) * float64(time.Second)))
@@ -267,12 +268,12 @@ type table struct{}
 
 func newTable() *table { return &table{} }
 
-const rowFmt = "%5s %3s | %6s %6s %6s %6s %6s %6s %6s %5s %5s %6s %6s | %6s | %7s %7s %7s %7s | %13s %13s %13s %6s\n"
+const rowFmt = "%5s %3s | %6s %6s %6s %6s %6s %6s %6s %5s %5s %6s %6s | %6s | %7s %7s %7s %7s | %13s %13s %13s %13s\n"
 
 func (t *table) header() {
 	fmt.Printf(rowFmt, "size", "T", "lease", "fetch", "train", "encode", "upload", "screen", "merge", "eval", "sign", "attest", "ckpt", "round",
 		"T in", "T out", "V in", "V out", "V-lead", "V-foll", "T", "worker")
-	fmt.Printf(rowFmt, "", "", "s", "head s", "wall s", "s", "s", "s", "s", "s", "s", "s", "s", "s", "MB", "MB", "MB", "MB", "RSS (anon)/M", "RSS (anon)/M", "RSS (anon)/M", "RSS/M")
+	fmt.Printf(rowFmt, "", "", "s", "head s", "wall s", "s", "s", "s", "s", "s", "s", "s", "s", "s", "MB", "MB", "MB", "MB", "RSS (anon)/M", "RSS (anon)/M", "RSS (anon)/M", "RSS (anon)/M")
 }
 
 func (t *table) row(r *rowResult) {
@@ -288,7 +289,7 @@ func (t *table) row(r *rowResult) {
 		s(r.st.upload), s(r.st.screen), s(r.st.merge), s(r.st.eval), s(r.st.sign), s(r.st.attest), s(r.st.checkpoint), s(r.st.round),
 		mb(r.bytes.trainerIn), mb(r.bytes.trainerOut), mb(r.bytes.leaderIn), mb(r.bytes.leaderOut),
 		x(r.rss.leader)+" ("+x(r.rss.leaderAnon)+")", x(r.rss.follower)+" ("+x(r.rss.followerAnon)+")",
-		x(r.rss.trainer)+" ("+x(r.rss.trainerAnon)+")", x(r.rss.worker))
+		x(r.rss.trainer)+" ("+x(r.rss.trainerAnon)+")", x(r.rss.worker)+" ("+x(r.rss.workerAnon)+")")
 	if r.merged != r.trainers {
 		fmt.Printf("      (%d of %d contributions merged)\n", r.merged, r.trainers)
 	}
@@ -322,9 +323,10 @@ RSS/M: peak RSS (VmHWM) of each process over its whole life (start-up, genesis, 
 V-lead the round's leader, V-foll the largest follower, T the largest trainer (Go side), worker the largest
 synthetic-workload call (it copies the params; a Python worker's memory is its own affair). In brackets the
 largest RssAnon sampled every 50 ms: the process's own memory (heap, stacks), without the file pages of mapped
-or cached artifacts that VmHWM counts too.
-A row that does not fit: disk as each role stores (nothing pruned), RAM as Σ peak RSS/M × M over the processes,
-with the largest ratios measured at 100 M parameters and up (kept in BENCH_SCALE_DIR/rss-ratios.json) or
-2/2/1/2 before any; workers of every trainer run at once.
+or cached artifacts that VmHWM counts too (a worker's: RssAnon as its call ends).
+A row that does not fit: disk as each role stores (nothing pruned); RAM as the processes' own memory,
+Σ anon/M × M + 100 MB a process, with the largest anon ratios measured at 100 M parameters and up (kept in
+BENCH_SCALE_DIR/rss-ratios.json; before any, 1.5 a validator, 0.5 a trainer, 1.5 a worker); every trainer's
+worker runs at once. File pages of the stores are cache and not counted.
 `)
 }

@@ -38,6 +38,6 @@ func TestEstimateGrowsWithTrainersAndRounds(t *testing.T) {
 	require.Greater(t, big.disk, int64(200e9))
 	require.Less(t, small.disk, int64(2e9))
 	require.Greater(t, e.need(1e9, 16, 2, 2).disk, big.disk)
-	e.learn(&rowResult{params: 100e6, rss: roleRSS{leader: 5}})
+	e.learn(&rowResult{params: 100e6, rss: roleRSS{leaderAnon: 5}})
 	require.Greater(t, e.need(1e9, 16, 2, 1).ram, big.ram)
 }

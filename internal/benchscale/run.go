@@ -378,7 +378,7 @@ func loadAvg() string {
 // estimator says what a row needs before it runs: disk from what each role stores, memory
 // from the peak RSS per model byte measured in the rows run so far (or defaults before any).
 type estimator struct {
-	// ratios are the largest peak RSS per model byte seen per role.
+	// ratios are the largest peak anonymous RSS per model byte seen per role.
 	Leader, Follower, Trainer, Worker float64
 	// path keeps them between runs (rows of 100 M parameters take minutes each, and a
 	// quick run of one of them should inform the next run's estimate of the larger rows).
@@ -401,9 +401,14 @@ func (e *estimator) need(params int64, trainers, validators, rounds int) need {
 	m := 4 * params
 	t, v, r := int64(trainers), int64(validators), int64(rounds)
 	disk := t*(1+3*r)*m + v*(2+r*(t+2))*m + 1<<30
-	ratio := func(seen, def float64) float64 { return max(seen, def) }
-	ram := ratio(e.Leader, 2)*float64(m) + float64(validators-1)*ratio(e.Follower, 2)*float64(m) +
-		float64(trainers)*(ratio(e.Trainer, 1)+ratio(e.Worker, 2))*float64(m)
+	ratio := func(seen, def float64) float64 {
+		if seen > 0 {
+			return seen
+		}
+		return def
+	}
+	ram := ratio(e.Leader, 1.5)*float64(m) + float64(validators-1)*ratio(e.Follower, 1.5)*float64(m) +
+		float64(trainers)*(ratio(e.Trainer, 0.5)+ratio(e.Worker, 1.5))*float64(m) + float64(validators+2*trainers)*100e6
 	return need{disk: disk, ram: int64(ram)}
 }
 
@@ -413,10 +418,10 @@ func (e *estimator) learn(r *rowResult) {
 	if r.params < 100e6 {
 		return
 	}
-	e.Leader = max(e.Leader, r.rss.leader)
-	e.Follower = max(e.Follower, r.rss.follower)
-	e.Trainer = max(e.Trainer, r.rss.trainer)
-	e.Worker = max(e.Worker, r.rss.worker)
+	e.Leader = max(e.Leader, r.rss.leaderAnon)
+	e.Follower = max(e.Follower, r.rss.followerAnon)
+	e.Trainer = max(e.Trainer, r.rss.trainerAnon)
+	e.Worker = max(e.Worker, r.rss.workerAnon)
 	if e.path != "" {
 		if b, err := json.Marshal(e); err == nil {
 			_ = os.WriteFile(e.path, b, 0o644)
