@@ -15,7 +15,11 @@
 // removes. The last three generations are kept (KeepGenerations changes that), so one
 // damaged state file or blob costs one generation, not the node's progress.
 //
-// Blob ownership: Snapshot.Large blobs go into the checkpoint's own artifact store, and
+// Model-sized state is streamed: Snapshot.Streams blobs are read from their Source (an open
+// file, a buffer the source guards) block by block while they are written, so a
+// checkpoint of a 4 GB state costs the writer a 1 MiB buffer, not a copy.
+//
+// Blob ownership: Snapshot.Large and Snapshot.Streams blobs go into the checkpoint's own artifact store, and
 // only those are ever deleted (when no kept generation references them). Snapshot.Keep
 // references artifacts in the node's shared store (a head's params, say) and is never
 // deleted here. Deleting from the shared store would be unsafe however carefully it is

@@ -55,7 +55,8 @@ func (q *queue) signal() {
 // slow disk costs generations, never memory or the caller's time.
 //
 // SaveAsync takes ownership of s: its maps and the byte slices in Large must not be
-// changed or reused by the caller afterwards. Errors are logged and reported by Flush.
+// changed or reused by the caller afterwards, and its Streams are closed by the
+// checkpointer (written or dropped). Errors are logged and reported by Flush.
 func (c *Checkpointer) SaveAsync(s Snapshot) {
 	q := &c.q
 	q.mu.Lock()

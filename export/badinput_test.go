@@ -7,8 +7,10 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/pack"
 )
 
@@ -278,4 +280,35 @@ func TestReadOnlyDirectory(t *testing.T) {
 	// Verifying needs no writes.
 	_, err = VerifyDir(mnt, src, nil)
 	require.NoError(t, err)
+}
+
+// TestTruncatedParamsBlob: a head whose params blob in the store was cut short is not
+// exported; the error names the head and the params artifact, and the model directory
+// keeps the model it had.
+func TestTruncatedParamsBlob(t *testing.T) {
+	root := t.TempDir()
+	s := newStores(t, filepath.Join(root, "node"), 0)
+	l := smallLayout()
+	h1 := s.putHead(t, l, values(l, 1), 0, cid.Undef)
+	h2 := s.putHead(t, l, values(l, 2), 1, h1)
+	dir := filepath.Join(root, "model")
+	src, err := OpenHead(s.arts, s.heads, h1)
+	require.NoError(t, err)
+	_, err = Export(ctx, src, dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, src.Close())
+	before := dirHashes(t, dir)
+
+	_, h, err := s.heads.Get(h2)
+	require.NoError(t, err)
+	pid, err := h.ParamsID()
+	require.NoError(t, err)
+	path := s.arts.BlobPath(pid)
+	require.NoError(t, os.Chmod(path, 0o644))
+	require.NoError(t, os.Truncate(path, 1000))
+	_, err = OpenHead(s.arts, s.heads, h2)
+	require.ErrorIs(t, err, artifact.ErrCorrupt)
+	require.ErrorContains(t, err, h2.String())
+	require.ErrorContains(t, err, pid.String())
+	require.Equal(t, before, dirHashes(t, dir))
 }

@@ -18,6 +18,21 @@ const (
 	// MinSpread is the smallest spread a calibrated cosine bar assumes, so that a run of
 	// nearly identical updates does not make the bar so tight that honest noise fails it.
 	MinSpread = 0.02
+	// NoiseZ sets the noise bar: a delta of n values whose cosine to its reference is below
+	// NoiseZ/√n points no more along it than a random direction does by chance (the cosine
+	// of an independent Gaussian vector is about N(0, 1/n); NoiseZ = 4 lets one in 30 000
+	// through). The cosine bars never fall below it while honest updates clear it easily
+	// (see Screening.bar), so noise at an honest norm and updates pointing away from the
+	// others are rejected even when the calibrated bar is negative.
+	NoiseZ = 4
+	// FloorZ: once the history is warm, the floor (max(min_cosine, noise bar)) holds only
+	// while the accepted cosines clear it by FloorZ spreads, mean − FloorZ × spread ≥
+	// floor, so that it rejects under 1 % of honest updates (about 0.6 % for a normal
+	// spread).
+	FloorZ = 2.5
+	// MaxNoiseBar caps the noise bar for small models (below 400 values NoiseZ/√n would
+	// exceed it).
+	MaxNoiseBar = 0.2
 )
 
 // Moments are running statistics of one screening cosine over the accepted deltas of

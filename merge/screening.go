@@ -21,7 +21,10 @@ import (
 //     each survivor u_k to the sum of the OTHER survivors' unit vectors, U − u_k, where
 //     U = Σ u_j is one reference for the whole round (ReasonLowCosine). Unit vectors keep a
 //     scaled update from steering the reference, and leaving the delta itself out keeps a
-//     random update from agreeing with a reference it is part of. With fewer survivors
+//     random update from agreeing with a reference it is part of. Once the history is warm
+//     a cohort is also held to the reference vector (its own bar from the history): the
+//     reference is made of merged updates only, so a third of the cohort agreeing on a
+//     sign flip, which pulls U, cannot pull it. With fewer survivors
 //     the cohort says nothing about who is odd, so each survivor is held to the reference
 //     vector instead (the recent merged updates every validator holds, e.g. the outer
 //     momentum; the fixed bar until the history is warm). With no reference (or a zero
@@ -30,9 +33,11 @@ import (
 //     reference are computed whenever one is given, so the history learns what honest
 //     updates look like.
 //
-// The cosine bar is the fixed *MinCosine until the history holds HistoryWarmup rounds
-// and, when CosineTolerance > 0, mean − CosineTolerance × max(spread, MinSpread) of the
-// cosines accepted in recent rounds afterwards, capped at half that mean (see bar).
+// The cosine bar is the fixed *MinCosine (or the noise bar NoiseZ/√n if higher) until the
+// history holds HistoryWarmup rounds and, when CosineTolerance > 0, mean −
+// CosineTolerance × max(spread, MinSpread) of the cosines accepted in recent rounds
+// afterwards, capped at half that mean and raised to the floor max(*MinCosine, noise bar)
+// while the accepted cosines clear the floor by FloorZ spreads (see bar).
 //
 // Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
 // end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
@@ -52,7 +57,7 @@ type Screening struct {
 	alive    []int
 	decided  bool // norm stages decided
 	cohort   bool // cohort cosine check
-	refCheck bool // reference cosine check for a small cohort
+	refCheck bool // reference cosine check (a small cohort's only one; a cohort's second)
 	pair     bool // two survivors: their mutual cosine is computed (U summed over both)
 
 	inv      []float32 // 1/‖d_k‖ of the survivors
@@ -194,7 +199,13 @@ func (s *Screening) decideNorms() {
 	// node's oscillating lone update were rejected at every attempt and the round stalled
 	// (TestSwarmValidatorRestart, TestSoloNodeResumesFromTheChainWithoutState). Until then a
 	// pair is held to each other.
-	s.refCheck = !s.cohort && s.hasRef && s.hist.Ref.N >= HistoryWarmup
+	//
+	// A cohort is held to the reference as well once the history is warm: the reference
+	// is made of merged updates only, so attackers who agree with each other (a third of
+	// the cohort sending sign flips pulls the others' sum U towards them) cannot pull it.
+	// With nine digits trainers the honest updates' cosines to the momentum stayed between
+	// 0.14 and 0.46 for the whole run while their cosines to the others fell to −0.12.
+	s.refCheck = s.hasRef && s.hist.Ref.N >= HistoryWarmup
 	// A pair is held to each other when there is no usable reference (decided once the
 	// reference's norm is known), so U is summed for it too.
 	s.pair = len(s.alive) == 2
@@ -298,31 +309,31 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 
 func (s *Screening) decideCosines() {
 	s.finished = true
-	cohortBar := s.bar(s.hist.Cohort)
-	refBar := s.bar(s.hist.Ref)
 	// A zero reference (no merged update yet to point along) says nothing.
 	refCheck := s.refCheck && s.rr > 0
 	pairCheck := s.pair && !s.cohort && !refCheck
+	if s.cohort {
+		for _, k := range s.alive {
+			s.verdicts[k].Cosine = s.cohortCosine(k)
+		}
+	}
+	cohortBar := s.bar(s.hist.Cohort, s.roundMedian())
+	refBar := s.bar(s.hist.Ref, math.NaN())
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
 		if s.hasRef {
 			v.RefCosine, v.refRan = cosineOf(s.dotR[k], s.sumsq[k], s.rr), true
 		}
-		if s.cohort || pairCheck {
-			// u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine to the sum of
-			// the other survivors' unit vectors (for a pair, to the other one).
-			w := float64(s.inv[k])
-			du := float64(w * s.dotU[k])
-			rest := s.uu - float64(2*du) + 1
-			if w == 0 || !(rest > 0) {
-				v.Cosine = 0
-			} else {
-				v.Cosine = (du - 1) / math.Sqrt(rest)
-			}
+		if pairCheck {
+			v.Cosine = s.cohortCosine(k)
 		}
 		switch {
 		case s.cohort:
 			v.Bar, v.cohortRan = cohortBar, true
+			if v.Cosine >= v.Bar && refCheck && v.RefCosine < refBar {
+				v.Bar = refBar
+				v.reject(ReasonLowCosine)
+			}
 		case refCheck:
 			v.Bar = refBar
 		case pairCheck:
@@ -343,24 +354,79 @@ func (s *Screening) decideCosines() {
 	}
 }
 
-// bar is the cosine bar from history m: calibrated once warm when CosineTolerance > 0,
-// else the fixed MinCosine. The reference check uses the fixed bar too while the history
-// is cold: at the start of a run a small cohort (attackers screened out by norm leave one
-// or two survivors) would otherwise merge noise or a sign flip at an honest norm, since
-// nothing else judges its direction. An honest update points along the momentum (the
-// previous rounds' merged updates) at least as well as it points along the others of its
-// round, which the cohort check holds to the same fixed bar.
+// cohortCosine is u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine of
+// survivor k to the sum of the other survivors' unit vectors (for a pair, to the other one).
+func (s *Screening) cohortCosine(k int) float64 {
+	w := float64(s.inv[k])
+	du := float64(w * s.dotU[k])
+	rest := s.uu - float64(2*du) + 1
+	if w == 0 || !(rest > 0) {
+		return 0
+	}
+	return (du - 1) / math.Sqrt(rest)
+}
+
+// roundMedian is the median cohort cosine of this round's survivors (NaN without a cohort
+// check): how well this round's updates agree, for the cold bar. With fewer than half of
+// the cohort odd, it is an honest update's cosine.
+func (s *Screening) roundMedian() float64 {
+	if !s.cohort {
+		return math.NaN()
+	}
+	cs := make([]float64, 0, len(s.alive))
+	for _, k := range s.alive {
+		cs = append(cs, s.verdicts[k].Cosine)
+	}
+	slices.Sort(cs)
+	return medianSorted(cs)
+}
+
+// bar is the cosine bar from history m. While the history is cold (or CosineTolerance is
+// 0) it is the fixed *MinCosine, raised to the noise bar NoiseZ/√n when this round's
+// updates clearly agree (their median cosine, round, is at least twice the noise bar): a
+// delta whose cosine is below the noise bar points no more along the others than a random
+// direction does, so noise at an honest norm is rejected even with min_cosine 0, while a
+// run whose honest updates look like noise from the start is not stopped by it. The
+// reference check uses the cold bar too while the history is cold: at the start of a run
+// a small cohort (attackers screened out by norm leave one or two survivors) would
+// otherwise merge noise or a sign flip at an honest norm, since nothing else judges its
+// direction.
 //
-// The calibrated bar is mean − CosineTolerance × max(spread, MinSpread), and never above
-// half the mean: when honest updates agree closely the spread is tiny, and a bar just
-// below the mean would reject honest updates as soon as training moves on faster than the
-// history follows. Half the mean still rejects what screening is for — a sign flip (cosine
-// about −mean) and noise (about 0) — whenever honest updates agree at all.
-func (s *Screening) bar(m Moments) float64 {
+// Once warm, the calibrated bar is mean − CosineTolerance × max(spread, MinSpread) of
+// the cosines accepted in recent rounds, and never above half the mean: when honest
+// updates agree closely the spread is tiny, and a bar just below the mean would reject
+// honest updates as soon as training moves on faster than the history follows. While the
+// accepted cosines clear the floor max(*MinCosine, noise bar) by FloorZ spreads (mean −
+// FloorZ × spread ≥ floor), the calibrated bar is raised to the floor if it is below:
+// honest updates point along their reference clearly better than noise, so the floor
+// costs them under 1 %, while a calibrated bar that fell below zero (the spread of a
+// history that followed the run from cosines of 0.8 down to 0.3) let through a sign flip
+// (cosine about −mean) and noise (about 0). When honest updates agree less than that
+// (digits with three trainers: cosines to the others of 0.0–0.4 after convergence, to the
+// momentum −0.2–0.4), they cannot be told from noise by direction without rejecting
+// honest ones, and the calibrated bar stands alone.
+func (s *Screening) bar(m Moments, round float64) float64 {
+	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
 	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
-		return min(m.Mean-float64(s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread)), m.Mean/2)
+		cal := min(m.Mean-float64(s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread)), m.Mean/2)
+		if m.Mean-float64(FloorZ*max(math.Sqrt(m.Var), MinSpread)) >= floor {
+			return max(cal, floor)
+		}
+		return cal
+	}
+	if round/2 >= floor {
+		return floor
 	}
 	return *s.cfg.MinCosine
+}
+
+// NoiseBar is the cosine that a random direction in n dimensions exceeds with probability
+// about 3·10⁻⁵: NoiseZ/√n, at most MaxNoiseBar (0 for n = 0).
+func NoiseBar(n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return min(float64(NoiseZ)/math.Sqrt(float64(n)), MaxNoiseBar)
 }
 
 // Verdicts returns one verdict per delta, in input order, once the passes are complete.

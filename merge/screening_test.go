@@ -37,9 +37,11 @@ func TestScreeningBlocksMatchWhole(t *testing.T) {
 	n := 3*parallel.ChunkLen + 1234
 	rng := rand.New(rand.NewPCG(4, 4))
 	g := gauss(rng, n, 1)
-	deltas := noisyCohort(rng, g, 6, 2)
-	deltas = append(deltas, scaled(deltas[0], -1), scaled(deltas[1], 40), withValue(deltas[2], 5, float32(math.Inf(1))))
-	ref := gauss(rng, n, 1)
+	deltas := noisyCohort(rng, g, 7, 2)
+	// The sign flip is of an update of its own (a negated copy of an honest update cancels
+	// that update in the others' sum, and the noise bar rejects both).
+	deltas = append(deltas[:6], scaled(deltas[6], -1), scaled(deltas[1], 40), withValue(deltas[2], 5, float32(math.Inf(1))))
+	ref := noisyCohort(rng, g, 1, 3)[0] // a momentum honest updates point along (cosine about 0.14)
 	hist := History{Rounds: 9, Norm: 500, Cohort: Moments{N: 9, Mean: 0.2, Var: 0.01}, Ref: Moments{N: 9, Mean: 0.1, Var: 0.001}}
 	cfg := ScreenConfig{MaxNormRatio: 5, MinCosine: new(0.0), CosineTolerance: 3}
 	whole, err := ScreenWith(deltas, ref, hist, cfg, 3)
@@ -279,5 +281,136 @@ func TestHistoryNextDeterministic(t *testing.T) {
 	}
 	if same := h.Next(vs[2:]); same != h {
 		t.Fatalf("a round with nothing accepted changed the history: %+v", same)
+	}
+}
+
+// convergedHistory is a warm history like that of a digits run with nine trainers after
+// convergence (`p2pnode demo --trainers 9`, rounds 15–30: cohort cosines of accepted
+// updates from −0.12 to 0.4, mean about 0.12, so the calibrated cohort bar mean − 4 ×
+// spread had fallen to about −0.7; cosines to the momentum 0.14–0.46, mean about 0.31).
+// Norms as in attackedCohort (about 135).
+func convergedHistory() History {
+	return History{Rounds: 40, Norm: 130, Cohort: Moments{N: 40, Mean: 0.12, Var: 0.04}, Ref: Moments{N: 39, Mean: 0.31, Var: 0.0025}}
+}
+
+// attackedCohort returns six honest updates of a converging run (pairwise cosine about
+// 0.1) and three updates that are each an attacker's own honest update, transformed.
+func attackedCohort(n int, seed uint64, attack func(rng *rand.Rand, d []float32) []float32) ([][]float32, []float32) {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	g := gauss(rng, n, 1.0/3)
+	deltas := noisyCohort(rng, g, 9, 1)
+	for j := 6; j < 9; j++ {
+		deltas[j] = attack(rng, deltas[j])
+	}
+	return deltas, g
+}
+
+func flipAttack(_ *rand.Rand, d []float32) []float32 { return scaled(d, -1) }
+
+func noiseAttack(rng *rand.Rand, d []float32) []float32 {
+	return gauss(rng, len(d), Norm(d, 1)/math.Sqrt(float64(len(d))))
+}
+
+// TestCoordinatedSignFlipAfterQuarantine: three of nine trainers flip their updates in the
+// same round once the history is warm (the digits process row: the flippers came back from
+// quarantine at round 11 and all three flips were merged, because the calibrated bar had
+// fallen below zero and three agreeing flips pull the others' sum). A warm cohort is held
+// to the momentum as well, which only merged updates make: the flips (cosine to it about
+// −0.3) are rejected and the six honest updates (about +0.3) pass.
+func TestCoordinatedSignFlipAfterQuarantine(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	for seed := uint64(1); seed <= 5; seed++ {
+		deltas, g := attackedCohort(n, seed, flipAttack)
+		for _, ref := range [][]float32{g} {
+			v, err := ScreenWith(deltas, ref, convergedHistory(), cfg, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				want := Reason("")
+				if j >= 6 {
+					want = ReasonLowCosine
+				}
+				if v[j].Reason != want {
+					t.Errorf("seed %d, delta %d: %q, want %q (%+v)", seed, j, v[j].Reason, want, v[j])
+				}
+			}
+		}
+	}
+}
+
+// TestNoiseAtHonestNormIsRejected: three of nine send Gaussian noise at their honest
+// update's norm. With the default bar (min_cosine 0) an independent noise vector has a
+// cosine of ±1/√n to anything and passed half the time (the digits process row merged 29
+// of 34); the noise bar rejects it, in the first rounds and once the history is warm.
+func TestNoiseAtHonestNormIsRejected(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	for seed := uint64(1); seed <= 5; seed++ {
+		deltas, g := attackedCohort(n, seed, noiseAttack)
+		for _, hist := range []History{{}, {Rounds: 2, Norm: 1, Cohort: Moments{N: 2, Mean: 0.8, Var: 0.001}}, convergedHistory()} {
+			// The first rounds against the others (the round's median cosine clears twice the
+			// noise bar), a warm history against the momentum too.
+			var ref []float32
+			if hist.Rounds >= HistoryWarmup {
+				ref = g
+			}
+			v, err := ScreenWith(deltas, ref, hist, cfg, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				want := Reason("")
+				if j >= 6 {
+					want = ReasonLowCosine
+				}
+				if v[j].Reason != want {
+					t.Errorf("seed %d, history %+v, delta %d: %q, want %q (%+v)", seed, hist, j, v[j].Reason, want, v[j])
+				}
+			}
+		}
+	}
+}
+
+// TestLoneSignFlipConverged: a lone update (an epoch's tail) is held to the momentum; the
+// honest updates' cosines to it clear the noise bar by far, so the bar is raised to it and
+// rejects the flip and noise while the honest update passes.
+func TestLoneSignFlipConverged(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	deltas, g := attackedCohort(n, 9, func(_ *rand.Rand, d []float32) []float32 { return d })
+	hist := convergedHistory()
+	for _, tc := range []struct {
+		name  string
+		delta []float32
+		want  Reason
+	}{
+		{"honest", deltas[0], ""},
+		{"sign flip", scaled(deltas[1], -1), ReasonLowCosine},
+		{"noise", noiseAttack(rand.New(rand.NewPCG(9, 9)), deltas[2]), ReasonLowCosine},
+	} {
+		v, err := ScreenWith([][]float32{tc.delta}, g, hist, cfg, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v[0].Reason != tc.want {
+			t.Errorf("%s: %q, want %q (%+v)", tc.name, v[0].Reason, tc.want, v[0])
+		}
+	}
+}
+
+// TestHonestConvergedUpdatesKept: six honest trainers over 300 rounds of a converging run
+// (pairwise cosines about 0.1 and about 0.01) lose under 2 % of their updates to
+// screening with the noise bar.
+func TestHonestConvergedUpdatesKept(t *testing.T) {
+	const rounds, k, n = 300, 6, 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	for _, signal := range []float64{1.0 / 3, 0.1, 0.05} {
+		_, _, rej, total := honestRounds(t, cfg, rounds, k, n, signal, 1, 5)
+		t.Logf("signal %.2f: %d of %d honest updates rejected", signal, rej, total)
+		if rej*50 > total {
+			t.Errorf("signal %.2f: %d of %d honest updates rejected (want < 2 %%)", signal, rej, total)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,18 +23,31 @@ import (
 //
 //	go test -race -count=1 -run 'TestOneThirdAttackers$' -v ./node/
 //
-// It runs only with P2PNODE_ATTACK_MATRIX set: all ten rows take about 15 minutes of a
-// loaded 2-core machine under -race, and at a load average above 20 the rounds' timing
-// breaks down (whole attempts pass with no trainer reporting within 10 s) and rows fail
-// for the machine's sake (see docs/security.md). P2PNODE_ATTACK_MATRIX=copy,stale-base runs
-// those rows only (the clean run always). P2PNODE_ATTACK_ROUNDS sets the rounds per run
-// (default 8); P2PNODE_ATTACK_TABLE names a file the table is written to (Markdown) as well
-// as the test log.
+// It runs only with P2PNODE_ATTACK_MATRIX set. P2PNODE_ATTACK_MATRIX=short runs the short
+// form meant for `make test`: 4 rounds per run and up to three rows at a time
+// (matrixParallel, each cluster with its own peer ids), so that the rows that wait out
+// deadlines (never-report, late) overlap with the others. Its assertions do not depend on
+// the figures of one schedule: no attacker update merged, no delta credited twice, no
+// round stalled (longer than two round timeouts), no honest trainer quarantined, and the
+// held-out loss within 2 % of the clean run's when both merged the same number of honest
+// updates. It is not in `make test` yet: on the shared 2-core machine at a load average of
+// 45–56 the clean run alone took 26 s a round (5.4 s at a load of 30) and the rows that ran
+// side by side had every honest contribution rejected `late` and all four rounds stalled,
+// and their validators logged trainers "restarted" (announcements with another start time
+// under the same peer id, before the clusters were given their own ids, and after), which
+// is not explained (docs/security.md).
+//
+// P2PNODE_ATTACK_MATRIX=1 runs the full form (8 rounds per run, one row at a time, so the
+// s/round column compares with the clean run); P2PNODE_ATTACK_MATRIX=copy,stale-base runs
+// those rows only (the clean run always). P2PNODE_ATTACK_ROUNDS sets the rounds per run,
+// P2PNODE_ATTACK_PARALLEL the rows run at a time; P2PNODE_ATTACK_TABLE names a file the
+// table is written to (Markdown) as well as the test log.
 
 const (
 	matrixHonest    = 6
 	matrixAttackers = 3
 	matrixTimeout   = 20 * time.Second // lease.round_timeout of every matrix run
+	matrixParallel  = 3                // rows run at a time in the short form
 )
 
 type attackKind struct {
@@ -85,54 +99,82 @@ type matrixRun struct {
 	honestOut int // honest trainers quarantined at the end
 }
 
-func matrixRounds(t *testing.T) int {
-	if s := os.Getenv("P2PNODE_ATTACK_ROUNDS"); s != "" {
+func envInt(t *testing.T, name string, def int) int {
+	if s := os.Getenv(name); s != "" {
 		n, err := strconv.Atoi(s)
-		require.NoError(t, err, "P2PNODE_ATTACK_ROUNDS")
+		require.NoError(t, err, name)
+		require.Positive(t, n, name)
 		return n
 	}
-	return 8
+	return def
 }
 
 func TestOneThirdAttackers(t *testing.T) {
 	sel := os.Getenv("P2PNODE_ATTACK_MATRIX")
 	if sel == "" {
-		t.Skip("slow and load-sensitive: set P2PNODE_ATTACK_MATRIX=1 (or a list of rows) to run the one-third-attackers matrix")
+		t.Skip("slow and load-sensitive: set P2PNODE_ATTACK_MATRIX=short (the short form), 1 (the full matrix) or a list of rows")
 	}
-	rounds := matrixRounds(t)
-	clean := runMatrix(t, attackKind{name: "clean"}, rounds)
+	full := sel != "short"
+	rounds, parallel := 4, matrixParallel
+	if full {
+		rounds, parallel = 8, 1
+	}
+	rounds = envInt(t, "P2PNODE_ATTACK_ROUNDS", rounds)
+	parallel = envInt(t, "P2PNODE_ATTACK_PARALLEL", parallel)
+	clean := runMatrix(t, attackKind{name: "clean"}, rounds, 0)
 	t.Logf("clean: %d rounds, mse %.6g, %.2f s/round", clean.rounds, clean.mse, clean.perRound)
 	require.Equal(t, rounds, clean.rounds)
-	var rows []matrixRun
+	var (
+		mu   sync.Mutex
+		rows = map[string]matrixRun{}
+		slot = make(chan struct{}, parallel)
+	)
+	t.Run("rows", func(t *testing.T) {
+		for i, k := range attackKinds {
+			salt := byte(0)
+			if parallel > 1 {
+				salt = byte(1 + i)
+			}
+			t.Run(k.name, func(t *testing.T) {
+				if full && sel != "1" && !slices.Contains(strings.Split(sel, ","), k.name) {
+					t.Skip("not selected in P2PNODE_ATTACK_MATRIX")
+				}
+				t.Parallel()
+				slot <- struct{}{}
+				r := runMatrix(t, k, rounds, salt)
+				<-slot
+				mu.Lock()
+				rows[k.name] = r
+				mu.Unlock()
+				t.Logf("%s: merged %d, credited twice %d, stalled %d, at deadline %d, mse %.6g (%+.2f%%), honest merged %d (clean %d), %.2f s/round (clean %.2f), rejections %v, quarantined %d",
+					k.name, r.merged, r.credited, r.stalled, r.deadlined, r.mse, pct(r.mse, clean.mse), r.honest, clean.honest, r.perRound, clean.perRound, r.rejects, r.quarant)
+				require.Equal(t, rounds, r.rounds, "the chain reached every round")
+				require.Zero(t, r.merged, "attacker updates merged")
+				require.Zero(t, r.credited, "a delta credited more than once")
+				require.Zero(t, r.stalled, "rounds stalled")
+				require.Zero(t, r.honestOut, "honest trainers quarantined")
+				// Ending better than the clean run is no harm: the attackers' microshards go back
+				// to the pool and honest trainers train on them, other data than in the clean run.
+				// The comparison holds the attacked run to the clean one when both merged the same
+				// honest work. On a CPU-starved machine an honest trainer is sometimes not heard
+				// from when a round's leases go out (its announcements queue behind ten nodes
+				// under -race) and sits the round out; the loss then measures the schedule, and
+				// the row says so instead of failing.
+				if r.honest == clean.honest {
+					require.LessOrEqual(t, r.mse, 1.02*clean.mse, "held-out loss more than 2%% worse than the clean run's")
+				} else {
+					t.Logf("%s: %d honest updates merged, %d in the clean run: the loss comparison measures the schedule, not the attackers", k.name, r.honest, clean.honest)
+				}
+			})
+		}
+	})
+	var ordered []matrixRun
 	for _, k := range attackKinds {
-		t.Run(k.name, func(t *testing.T) {
-			if sel != "1" && !slices.Contains(strings.Split(sel, ","), k.name) {
-				t.Skip("not selected in P2PNODE_ATTACK_MATRIX")
-			}
-			r := runMatrix(t, k, rounds)
-			rows = append(rows, r)
-			t.Logf("%s: merged %d, credited twice %d, stalled %d, at deadline %d, mse %.6g (%+.2f%%), %.2f s/round (clean %.2f), rejections %v, quarantined %d",
-				k.name, r.merged, r.credited, r.stalled, r.deadlined, r.mse, pct(r.mse, clean.mse), r.perRound, clean.perRound, r.rejects, r.quarant)
-			require.Equal(t, rounds, r.rounds, "the chain reached every round")
-			require.Zero(t, r.merged, "attacker updates merged")
-			require.Zero(t, r.credited, "a delta credited more than once")
-			require.Zero(t, r.stalled, "rounds stalled")
-			require.Zero(t, r.honestOut, "honest trainers quarantined")
-			// Ending better than the clean run is no harm: the attackers' microshards go back
-			// to the pool and honest trainers train on them, other data than in the clean run.
-			// The comparison holds the attacked run to the clean one when both merged the same
-			// honest work. On a CPU-starved machine an honest trainer is sometimes not heard
-			// from when a round's leases go out (its announcements queue behind ten nodes
-			// under -race) and sits the round out; the loss then measures the schedule, and
-			// the row says so instead of failing.
-			if r.honest == clean.honest {
-				require.LessOrEqual(t, r.mse, 1.02*clean.mse, "held-out loss more than 2%% worse than the clean run's")
-			} else {
-				t.Logf("%s: %d honest updates merged, %d in the clean run: the loss comparison measures the schedule, not the attackers", k.name, r.honest, clean.honest)
-			}
-		})
+		if r, ok := rows[k.name]; ok {
+			ordered = append(ordered, r)
+		}
 	}
-	table := matrixTable(clean, rows, rounds)
+	table := matrixTable(clean, ordered, rounds, parallel)
 	t.Log("\n" + table)
 	if p := os.Getenv("P2PNODE_ATTACK_TABLE"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(table), 0o644))
@@ -141,10 +183,10 @@ func TestOneThirdAttackers(t *testing.T) {
 
 func pct(x, ref float64) float64 { return 100 * (x - ref) / ref }
 
-func matrixTable(clean matrixRun, rows []matrixRun, rounds int) string {
+func matrixTable(clean matrixRun, rows []matrixRun, rounds, parallel int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d trainers (%d attacking), 1 validator, %d rounds, synthetic workload on mocknet; clean run: %d honest trainers alone, mse %.6g, %.2f s/round\n\n",
-		matrixHonest+matrixAttackers, matrixAttackers, rounds, matrixHonest, clean.mse, clean.perRound)
+	fmt.Fprintf(&b, "%d trainers (%d attacking), 1 validator, %d rounds, %d rows at a time, synthetic workload on mocknet; clean run: %d honest trainers alone, mse %.6g, %.2f s/round\n\n",
+		matrixHonest+matrixAttackers, matrixAttackers, rounds, parallel, matrixHonest, clean.mse, clean.perRound)
 	b.WriteString("| attack | attacker updates merged | deltas credited twice | rounds stalled | rounds that waited out a deadline | held-out mse vs clean | honest updates merged (clean) | s/round (clean) | longest round s | rejections | attackers quarantined |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rows {
@@ -175,14 +217,19 @@ var (
 
 // runMatrix runs one validator and the six honest trainers, plus three attackers of kind k
 // (none for the clean run).
-func runMatrix(t *testing.T, k attackKind, rounds int) matrixRun {
+func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 	attackers := matrixAttackers
 	if k.name == "clean" {
 		attackers = 0
 	}
-	c := newClusterSorted(t, 1, matrixHonest+attackers, rounds, 64, 1+matrixHonest)
+	// Rows that run at the same time need their own peer ids: with the same ones, one
+	// cluster's announcements reached another's validator (seen as restarts, every lease
+	// given up; how they cross mocknets is not known). Sequential runs share the clean
+	// run's ids, so their leases go as in it.
+	c := newClusterSalted(t, salt, 1, matrixHonest+attackers, rounds, 64, 1+matrixHonest)
 	for i, n := range c.nodes {
-		n.cfg.Merge.Screen.MinCosine = new(0.2)
+		// Screening at its defaults (min_cosine 0, the noise bar 4/√520 ≈ 0.175 of the
+		// synthetic workload's 520 parameters once a round's updates agree).
 		n.cfg.Lease.RoundTimeout = matrixTimeout
 		// Every attempt gets 10 s: with 4 s, under -race on a loaded 2-core machine the
 		// honest trainers of a 10-node cluster missed whole attempts (received 0 of 9 at

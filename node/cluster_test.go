@@ -31,6 +31,9 @@ type cluster struct {
 	mn    mocknet.Mocknet
 	dir   string
 	nodes []*clusterNode
+	// keySalt varies the peer keys: clusters that run at the same time in one process need
+	// distinct peer ids (announcements of one reached the other's validator as a restart).
+	keySalt byte
 }
 
 type clusterNode struct {
@@ -59,7 +62,13 @@ func newCluster(t *testing.T, validators, trainers, rounds int, shards int) *clu
 // sorted last leave the others' leases as they would be without them.
 func newClusterSorted(t *testing.T, validators, trainers, rounds int, shards int, sortLast int) *cluster {
 	t.Helper()
-	c := &cluster{t: t, mn: mocknet.New(), dir: t.TempDir()}
+	return newClusterSalted(t, 0, validators, trainers, rounds, shards, sortLast)
+}
+
+// newClusterSalted is newClusterSorted with peer keys varied by salt (0: newClusterSorted's).
+func newClusterSalted(t *testing.T, salt byte, validators, trainers, rounds int, shards int, sortLast int) *cluster {
+	t.Helper()
+	c := &cluster{t: t, mn: mocknet.New(), dir: t.TempDir(), keySalt: salt}
 	t.Cleanup(func() { c.mn.Close() })
 	synthDataset(t, filepath.Join(c.dir, "data"), shards)
 	var vids []string
@@ -103,7 +112,7 @@ func (c *cluster) addPeer(i int, after string) host.Host {
 	var sk crypto.PrivKey
 	for k := 0; ; k++ {
 		seed := make([]byte, 64)
-		seed[0], seed[1], seed[2], seed[3] = byte(i), byte(i>>8), byte(k), byte(k>>8)
+		seed[0], seed[1], seed[2], seed[3], seed[4] = byte(i), byte(i>>8), byte(k), byte(k>>8), c.keySalt
 		key, _, err := crypto.GenerateEd25519Key(bytes.NewReader(seed))
 		require.NoError(c.t, err)
 		id, err := peer.IDFromPrivateKey(key)

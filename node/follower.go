@@ -69,6 +69,26 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 		timer = time.NewTimer(time.Until(takeoverAt()))
 	}
 	ahead := order[:rank]
+	// granted: the validator leading the round granted leases in it (not only heartbeats).
+	granted := false
+	// heard takes in a grant or heartbeat of a validator ahead.
+	heard := func(l Received[gossip.Leases]) {
+		if l.Msg.Round != r || !slices.Equal(l.Msg.Base, baseID.Bytes()) || !slices.Contains(ahead, l.From) {
+			return
+		}
+		if k := slices.Index(order, l.From); k > active {
+			// A validator ahead took the round over: it gets its own time.
+			active, stuckAt, granted = k, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout), false
+			reset()
+		}
+		if len(l.Msg.Leases) > 0 && l.From == order[active] {
+			granted = true
+		}
+		if d := time.UnixMilli(l.Msg.Deadline).Add(leaseGrace); d.After(expect) {
+			expect = d
+			reset()
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -77,31 +97,45 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			return errHeadMoved
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
-		case <-in.Contributions:
-		case l := <-in.Leases:
-			if l.Msg.Round == r && slices.Equal(l.Msg.Base, baseID.Bytes()) && slices.Contains(ahead, l.From) {
-				if k := slices.Index(order, l.From); k > active {
-					// A validator ahead took the round over: it gets its own time.
-					active, stuckAt = k, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout)
-					reset()
-				}
-				if d := time.UnixMilli(l.Msg.Deadline).Add(leaseGrace); d.After(expect) {
-					expect = d
-					reset()
-				}
+			if v.waitingForFleet(granted) {
+				stuckAt = time.Now().Add(stuckRounds * v.cfg.Lease.RoundTimeout)
 			}
+		case c := <-in.Contributions:
+			v.noteSpeed(c.From, c.Msg)
+		case l := <-in.Leases:
+			heard(l)
 		case h := <-in.Heads:
 			v.verifyAndAttest(ctx, h.From, h.Msg)
 			if l, locked := v.locks[r]; locked {
 				return v.awaitQuorum(ctx, in, r, l)
 			}
 		case <-timer.C:
+			// Grants and heartbeats queued while this loop was busy (verifying a proposal,
+			// or starved of CPU) come first: a leader is silent only if nothing of it
+			// arrived, not because nothing was read.
+			for drained := false; !drained; {
+				select {
+				case l := <-in.Leases:
+					heard(l)
+				default:
+					drained = true
+				}
+			}
+			if time.Now().Before(takeoverAt()) {
+				reset()
+				continue
+			}
 			if len(v.trainers.live()) == 0 {
 				// Nothing to lead without trainers.
 				expect = time.Now().Add(leaseWait)
 				if stuckAt.Before(expect) {
 					stuckAt = expect
 				}
+				reset()
+				continue
+			}
+			if time.Now().Before(silentAt()) && v.waitingForFleet(granted) {
+				stuckAt = time.Now().Add(stuckRounds * v.cfg.Lease.RoundTimeout)
 				reset()
 				continue
 			}
@@ -117,6 +151,14 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
 		}
 	}
+}
+
+// waitingForFleet says whether a heard leader that has granted nothing in the round is
+// right to wait: this validator, too, hears fewer trainers than a minimum group, so no other
+// leader could start the round either. Its stuck clock (stuckRounds round timeouts) then
+// counts only from when enough trainers are heard.
+func (v *validator) waitingForFleet(granted bool) bool {
+	return !granted && len(v.trainers.live()) < v.cfg.Lease.MinGroup
 }
 
 // canPassOverHeardLeader says whether a follower may take over from a leader that is still

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -82,12 +83,19 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		return errHeadMoved // before changed was taken: it would not fire for that move
 	}
 	r.started = time.Now()
+	// Until it proposes, the leader says it is alive every heartbeatEvery: while it waits
+	// for a minimum group, for the backoff, for contributions or for its merge, the other
+	// validators (a late-joining one too, which never saw its grant) must not take the
+	// round over.
+	stopBeat := v.heartbeat(ctx, r)
+	defer stopBeat()
 	for {
 		closeNow, err := v.issue(ctx, in, r, changed)
 		if err == nil && !closeNow {
 			err = v.collect(ctx, in, r, changed)
 		}
 		if errors.Is(err, errLocked) {
+			stopBeat()
 			return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
 		}
 		if err != nil {
@@ -103,6 +111,7 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		if proposal == nil {
 			continue
 		}
+		stopBeat() // the proposal, re-published, says the rest
 		return v.awaitQuorum(ctx, in, r.round, *proposal)
 	}
 }
@@ -140,7 +149,6 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	waitingSince := time.Now()
-	var beat time.Time
 	for {
 		v.noticeReturns(r, in)
 		taken := map[uint32]bool{}
@@ -196,17 +204,6 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 			r.book.StartPass()
 			continue
 		}
-		if r.granted && time.Since(beat) >= heartbeatEvery {
-			// The round is under way but this leader waits (for the backoff, or for trainers
-			// once the others are barred): an empty grant with a fresh deadline tells the
-			// other validators it is alive, so they do not take the round over.
-			beat = time.Now()
-			hb := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
-				Deadline: beat.Add(2 * heartbeatEvery).UnixMilli(), Attempt: r.attempt}
-			if err := v.bus.Publish(ctx, hb); err != nil {
-				v.log.Debug("publish heartbeat", "round", r.round, "err", err)
-			}
-		}
 		if time.Since(waitingSince) > 10*time.Second {
 			v.log.Info("waiting for trainers", "round", r.round, "live", len(live), "candidates", len(cands), "barred", nBarred,
 				"received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
@@ -231,6 +228,37 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 		case <-tick.C:
 		}
 	}
+}
+
+// heartbeat publishes, every heartbeatEvery until stop is called, an empty grant of the
+// round with a deadline 2 × heartbeatEvery ahead: a follower that hears it expects the
+// leader's next sign of life by then (plus leaseGrace), so it does not take the round over
+// from a leader that waits (for a minimum group, a backoff, contributions) or merges. The
+// deadline moves with every beat, so no two beats are the same message (gossip drops a
+// repeat). Trainers ignore a grant without a lease for them.
+func (v *validator) heartbeat(ctx context.Context, r *openRound) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	round, base, first := r.round, r.baseID.Bytes(), r.attempt
+	go func() {
+		defer close(done)
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		for {
+			hb := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: round, Base: base, Issuer: v.self,
+				Deadline: time.Now().Add(2 * heartbeatEvery).UnixMilli(), Attempt: first}
+			if err := v.bus.Publish(ctx, hb); err != nil && ctx.Err() == nil {
+				v.log.Debug("publish heartbeat", "round", round, "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); <-done }) }
 }
 
 func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, cands []lease.Trainer) error {
@@ -516,11 +544,26 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		steps = v.cfg.Protocol.InnerSteps
 	}
 	v.paces.observe(from, c.Seconds, steps)
+	v.noteSpeed(from, c)
 	r.received[from] = received{msg: c, lease: l, id: leaseID, fetch: time.Since(fetchStart)}
 	r.book.Report(from)
 	v.updateValidatorStatus(func(vs *ValidatorStatus) {
 		vs.Received = append(slices.Clone(vs.Received), from)
 	})
+}
+
+// noteSpeed takes a trainer's current speed from its contribution (trainerSet.measured):
+// the leader from those it accepts, a follower from every contribution its author sent, so
+// whichever validator leads the next round sizes its leases by it.
+func (v *validator) noteSpeed(from string, c *gossip.Contribution) {
+	if c.Peer != from {
+		return
+	}
+	train := c.TrainSeconds
+	if train == 0 {
+		train = c.Seconds // a trainer that does not report the split
+	}
+	v.trainers.measured(from, c.Samples, train)
 }
 
 // propose merges what was received and publishes the proposal (nil: nothing survived
@@ -592,7 +635,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	v.metrics.roundClosed(took, len(out.Head.Contributions))
 	v.metrics.roundSplit(notes)
 	v.log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
-		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String())
+		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened)
 	if err := v.bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
 	}

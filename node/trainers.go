@@ -64,6 +64,23 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	t.peers[from] = s
 }
 
+// measured records the speed a trainer's accepted contribution reports (samples in its
+// training seconds, what the trainer itself measures and announces as its capacity), so
+// the next round's leases follow it at once rather than after the trainer's next
+// announcement: a round can be shorter than announceEvery. Only trainers heard from are
+// updated; liveness stays with the announcements.
+func (t *trainerSet) measured(peer string, samples uint64, seconds float64) {
+	if samples == 0 || seconds <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.peers[peer]; ok {
+		s.capacity = float64(samples) / seconds
+		t.peers[peer] = s
+	}
+}
+
 // returns is how many times peer came back (see trainerSeen.returns).
 func (t *trainerSet) returns(peer string) int {
 	t.mu.Lock()

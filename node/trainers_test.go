@@ -50,3 +50,18 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 		})
 	}
 }
+
+// TestTrainerSetTakesCapacityFromContributions: an accepted contribution's speed replaces a
+// trainer's announced capacity at once (rounds can be shorter than the announce interval),
+// for trainers heard from only; a contribution without a training time changes nothing.
+func TestTrainerSetTakesCapacityFromContributions(t *testing.T) {
+	ts := newTrainerSet()
+	ts.seen("p", &gossip.Announce{Peer: "p", Roles: []string{config.RoleTrainer}, Time: 1, Capacity: 0})
+	ts.measured("p", 32, 0.002)
+	ts.measured("q", 32, 0.004) // never announced: not a live trainer
+	ts.measured("p", 32, 0)     // no training time: ignored
+	live := ts.live()
+	require.Len(t, live, 1)
+	require.Equal(t, "p", live[0].Peer)
+	require.InDelta(t, 16000.0, live[0].Capacity, 1e-9)
+}

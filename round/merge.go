@@ -73,6 +73,9 @@ type Outcome struct {
 	Rejected []Rejection
 	// Norms of the accepted deltas, by peer (for status and metrics).
 	Norms map[string]float64
+	// Screened sums up the accepted deltas' screening figures for the log: the lowest
+	// cosine to the cohort and to the momentum, and the bars they were held to.
+	Screened string
 }
 
 // Merger makes heads. Everything it computes is deterministic, so two validators merging the
@@ -267,6 +270,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if len(accepted) == 0 {
 		return out, fmt.Errorf("%w (%d candidates)", ErrNothingMerged, len(cands))
 	}
+	out.Screened = screenedSummary(mergedVerdicts)
 
 	paramsOut, outerOut, err := m.step(ctx, B, layout, baseR, momR, n, accepted, weights, norms, in)
 	if err != nil {
@@ -294,6 +298,36 @@ func rejectionDetail(v merge.Verdict) string {
 		d += fmt.Sprintf(", bar %.3f", v.Bar)
 	}
 	return d
+}
+
+// screenedSummary is the accepted deltas' lowest and mean cosines and the bar, for the log (the
+// cosines of accepted updates say how close honest updates come to the bar).
+func screenedSummary(vs []merge.Verdict) string {
+	minC, minR, bar := math.Inf(1), math.Inf(1), math.NaN()
+	var sumC, sumR float64
+	var nC, nR int
+	for _, v := range vs {
+		if v.Cosine != 0 {
+			minC, sumC, nC = min(minC, v.Cosine), sumC+v.Cosine, nC+1
+		}
+		if v.RefCosine != 0 {
+			minR, sumR, nR = min(minR, v.RefCosine), sumR+v.RefCosine, nR+1
+		}
+		if !math.IsNaN(v.Bar) {
+			bar = v.Bar
+		}
+	}
+	var parts []string
+	if !math.IsInf(minC, 1) {
+		parts = append(parts, fmt.Sprintf("cosine min %.3f mean %.3f", minC, sumC/float64(nC)))
+	}
+	if !math.IsInf(minR, 1) {
+		parts = append(parts, fmt.Sprintf("to momentum min %.3f mean %.3f", minR, sumR/float64(nR)))
+	}
+	if !math.IsNaN(bar) {
+		parts = append(parts, fmt.Sprintf("bar %.3f", bar))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func quality(c Candidate) float64 {
