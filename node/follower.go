@@ -71,11 +71,16 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 	ahead := order[:rank]
 	// granted: the validator leading the round granted leases in it (not only heartbeats).
 	granted := false
+	// lastHeard is when the last grant or heartbeat of a validator ahead was read (zero:
+	// none yet), for the takeover's log line: it tells a leader that fell silent from
+	// beats that arrived late (a starved process).
+	var lastHeard time.Time
 	// heard takes in a grant or heartbeat of a validator ahead.
 	heard := func(l Received[gossip.Leases]) {
 		if l.Msg.Round != r || !slices.Equal(l.Msg.Base, baseID.Bytes()) || !slices.Contains(ahead, l.From) {
 			return
 		}
+		lastHeard = time.Now()
 		if k := slices.Index(order, l.From); k > active {
 			// A validator ahead took the round over: it gets its own time.
 			active, stuckAt, granted = k, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout), false
@@ -145,7 +150,12 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 				v.status.event("takeover", "round %d: %s was heard but brought no head to quorum in %d round timeouts; taking the round over (rank %d)",
 					r, order[active], stuckRounds, rank)
 			} else {
-				v.log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0])
+				lastAgo := "never"
+				if !lastHeard.IsZero() {
+					lastAgo = time.Since(lastHeard).Round(time.Millisecond).String()
+				}
+				v.log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0],
+					"last_heard_ago", lastAgo, "late_by", time.Since(silentAt()).Round(time.Millisecond).String())
 				v.status.event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
 			}
 			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
