@@ -20,7 +20,16 @@ func TestLeaderWaitingForMinGroupKeepsItsRound(t *testing.T) {
 		n.cfg.Experiment.Quorum = 2
 		n.cfg.Lease.MinGroup = 4
 		require.NoError(t, n.cfg.Validate())
+		n.logs = &syncBuffer{}
 	}
+	// A failure in CI must be diagnosable from its output: every node's own log lines.
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.nodes {
+				t.Logf("%s:\n%s", n.name, nodeLines(n.logs.String()))
+			}
+		}
+	})
 	late := c.nodes[len(c.nodes)-1]
 	for _, n := range c.nodes[:len(c.nodes)-1] {
 		c.start(n)
