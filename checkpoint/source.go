@@ -64,27 +64,14 @@ func (s *fileSource) Describe() string { return s.f.Name() }
 func (s *fileSource) Close() error     { return s.f.Close() }
 
 // WriteTo copies the file from its start in streamBuf blocks (read(2) into one buffer:
-// the page cache holds the file, not this process).
+// the page cache holds the file, not this process). A file that ends early was truncated
+// after it was opened: an error naming it, never a short blob.
 func (s *fileSource) WriteTo(w io.Writer) (int64, error) {
-	buf := make([]byte, streamBuf)
-	var n int64
-	for n < s.size {
-		k, err := s.f.ReadAt(buf[:min(int64(len(buf)), s.size-n)], n)
-		if k > 0 {
-			m, werr := w.Write(buf[:k])
-			n += int64(m)
-			if werr != nil {
-				return n, werr
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return n, fmt.Errorf("%s is truncated: %d of %d bytes", s.f.Name(), n, s.size)
-		}
-		if err != nil {
-			return n, fmt.Errorf("read %s: %w", s.f.Name(), err)
-		}
+	n, err := io.CopyBuffer(w, io.NewSectionReader(s.f, 0, s.size), make([]byte, streamBuf))
+	if err == nil && n < s.size {
+		err = fmt.Errorf("%s is truncated: %d of %d bytes", s.f.Name(), n, s.size)
 	}
-	return n, nil
+	return n, err
 }
 
 // ctxWriter stops a streamed blob between blocks once ctx ends (a Save given up).
