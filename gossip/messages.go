@@ -133,6 +133,9 @@ type Attestation struct {
 	Head       []byte          `cbor:"2,keyasint"`
 	Round      uint64          `cbor:"3,keyasint"`
 	Sig        chain.Signature `cbor:"4,keyasint"`
+	// Sent (unix milliseconds), set when an attestation is sent again, makes it a new
+	// message: GossipSub would drop the same bytes as seen, at the sender already.
+	Sent int64 `cbor:"5,keyasint,omitempty"`
 }
 
 // Encode encodes any message deterministically.

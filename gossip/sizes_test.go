@@ -133,7 +133,7 @@ func TestWorstCaseMessagesFitTheirTopics(t *testing.T) {
 	for i := range 64 {
 		announce.Artifacts = append(announce.Artifacts, worstCID("artifact", i))
 	}
-	attest := &Attestation{Experiment: name, Head: worstCID("head", 0), Round: math.MaxUint64,
+	attest := &Attestation{Experiment: name, Head: worstCID("head", 0), Round: math.MaxUint64, Sent: math.MaxInt64,
 		Sig: chain.Signature{Peer: issuer, Sig: bytes.Repeat([]byte{0xaa}, 64)}}
 	release := &Release{Experiment: name, Round: math.MaxUint64, Base: base, Lease: worstCID("lease", 0), Peer: peers[0],
 		Reason: strings.Repeat("r", MaxReleaseReason)}

@@ -50,6 +50,13 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 		return errHeadMoved // before changed was taken: it would not fire for that move
 	}
 	expect := time.Now().Add(leaseWait) // when a validator ahead must have shown progress by
+	if !v.signedByAll(baseID, order[:rank]) {
+		// A validator ahead has not signed the base here: it may still be recomputing the
+		// base's merge, and it cannot lead before it has. This validator's own last merge
+		// tells how long that takes (twice, for a slower machine); its attestation, when it
+		// comes, restarts the clock (waiting).
+		expect = expect.Add(min(2*v.mergeTook, v.cfg.Lease.RoundTimeout))
+	}
 	silentAt := func() time.Time { return expect.Add(time.Duration(rank-1) * takeoverStep) }
 	// active is the rank of the validator ahead that leads the round now (a takeover
 	// restarts the clock); stuckAt is when it will have had its stuckRounds round timeouts.
@@ -94,6 +101,18 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			reset()
 		}
 	}
+	// waiting takes in a validator ahead that has only now reached the base: it re-publishes
+	// the base's proposal (still gathering its quorum) or has just attested it. With a
+	// quorum of two, the first attester has the quorum one gossip hop before the proposer,
+	// and the proposer before the validators still recomputing the merge; under load each
+	// has taken seconds. The leader is not silent, it did not know yet: its time starts now.
+	waiting := func() {
+		lastHeard = time.Now()
+		if d := time.Now().Add(leaseWait); d.After(expect) {
+			expect = d
+			reset()
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -109,19 +128,36 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			v.noteSpeed(c.From, c.Msg)
 		case l := <-in.Leases:
 			heard(l)
+		case a := <-in.Attestations:
+			if slices.Contains(ahead, a.From) && slices.Equal(a.Msg.Head, baseID.Bytes()) {
+				waiting() // it has verified the base: it can lead now
+			}
 		case h := <-in.Heads:
+			if baseStillOpen(h, baseID, ahead) {
+				waiting()
+				continue
+			}
 			v.verifyAndAttest(ctx, h.From, h.Msg)
 			if l, locked := v.locks[r]; locked {
 				return v.awaitQuorum(ctx, in, r, l)
 			}
 		case <-timer.C:
-			// Grants and heartbeats queued while this loop was busy (verifying a proposal,
-			// or starved of CPU) come first: a leader is silent only if nothing of it
-			// arrived, not because nothing was read.
+			// Grants, heartbeats and re-published proposals queued while this loop was
+			// busy (verifying a proposal, or starved of CPU) come first: a leader is silent
+			// only if nothing of it arrived, not because nothing was read.
 			for drained := false; !drained; {
 				select {
 				case l := <-in.Leases:
 					heard(l)
+				case h := <-in.Heads:
+					if baseStillOpen(h, baseID, ahead) {
+						waiting()
+						continue
+					}
+					v.verifyAndAttest(ctx, h.From, h.Msg)
+					if l, locked := v.locks[r]; locked {
+						return v.awaitQuorum(ctx, in, r, l)
+					}
 				default:
 					drained = true
 				}
@@ -161,6 +197,36 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
 		}
 	}
+}
+
+// signedByAll says whether every validator in vs has signed the head id as this validator
+// holds it (its own signature and those gathered by gossip so far).
+func (v *validator) signedByAll(id cid.Cid, vs []string) bool {
+	sh, _, err := v.heads.Get(id)
+	if err != nil {
+		return false
+	}
+	for _, p := range vs {
+		if findSig(sh.Sigs, p) == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func findSig(sigs []chain.Signature, p string) *chain.Signature {
+	if i := slices.IndexFunc(sigs, func(s chain.Signature) bool { return s.Peer == p }); i >= 0 {
+		return &sigs[i]
+	}
+	return nil
+}
+
+// baseStillOpen says whether h is the base's proposal re-published by a validator ahead:
+// that validator has not seen the base reach its quorum yet (awaitQuorum re-publishes it
+// with the signatures gathered so far; head sync sends this validator's attestation again
+// when it is missing).
+func baseStillOpen(h Received[gossip.Head], baseID cid.Cid, ahead []string) bool {
+	return slices.Contains(ahead, h.From) && h.Msg.Signed.ID().Equals(baseID)
 }
 
 // waitingForFleet says whether a heard leader that has granted nothing in the round is
@@ -211,7 +277,10 @@ func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.
 	}
 	vctx, cancel := context.WithTimeout(ctx, v.cfg.Lease.RoundTimeout)
 	defer cancel()
-	if err := v.verifyProposal(vctx, from, baseID, base, m, id); err != nil {
+	verifyStart := time.Now()
+	err = v.verifyProposal(vctx, from, baseID, base, m, id)
+	v.mergeTook = time.Since(verifyStart)
+	if err != nil {
 		v.log.Warn("proposal failed verification; not attesting", "round", h.Round, "proposer", from, "head", id.String(), "err", err)
 		v.status.event("verify", "round %d: proposal %s by %s failed verification: %v", h.Round, shortCID(id.String()), from, err)
 		v.metrics.rejected("bad_proposal")

@@ -70,6 +70,7 @@ func (s *headSync) offer(ctx context.Context, from string, m *gossip.Head) error
 		return err
 	}
 	if cur, ch := s.tips.Current(); ch != nil && (cur.Equals(id) || h.Round <= ch.Round) {
+		s.attestAgain(ctx, from, m, id, h.Round)
 		return nil
 	}
 	p, err := peer.Decode(from)
@@ -99,6 +100,31 @@ func (s *headSync) offer(ctx context.Context, from string, m *gossip.Head) error
 		s.log.Info("caught up", "peer", from, "round", h.Round, "head", id.String(), "heads_fetched", fetched)
 	}
 	return err
+}
+
+// attestAgain answers a head that reached this node without its signature although this
+// node signed it: the sender (re-publishing a proposal that waits for quorum) has not seen
+// the attestation, which went out once, by gossip, and arrived late or not at all. With a
+// quorum of two the attester has the quorum at once while the proposer waits for it, and
+// the next round's timing starts from the attester's view (follow). Each re-published
+// proposal is answered once.
+func (s *headSync) attestAgain(ctx context.Context, from string, m *gossip.Head, id cid.Cid, round uint64) {
+	if from == s.self || !s.isValidator(s.self) || findSig(m.Signed.Sigs, s.self) != nil {
+		return
+	}
+	sh, _, err := s.heads.Get(id)
+	if err != nil {
+		return
+	}
+	own := findSig(sh.Sigs, s.self)
+	if own == nil {
+		return // not signed here (it came by head sync)
+	}
+	s.log.Info("re-sending attestation: the sender has not seen it", "round", round, "head", id.String(), "sender", from)
+	a := &gossip.Attestation{Experiment: s.cfg.Experiment.ID, Head: id.Bytes(), Round: round, Sig: *own, Sent: time.Now().UnixMilli()}
+	if err := s.bus.Publish(ctx, a); err != nil && ctx.Err() == nil {
+		s.log.Warn("publish attestation", "round", round, "err", err)
+	}
 }
 
 // attest adds a validator's signature to the head it signs; the head becomes canonical

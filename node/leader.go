@@ -585,6 +585,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	}
 	mergeStart := time.Now()
 	out, err := v.merger.Merge(ctx, r.baseID, r.base, cands)
+	v.mergeTook = time.Since(mergeStart)
 	rejected := map[string]string{}
 	if out != nil {
 		for _, rj := range out.Rejected {
@@ -663,7 +664,11 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 // (quorum reached here or elsewhere): a validator that has signed a head for a round signs
 // no other.
 func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l lockedHead) error {
-	t := time.NewTicker(republishEvery)
+	// The first re-publish comes after heartbeatEvery, within a follower's silence window
+	// (leaseWait): it tells the followers that already have the quorum that this validator
+	// is still waiting for it (follow, baseStillOpen), and they send their attestations
+	// again.
+	t := time.NewTimer(heartbeatEvery)
 	defer t.Stop()
 	for {
 		changed := v.tips.Changed()
@@ -687,6 +692,7 @@ func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l 
 			if err := v.bus.Publish(ctx, &msg); err != nil {
 				v.log.Debug("re-publish proposal", "round", round, "err", err)
 			}
+			t.Reset(republishEvery)
 		}
 	}
 }

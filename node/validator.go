@@ -38,6 +38,10 @@ type validator struct {
 	// never signs two heads for one round, so two heads of a round cannot both reach a
 	// majority quorum.
 	locks map[uint64]lockedHead
+	// mergeTook is how long this validator's last merge took, its own (proposing) or a
+	// recomputation (verifying a proposal): the next round's leader must verify the base
+	// before it can lead, and a follower gives it that long (follow).
+	mergeTook time.Duration
 	// rejects rate-limits rejection logs to one per peer and round.
 	rejects *rateLog
 	// nonFinite warns once per metric name about NaN or ±Inf held-out metrics.
