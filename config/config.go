@@ -34,10 +34,11 @@ type Node struct {
 	// StreamDeadline bounds how long a peer may take to send a request frame it has
 	// started, on every /p2ptrain/* protocol.
 	StreamDeadline time.Duration `yaml:"stream_deadline"`
-	// KeepHeads (K) is how many of the newest canonical heads keep their parameters and
-	// outer state in the artifact store; deltas and contributions are kept until their
-	// round is K rounds old. Older ones are deleted after each checkpoint. Heads (the
-	// chain's small records) and the dataset are always kept.
+	// KeepHeads (K) is how many of the newest canonical heads keep their parameters in
+	// the artifact store; the outer state and the merged contributions are kept for the
+	// tip only, and work no head names (a delta, a contribution not merged) until the next
+	// head. The rest is deleted after each checkpoint. Heads (the chain's small records)
+	// and the dataset are always kept.
 	KeepHeads int `yaml:"keep_heads"`
 	// Archive keeps every artifact forever (a validator that serves full history):
 	// keep_heads then does not apply.

@@ -18,6 +18,13 @@ import (
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 )
 
+// inFlightRounds is how many rounds an artifact that no kept head or checkpoint names
+// survives after it was first seen: one, so the open round's work outlives the round (see
+// pruner). Longer would keep rounds nobody reads (a rejected delta, a contribution the
+// next head did not merge); a validator then holds every trainer's contributions of
+// several rounds.
+const inFlightRounds = 1
+
 // RetentionFile, in the store directory, records the round at which the pruner first saw
 // each artifact (JSON: CID -> round). Losing it only delays pruning: what it does not
 // name counts as new.
@@ -26,23 +33,32 @@ const RetentionFile = "retention.json"
 // pruner keeps the artifact store from growing with every round. After each checkpoint
 // generation is durable (checkpoint.AfterPrune), at canonical round r it marks as live:
 //
-//   - the parameters, outer state and merged contributions of the newest K heads of the
-//     canonical chain (the tip, its parent, ...), K = node.keep_heads;
-//   - every artifact a kept checkpoint generation references (so resume always finds
-//     them);
+//   - the parameters of the newest K heads of the canonical chain (the tip, its parent,
+//     ...), K = node.keep_heads: export and peers one head behind use them;
+//   - the tip's outer state and the contributions merged into the tip: the next merge
+//     starts from the former, and trainers that rebuild the tip fetch the latter. The
+//     outer state of an older head is kept only while the newest checkpoint generation is
+//     not yet at the tip (a snapshot of it may be waiting for the writer);
+//   - everything the newest kept checkpoint generation references (so a restart finds
+//     its head's parameters and outer state), and the parameters older generations name;
 //   - the dataset's files;
-//   - every artifact first seen less than K rounds ago: in-flight work the chain does not
-//     name yet (a delta being encoded or fetched, a merge output not yet proposed, a
-//     contribution of the current round);
+//   - every artifact first seen at round r: in-flight work the chain does not name yet.
+//     Work of the open round (a delta being encoded or fetched, a contribution, a merge
+//     not yet proposed) is committed while the tip is the round's base, so it is first
+//     seen at the tip's round or later and lives until the next head is canonical, which
+//     names what of it was used;
 //
-// and deletes the rest, and the partial files of downloads every caller abandoned K or
-// more rounds ago. Deltas and contributions therefore live until their round is K
-// rounds old; old heads' parameters and momentum as soon as K newer heads exist. Heads
-// themselves (the chain store) are never touched. A deletion removes the manifest first,
-// then the blob, so a crash leaves at worst a blob without a manifest: not an artifact
-// (Has is false, peers are told "not found"), and the first sweep after a restart removes
-// such blobs. An artifact (re)committed while a sweep runs is never deleted by it
-// (artifact.Store.RemoveIdle).
+// and deletes the rest, and the partial files of downloads every caller abandoned that
+// are not of a live artifact and were first seen a round ago or more. So between rounds
+// a validator holds K parameter packs, one outer state and one round of contributions;
+// a trainer K parameter packs and its merged delta. An older checkpoint generation names
+// its head's outer state, which is gone: a restart that has to fall back to it (the
+// newest damaged) finds it unusable and resumes from the head chain instead (resume.go),
+// losing only what the checkpoint alone held. Heads themselves (the chain store) are
+// never touched. A deletion removes the manifest first, then the blob, so a crash leaves
+// at worst a blob without a manifest: not an artifact (Has is false, peers are told "not
+// found"), and the first sweep after a restart removes such blobs. An artifact
+// (re)committed while a sweep runs is never deleted by it (artifact.Store.RemoveIdle).
 type pruner struct {
 	store *artifact.Store
 	heads *chain.Store
@@ -64,7 +80,7 @@ type pruner struct {
 	partialSeen map[cid.Cid]uint64
 }
 
-// setPartials lets the pruner delete interrupted downloads nobody resumed for K rounds.
+// setPartials lets the pruner delete interrupted downloads nobody resumed for a round.
 func (p *pruner) setPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -152,7 +168,7 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 		if p.data[id] {
 			continue
 		}
-		aged := old(p.seen, id, round, p.keep) // records when first seen, live or not
+		aged := old(p.seen, id, round, inFlightRounds) // records when first seen, live or not
 		if live[id] || !aged {
 			res.Kept++
 			continue
@@ -179,7 +195,7 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 			delete(p.seen, id)
 		}
 	}
-	p.prunePartials(round, &res)
+	p.prunePartials(round, live, &res)
 	p.m.prunedArtifacts.Add(float64(res.Removed))
 	p.m.prunedBytes.Add(float64(res.Freed))
 	if err := p.saveSeen(); err != nil {
@@ -192,18 +208,20 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 }
 
 // old reports whether id, first seen at the round seen records (now, if it records none
-// or a later one), is keep or more rounds old at round.
-func old(seen map[cid.Cid]uint64, id cid.Cid, round, keep uint64) bool {
+// or a later one), is window or more rounds old at round.
+func old(seen map[cid.Cid]uint64, id cid.Cid, round, window uint64) bool {
 	first, ok := seen[id]
 	if !ok || first > round {
 		seen[id], first = round, round
 	}
-	return round-first >= keep
+	return round-first >= window
 }
 
 // prunePartials deletes the partial state of downloads that were abandoned (no Fetch runs
-// them) and first seen K or more rounds ago. Caller holds p.mu.
-func (p *pruner) prunePartials(round uint64, res *sweepResult) {
+// them), are not of an artifact the node keeps (a kept head's parameters: a large
+// download a later fetch resumes) and were first seen a round or more ago. Caller holds
+// p.mu.
+func (p *pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepResult) {
 	if p.partials == nil {
 		return
 	}
@@ -213,7 +231,7 @@ func (p *pruner) prunePartials(round uint64, res *sweepResult) {
 	listed := map[cid.Cid]bool{}
 	freed, err := p.partials(func(id cid.Cid) bool {
 		listed[id] = true
-		if !old(p.partialSeen, id, round, p.keep) {
+		if !old(p.partialSeen, id, round, inFlightRounds) || live[id] {
 			return false
 		}
 		delete(p.partialSeen, id)
@@ -233,26 +251,43 @@ func (p *pruner) prunePartials(round uint64, res *sweepResult) {
 // errEnoughHeads stops live's walk down the chain after K heads.
 var errEnoughHeads = errors.New("enough heads")
 
-// live is what the chain and the checkpoint need at the tip: the newest K heads'
-// parameters, outer state and contributions, and what the kept generations reference.
+// live is what the chain and the checkpoint need at the tip (see pruner): the newest K
+// heads' parameters, the tip's contributions, the outer state of the heads from the tip
+// down to the newest kept generation's, and what the kept generations reference, less the
+// outer state of the older ones.
 func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
 	live := map[cid.Cid]bool{}
+	var newest *checkpoint.State
 	for _, st := range kept {
-		for _, id := range st.Refs {
-			live[id] = true
+		if newest == nil || st.Seq > newest.Seq {
+			newest = st
+		}
+	}
+	for _, st := range kept {
+		for name, id := range st.Refs {
+			if st == newest || name != refHeadOuter {
+				live[id] = true
+			}
 		}
 	}
 	tip, _ := p.tips.Current()
 	n := uint64(0)
 	err := p.heads.Walk(tip, func(_ cid.Cid, h *chain.Head) error {
-		for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
-			if a, err := get(); err == nil && a.Defined() {
+		if a, err := h.ParamsID(); err == nil && a.Defined() {
+			live[a] = true
+		}
+		// Heads newer than the newest generation may be named by a snapshot the
+		// checkpoint writer has yet to write: their outer state stays until it has.
+		if n == 0 || (newest != nil && h.Round >= newest.Round) {
+			if a, err := h.OuterStateID(); err == nil && a.Defined() {
 				live[a] = true
 			}
 		}
-		for _, c := range h.Contributions {
-			if a, err := cid.Cast(c.Artifact); err == nil {
-				live[a] = true
+		if n == 0 {
+			for _, c := range h.Contributions {
+				if a, err := cid.Cast(c.Artifact); err == nil {
+					live[a] = true
+				}
 			}
 		}
 		if n++; n == p.keep {

@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +24,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/export"
 )
@@ -55,11 +58,13 @@ func datasetBytes(t *testing.T, manifest string) int64 {
 	return n
 }
 
-// With node.keep_heads K, a node's store after many rounds holds about K heads'
-// parameters (and outer state on a validator) and K rounds of deltas and contributions,
-// whatever the number of rounds: (K + 3) × the model's bytes plus the dataset on a
-// trainer. A peer asking for a pruned artifact is told it is gone at once, the chain's
-// heads stay available, and audit and export still work on the pruned store.
+// With node.keep_heads K, a node's store after many rounds holds K heads' parameters, the
+// tip's contributions (a trainer: its own) and on a validator the tip's outer state,
+// whatever the number of rounds: (K + 1 + T) × the model's bytes of artifacts on a
+// validator with T trainers and the fp32 codec, and within (K + 3) × the model's bytes
+// plus the dataset on a trainer. A peer asking for a pruned artifact is told it is gone at
+// once, the chain's heads stay available, and audit and export still work on the pruned
+// store.
 //
 // P2PNODE_PRUNE_ROUNDS, P2PNODE_PRUNE_PAD and P2PNODE_PRUNE_ARCHIVE=1 measure other runs
 // (the figure in docs/storage.md: 200 rounds).
@@ -169,13 +174,70 @@ func TestStoreIsPrunedToKeepHeads(t *testing.T) {
 		if archive {
 			continue
 		}
-		bound := int64(keep+3)*model + data
+		requirePrunedTo(t, n.cfg, n.host.ID().String(), heads, keep, n == val)
 		if n == val {
-			// A validator also keeps the outer state of K heads and K rounds of every
-			// trainer's contribution (fp32 here: one model each).
-			bound += int64(keep)*model + int64(keep*(len(c.nodes)-1))*model
+			// What the rule keeps between rounds: K parameter packs, the tip's outer state
+			// and one round of contributions (fp32: one model each), besides the dataset
+			// and the artifacts' manifests. The small records (heads, checkpoint, history)
+			// are outside the artifact store.
+			trainers := int64(len(c.nodes) - 1)
+			bound := (int64(keep)+1+trainers)*model + data + storeBytes(t, filepath.Join(n.cfg.Node.StoreDir, "artifacts", "manifests"))
+			require.LessOrEqual(t, arts, bound, "%s: %d bytes of artifacts after %d rounds", n.name, arts, rounds)
+			continue
 		}
-		require.LessOrEqual(t, total, bound, "%s: %d bytes on disk after %d rounds", n.name, total, rounds)
+		require.LessOrEqual(t, total, int64(keep+3)*model+data, "%s: %d bytes on disk after %d rounds", n.name, total, rounds)
+	}
+}
+
+// requirePrunedTo checks the artifacts a stopped node (peer id self) holds against the
+// rule: the newest K heads' parameters, the tip's contributions (all of them on a
+// validator, its own on a trainer) and outer state (a validator), the dataset, and nothing
+// else but work first seen at the final round (retention.json).
+func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads []*chain.Head, keep int, validator bool) {
+	t.Helper()
+	stores, err := OpenStores(cfg)
+	require.NoError(t, err)
+	held, err := stores.Artifacts.List()
+	require.NoError(t, err)
+	tip := chainHeads[len(chainHeads)-1]
+	named := map[cid.Cid]string{}
+	for _, h := range chainHeads[len(chainHeads)-keep:] {
+		id, err := h.ParamsID()
+		require.NoError(t, err)
+		named[id] = fmt.Sprintf("round %d's parameters", h.Round)
+	}
+	required := maps.Clone(named)
+	if validator {
+		id, err := tip.OuterStateID()
+		require.NoError(t, err)
+		required[id] = fmt.Sprintf("round %d's outer state", tip.Round)
+	}
+	for _, c := range tip.Contributions {
+		id, err := cid.Cast(c.Artifact)
+		require.NoError(t, err)
+		named[id] = fmt.Sprintf("round %d's contribution by %s", tip.Round, c.Peer)
+		if validator || c.Peer == self {
+			required[id] = named[id]
+		}
+	}
+	m, err := dataset.Load(cfg.Dataset.Manifest)
+	require.NoError(t, err)
+	data, err := m.CIDs()
+	require.NoError(t, err)
+	seen := map[string]uint64{}
+	if b, err := os.ReadFile(filepath.Join(cfg.Node.StoreDir, RetentionFile)); err == nil {
+		require.NoError(t, json.Unmarshal(b, &seen))
+	}
+	for id, what := range required {
+		require.True(t, stores.Artifacts.Has(id), "%s: %s was pruned", cfg.Node.StoreDir, what)
+	}
+	for _, id := range held {
+		if _, ok := named[id]; ok || slices.ContainsFunc(data, id.Equals) {
+			continue
+		}
+		r, ok := seen[id.String()]
+		require.True(t, ok && r == tip.Round, "%s holds artifact %s, which no kept head names, first seen at round %d (tip %d)",
+			cfg.Node.StoreDir, id, r, tip.Round)
 	}
 }
 
@@ -243,7 +305,7 @@ func newPruneFixture(t *testing.T, keep int) *pruneFixture {
 	t.Helper()
 	f := &pruneFixture{t: t, dir: t.TempDir()}
 	var err error
-	f.store, err = artifact.OpenStore(filepath.Join(f.dir, "artifacts"), artifact.Options{})
+	f.store, err = artifact.OpenStore(filepath.Join(f.dir, "artifacts"), artifact.Options{ChunkSize: 1 << 12})
 	require.NoError(t, err)
 	f.heads, err = chain.OpenStore(filepath.Join(f.dir, "heads"))
 	require.NoError(t, err)
@@ -268,16 +330,15 @@ func (f *pruneFixture) put(s string) cid.Cid {
 	return id
 }
 
-// round makes head r canonical and sweeps.
-func (f *pruneFixture) round(r uint64, kept ...*checkpoint.State) sweepResult {
+// head makes a head of round r canonical that names params, outer and contribs.
+func (f *pruneFixture) head(r uint64, params, outer cid.Cid, contribs ...cid.Cid) {
 	f.t.Helper()
-	p, o := f.put(fmt.Sprint("params ", r)), f.put(fmt.Sprint("outer ", r))
-	c, s := f.put(fmt.Sprint("contribution ", r)), f.put(fmt.Sprint("stray delta ", r))
-	f.params, f.outer, f.contrib, f.stray = append(f.params, p), append(f.outer, o), append(f.contrib, c), append(f.stray, s)
-	h := &chain.Head{Version: 1, Network: "n", Experiment: "e", Round: r, Params: p.Bytes(), OuterState: o.Bytes(), LayoutHash: strings.Repeat("ab", 32),
-		Contributions: []chain.Contribution{{Peer: "p", Artifact: c.Bytes(), Samples: 1, Weight: 1}},
-		Policy:        chain.Policy{Kind: "diloco", Aggregator: "mean", Codec: "fp32"},
-		Ledger:        chain.Ledger{Plan: "p", Shards: 1, Consumed: []byte{0}}}
+	h := &chain.Head{Version: 1, Network: "n", Experiment: "e", Round: r, Params: params.Bytes(), OuterState: outer.Bytes(), LayoutHash: strings.Repeat("ab", 32),
+		Policy: chain.Policy{Kind: "diloco", Aggregator: "mean", Codec: "fp32"},
+		Ledger: chain.Ledger{Plan: "p", Shards: 1, Consumed: []byte{0}}}
+	for i, c := range contribs {
+		h.Contributions = append(h.Contributions, chain.Contribution{Peer: fmt.Sprint("peer ", i), Artifact: c.Bytes(), Samples: 1, Weight: 1})
+	}
 	if f.parent.Defined() {
 		h.Parent = f.parent.Bytes()
 	}
@@ -287,9 +348,50 @@ func (f *pruneFixture) round(r uint64, kept ...*checkpoint.State) sweepResult {
 	require.NoError(f.t, err)
 	f.parent = sh.ID()
 	f.tips.Restore(sh.ID(), h)
+}
+
+// next makes head r canonical with fresh artifacts: its parameters, outer state and
+// contribution, and a stray delta no head names.
+func (f *pruneFixture) next(r uint64) {
+	f.t.Helper()
+	p, o := f.put(fmt.Sprint("params ", r)), f.put(fmt.Sprint("outer ", r))
+	c, s := f.put(fmt.Sprint("contribution ", r)), f.put(fmt.Sprint("stray delta ", r))
+	f.params, f.outer, f.contrib, f.stray = append(f.params, p), append(f.outer, o), append(f.contrib, c), append(f.stray, s)
+	f.head(r, p, o, c)
+}
+
+func (f *pruneFixture) sweep(r uint64, kept ...*checkpoint.State) sweepResult {
+	f.t.Helper()
 	res, err := f.p.sweep(r, kept)
 	require.NoError(f.t, err)
 	return res
+}
+
+// round makes head r canonical and sweeps, with validator checkpoint generations at the
+// heads of the rounds gens names (newest first).
+func (f *pruneFixture) round(r uint64, gens ...uint64) sweepResult {
+	f.t.Helper()
+	f.next(r)
+	return f.sweep(r, f.gens(gens...)...)
+}
+
+// gens is validator checkpoint generations at the given rounds' heads.
+func (f *pruneFixture) gens(rounds ...uint64) []*checkpoint.State {
+	var kept []*checkpoint.State
+	for _, r := range rounds {
+		kept = append(kept, f.gen(r, true))
+	}
+	return kept
+}
+
+// gen is a checkpoint generation at head r, as the keeper writes it: the head's
+// parameters, and its outer state when withOuter (a validator).
+func (f *pruneFixture) gen(r uint64, withOuter bool) *checkpoint.State {
+	refs := map[string]cid.Cid{refHeadParams: f.params[r]}
+	if withOuter {
+		refs[refHeadOuter] = f.outer[r]
+	}
+	return &checkpoint.State{Seq: r + 1, Round: r, Head: fmt.Sprint("head ", r), Refs: refs}
 }
 
 func (f *pruneFixture) requireHeld(what string, ids []cid.Cid, rounds ...int) {
@@ -299,28 +401,180 @@ func (f *pruneFixture) requireHeld(what string, ids []cid.Cid, rounds ...int) {
 	}
 }
 
-// The sweep keeps the newest K heads' parameters, outer state and contributions, what a
-// kept checkpoint generation references, the dataset, and anything newer than K rounds;
-// it deletes the rest. A restart (or a lost retention record) never deletes early, and a
-// blob a crash left without its manifest is removed.
+// After many rounds the store holds exactly: the newest K heads' parameters, the outer
+// state of the tip (and of the heads newer than the newest checkpoint generation, which a
+// queued snapshot may name), the tip's contributions, what the newest generation names,
+// the parameters older generations name, the work of the last round no head names, and
+// the dataset. The rule before it kept K heads' outer state and K rounds of contributions
+// and stray deltas.
 func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
+	const last = 6
+	tests := []struct {
+		name string
+		keep int
+		// gens is how many generations the checkpoint keeps (min(K, 3)); lag how many heads
+		// the newest one is behind the tip (its writer is slow); outer whether they name
+		// the outer state (a validator's).
+		gens, lag int
+		outer     bool
+		// Rounds whose artifacts are held after round last.
+		params, outerHeld, contrib, stray []int
+	}{
+		{name: "validator K=2", keep: 2, gens: 2, outer: true,
+			params: []int{5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+		{name: "validator K=3", keep: 3, gens: 3, outer: true,
+			params: []int{4, 5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+		{name: "validator K=5", keep: 5, gens: 3, outer: true,
+			params: []int{2, 3, 4, 5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+		{name: "trainer K=2", keep: 2, gens: 2, outer: false,
+			params: []int{5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+		{name: "validator K=2, checkpoint one head behind", keep: 2, gens: 2, lag: 1, outer: true,
+			params: []int{4, 5, 6}, outerHeld: []int{5, 6}, contrib: []int{6}, stray: []int{6}},
+		{name: "validator K=2, checkpoint two heads behind", keep: 2, gens: 2, lag: 2, outer: true,
+			params: []int{3, 4, 5, 6}, outerHeld: []int{4, 5, 6}, contrib: []int{6}, stray: []int{6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newPruneFixture(t, tt.keep)
+			for r := uint64(0); r <= last; r++ {
+				f.next(r)
+				var kept []*checkpoint.State // newest first, as checkpoint.AfterPrune gives them
+				for g := range tt.gens {
+					if at := int(r) - tt.lag - g; at >= 0 {
+						kept = append(kept, f.gen(uint64(at), tt.outer))
+					}
+				}
+				f.sweep(r, kept...)
+			}
+			f.requireHeld("params", f.params, tt.params...)
+			f.requireHeld("outer state", f.outer, tt.outerHeld...)
+			f.requireHeld("contribution", f.contrib, tt.contrib...)
+			f.requireHeld("stray delta", f.stray, tt.stray...)
+			ids, err := f.store.List()
+			require.NoError(t, err)
+			require.Len(t, ids, 1+len(tt.params)+len(tt.outerHeld)+len(tt.contrib)+len(tt.stray), "the dataset and the artifacts above, nothing else")
+			require.True(t, f.store.Has(f.data))
+		})
+	}
+}
+
+// Work of the open round — contributions arriving, a delta being encoded, the merge
+// output of a proposal not yet at quorum, the artifacts of the next head fetched by a node
+// one head behind — is kept by every sweep at the tip's round, however late the
+// checkpoint that triggers it; once the next head is canonical, what it names stays with
+// it and the rest goes one round after it was first seen.
+func TestSweepSparesTheOpenRound(t *testing.T) {
+	type when int
+	const (
+		// beforeSweep: committed after the base head became canonical, before the sweep
+		// of its checkpoint (the writer was slow); afterSweep: after that sweep.
+		beforeSweep when = iota
+		afterSweep
+	)
+	tests := []struct {
+		name  string
+		when  when
+		named string // what head 4 names it as: "params", "outer", "contribution" or ""
+		// Held after the sweep at round 4 and at round 5 (after a late sweep at round 3:
+		// always held).
+		at4, at5 bool
+	}{
+		{"contribution merged by the next head", beforeSweep, "contribution", true, false},
+		{"contribution merged by the next head, arrived after the sweep", afterSweep, "contribution", true, false},
+		{"contribution not merged (rejected or late)", beforeSweep, "", false, false},
+		{"contribution not merged, arrived after the sweep", afterSweep, "", false, false},
+		{"delta being encoded, merged", afterSweep, "contribution", true, false},
+		{"merge output: parameters of the proposal that reached quorum", beforeSweep, "params", true, true},
+		{"merge output: outer state of the proposal that reached quorum", beforeSweep, "outer", true, false},
+		{"merge output of a proposal that lost", beforeSweep, "", false, false},
+	}
+	for _, keep := range []int{2, 3} {
+		t.Run(fmt.Sprint("K=", keep), func(t *testing.T) {
+			f := newPruneFixture(t, keep)
+			for r := uint64(0); r <= 2; r++ {
+				f.round(r, r)
+			}
+			f.next(3) // head 3 canonical, round 4 open
+			ids := make([]cid.Cid, len(tests))
+			for i, tt := range tests {
+				if tt.when == beforeSweep {
+					ids[i] = f.put(tt.name)
+				}
+			}
+			f.sweep(3, f.gens(3, 2)...)
+			for i, tt := range tests {
+				if tt.when == afterSweep {
+					ids[i] = f.put(tt.name)
+				}
+			}
+			// A checkpoint of round 3 written late, and one of round 2 later still: both
+			// sweep at round 3 at most.
+			f.sweep(3, f.gens(3, 2)...)
+			f.sweep(2, f.gens(3, 2)...)
+			for i, tt := range tests {
+				require.True(t, f.store.Has(ids[i]), "%s deleted while its round was open", tt.name)
+			}
+
+			var params, outer cid.Cid
+			var contribs []cid.Cid
+			for i, tt := range tests {
+				switch tt.named {
+				case "params":
+					params = ids[i]
+				case "outer":
+					outer = ids[i]
+				case "contribution":
+					contribs = append(contribs, ids[i])
+				}
+			}
+			f.params, f.outer = append(f.params, params), append(f.outer, outer)
+			f.head(4, params, outer, contribs...)
+			f.sweep(4, f.gens(4, 3)...)
+			for i, tt := range tests {
+				require.Equal(t, tt.at4, f.store.Has(ids[i]), "after head 4: %s", tt.name)
+			}
+			f.round(5, 5, 4)
+			for i, tt := range tests {
+				require.Equal(t, tt.at5, f.store.Has(ids[i]), "after head 5: %s", tt.name)
+			}
+		})
+	}
+}
+
+// A node one head behind fetches the next head's parameters, outer state and
+// contributions (to verify a proposal, or to sync the head) while its own tip is still the
+// older one; its sweeps keep them, and once the head is canonical here too it names them.
+func TestSweepSparesTheHeadBeingSynced(t *testing.T) {
+	f := newPruneFixture(t, 2)
+	for r := uint64(0); r <= 3; r++ {
+		f.round(r, r)
+	}
+	p, o, c := f.put("params 4"), f.put("outer 4"), f.put("contribution 4")
+	for range 3 {
+		f.sweep(3, f.gens(3, 2)...)
+	}
+	for _, id := range []cid.Cid{p, o, c} {
+		require.True(t, f.store.Has(id))
+	}
+	f.params, f.outer, f.contrib = append(f.params, p), append(f.outer, o), append(f.contrib, c)
+	f.head(4, p, o, c)
+	f.sweep(4, f.gens(4, 3)...)
+	f.requireHeld("params", f.params, 3, 4)
+	f.requireHeld("outer state", f.outer, 4)
+	f.requireHeld("contribution", f.contrib, 4)
+}
+
+// A restart (or a lost retention record) never deletes early, a blob a crash left without
+// its manifest is removed, and an artifact committed again while it was due is kept one
+// more round.
+func TestSweepAfterARestart(t *testing.T) {
 	f := newPruneFixture(t, 2)
 	for r := uint64(0); r <= 4; r++ {
-		f.round(r)
+		f.round(r, r)
 	}
 	f.requireHeld("params", f.params, 3, 4)
-	f.requireHeld("outer state", f.outer, 3, 4)
-	f.requireHeld("contribution", f.contrib, 3, 4)
-	f.requireHeld("stray delta", f.stray, 3, 4)
-	require.True(t, f.store.Has(f.data))
-
-	// A kept checkpoint generation pins the head it names.
-	ck := &checkpoint.State{Round: 3, Refs: map[string]cid.Cid{refHeadParams: f.params[3], refHeadOuter: f.outer[3]}}
-	res := f.round(5, ck)
-	require.Equal(t, 2, res.Removed, "round 3's contribution and stray delta")
-	f.requireHeld("params", f.params, 3, 4, 5)
-	f.requireHeld("outer state", f.outer, 3, 4, 5)
-	f.requireHeld("contribution", f.contrib, 4, 5)
+	f.requireHeld("outer state", f.outer, 4)
+	f.requireHeld("stray delta", f.stray, 4)
 
 	// Crash between the two removals of a deletion: the blob is left without a manifest.
 	orphan := f.stray[4]
@@ -329,51 +583,114 @@ func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
 	// And the retention record is lost: every artifact counts as new after the restart.
 	require.NoError(t, os.Remove(filepath.Join(f.dir, RetentionFile)))
 	f.restart(2)
-	f.round(6)
+	f.round(5, 5, 4)
 	require.NoFileExists(t, f.store.BlobPath(orphan))
-	f.requireHeld("params", f.params, 3, 4, 5, 6)
-	f.round(7)
-	f.requireHeld("params", f.params, 3, 4, 5, 6, 7)
-	f.round(8)
-	f.requireHeld("params", f.params, 7, 8)
-	f.requireHeld("contribution", f.contrib, 7, 8)
-	f.requireHeld("stray delta", f.stray, 7, 8)
+	f.requireHeld("params", f.params, 3, 4, 5)
+	f.requireHeld("outer state", f.outer, 4, 5)
+	f.requireHeld("contribution", f.contrib, 4, 5)
+	f.round(6, 6, 5)
+	f.requireHeld("params", f.params, 5, 6)
+	f.requireHeld("outer state", f.outer, 6)
+	f.requireHeld("contribution", f.contrib, 6)
+	f.requireHeld("stray delta", f.stray, 6)
 	require.True(t, f.store.Has(f.data))
+
+	// The retention record survives a plain restart: round 6's stray delta is due at 7.
+	f.restart(2)
+	f.round(7, 7, 6)
+	f.requireHeld("stray delta", f.stray, 7)
 
 	// An artifact committed again while the sweep decides (a trainer re-encoding the same
 	// bytes) is not deleted by that sweep.
-	again := f.put("params 7")
-	require.Equal(t, f.params[7], again)
-	f.round(9)
-	f.round(10)
-	require.True(t, f.store.Has(f.params[7]), "re-committed at round 8, so kept until round 10")
-	f.round(11)
-	require.False(t, f.store.Has(f.params[7]))
+	again := f.put("params 6")
+	require.Equal(t, f.params[6], again)
+	f.round(8, 8, 7)
+	require.True(t, f.store.Has(f.params[6]), "re-committed at round 7, so first seen at 8 and kept through it")
+	f.round(9, 9, 8)
+	require.False(t, f.store.Has(f.params[6]))
+}
 
-	// A download every caller abandoned leaves partial files; they go K rounds after the
-	// pruner first saw them.
+// The partial files of an abandoned download go a round after the pruner first saw them,
+// unless they are of an artifact the node keeps (a kept head's parameters, which a later
+// fetch resumes). A download in progress keeps its partial files whatever its age.
+func TestSweepRemovesAbandonedDownloads(t *testing.T) {
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
+	f := newPruneFixture(t, 2)
 	h, err := mn.GenPeer()
 	require.NoError(t, err)
 	x := artifact.NewExchange(h, f.store, artifact.ExchangeOptions{})
 	t.Cleanup(func() { x.Close() })
 	f.p.setPartials(x.RemoveIdlePartials)
-	abandoned := f.put("abandoned download")
-	require.True(t, f.store.Has(abandoned))
-	var files []string
-	for _, ext := range []string{".manifest", ".data", ".have"} {
-		path := filepath.Join(f.dir, "artifacts", "partial", abandoned.String()+ext)
-		require.NoError(t, os.WriteFile(path, []byte("partial state"), 0o644))
-		files = append(files, path)
+	for r := uint64(0); r <= 2; r++ {
+		f.round(r, r)
 	}
-	f.round(12)
-	f.round(13)
-	for _, path := range files {
-		require.FileExists(t, path)
+	partial := func(id cid.Cid) []string {
+		var files []string
+		for _, ext := range []string{".manifest", ".data", ".have"} {
+			files = append(files, filepath.Join(f.dir, "artifacts", "partial", id.String()+ext))
+		}
+		return files
 	}
-	f.round(14)
-	for _, path := range files {
+	// Ids of artifacts this store does not hold; the next head names the first.
+	nextParams := artifact.RecordCID([]byte("params 3, not fetched yet"))
+	abandoned := artifact.RecordCID([]byte("a contribution whose trainer vanished"))
+	for _, id := range []cid.Cid{nextParams, abandoned} {
+		for _, path := range partial(id) {
+			require.NoError(t, os.WriteFile(path, []byte("partial state"), 0o644))
+		}
+	}
+	f.sweep(2, f.gens(2, 1)...) // first seen at round 2
+	f.params, f.outer = append(f.params, nextParams), append(f.outer, f.put("outer 3"))
+	f.head(3, nextParams, f.outer[3])
+	f.sweep(3, f.gens(2, 1)...)
+	for _, path := range partial(abandoned) {
 		require.NoFileExists(t, path)
 	}
+	for _, path := range partial(nextParams) {
+		require.FileExists(t, path, "a kept head's parameters, partly downloaded")
+	}
+	f.round(4, 2, 1)
+	f.round(5, 2, 1)
+	for _, path := range partial(nextParams) {
+		require.NoFileExists(t, path, "head 3 is no longer kept")
+	}
+
+	// A download in progress: a slow link, two rounds while it runs.
+	src, err := mn.GenPeer()
+	require.NoError(t, err)
+	srcStore, err := artifact.OpenStore(t.TempDir(), artifact.Options{ChunkSize: 1 << 12})
+	require.NoError(t, err)
+	sx := artifact.NewExchange(src, srcStore, artifact.ExchangeOptions{})
+	t.Cleanup(func() { sx.Close() })
+	big := make([]byte, 256<<10)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	id, err := srcStore.PutBytes(big)
+	require.NoError(t, err)
+	mn.SetLinkDefaults(mocknet.LinkOptions{Bandwidth: 64 << 10})
+	require.NoError(t, mn.LinkAll())
+	_, err = mn.ConnectPeers(h.ID(), src.ID())
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done <- x.Fetch(ctx, id, src.ID())
+	}()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(partial(id)[1])
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "the download did not start")
+	f.round(6, 6, 5)
+	f.round(7, 7, 6)
+	select {
+	case err := <-done:
+		t.Fatalf("the download ended before the sweeps ran (%v): make the link slower", err)
+	default:
+	}
+	require.FileExists(t, partial(id)[1])
+	require.NoError(t, <-done)
+	require.NoError(t, f.store.Verify(id))
 }

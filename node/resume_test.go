@@ -40,6 +40,15 @@ func TestSoloNodeResumesFromTheChainWithoutState(t *testing.T) {
 				require.NoError(t, os.WriteFile(f, []byte("garbage"), 0o644))
 			}
 		}},
+		// The older generation names round 3's outer state, which the store keeps for the
+		// tip only: it cannot be loaded either, and the node resumes from the chain.
+		{"newest state file corrupted", func(t *testing.T, store string) {
+			files, err := filepath.Glob(filepath.Join(store, "state", "state-*"))
+			require.NoError(t, err)
+			require.Len(t, files, 2, "node.keep_heads 2 keeps two generations")
+			slices.Sort(files)
+			require.NoError(t, os.WriteFile(files[len(files)-1], []byte("garbage"), 0o644))
+		}},
 		{"state and tip file deleted", func(t *testing.T, store string) {
 			require.NoError(t, os.RemoveAll(filepath.Join(store, "state")))
 			require.NoError(t, os.Remove(filepath.Join(store, TipFile)))
