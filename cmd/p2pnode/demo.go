@@ -55,6 +55,7 @@ byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 20, "rounds to train")
 	cmd.Flags().StringVar(&o.Workload, "workload", demo.WorkloadDigits, "what to train: digits, lm (a byte-level transformer) or charlm (a byte-level GRU)")
 	cmd.Flags().StringVar(&o.Preset, "preset", "", "lm preset: tiny (default), small or base")
+	cmd.Flags().StringVar(&o.Codec, "codec", "", "protocol.codec of every node: fp32 (default), fp16, int8 or sparse (compare learning across codecs)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "continue an earlier demo in --dir instead of starting fresh")
 	return cmd
 }

@@ -45,6 +45,8 @@ type Options struct {
 	Workload string
 	// Preset is the lm workload's preset (default "tiny").
 	Preset string
+	// Codec is protocol.codec for every node (default: the config's default, fp32).
+	Codec string
 }
 
 // Workloads the demo can train.
@@ -261,6 +263,9 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 			c.Dataset.MicroshardBytes = 65536
 			c.Lease.MicroshardsPerTrainer = 2
 			c.Lease.RoundTimeout = 10 * time.Minute
+		}
+		if o.Codec != "" {
+			c.Protocol.Codec = o.Codec
 		}
 		return c
 	}

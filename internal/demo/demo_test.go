@@ -44,3 +44,19 @@ func TestWorkloadChoicesAreChecked(t *testing.T) {
 	}
 	require.NoError(t, Options{Workload: WorkloadLM, Preset: "small"}.checkWorkload())
 }
+
+func TestCodecReachesEveryNode(t *testing.T) {
+	for _, codec := range []string{"", "int8", "sparse"} {
+		cfgs, err := WriteConfigs(Options{Dir: t.TempDir(), Trainers: 2, Rounds: 3, Codec: codec})
+		require.NoError(t, err)
+		want := codec
+		if want == "" {
+			want = "fp32"
+		}
+		for _, c := range cfgs {
+			require.Equal(t, want, c.Protocol.Codec)
+		}
+	}
+	_, err := WriteConfigs(Options{Dir: t.TempDir(), Trainers: 1, Rounds: 3, Codec: "int4"})
+	require.ErrorContains(t, err, `protocol.codec: must be fp32, fp16, int8 or sparse, got "int4"`)
+}
