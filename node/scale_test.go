@@ -173,14 +173,14 @@ func checkCapacitySpread(t *testing.T, r scaleResult) {
 	require.InDelta(t, 2.0, ratio, 0.2, "leases follow capacity: fast %.2f, slow %.2f", r.fastPerLease, r.slowPerLease)
 }
 
-// TestMocknetScale16Trainers is the 16-trainer scale run meant for `make test`: 3
+// TestMocknetScale16Trainers is the 16-trainer scale run of `make test` (issue 16 item 4): 3
 // validators and 16 trainers for 5 rounds (rounds 3 to 5 check the capacity spread), with
-// every check of runScale. It runs only with P2PNODE_SCALE_16=1 until its time under -race
-// on a 2-core CI machine is measured: on this shared machine at load 40-60 its 19 nodes took
-// 3 minutes to start and their announcements arrived too late for round 1 to be leased.
+// every check of runScale. Under -race on the shared 2-core machine it took 62, 80 and
+// 112 s at load averages of 3-9; its 19 nodes are slow to start above that (3 minutes at a
+// load of 40-60, when announcements arrived too late for round 1 to be leased).
 func TestMocknetScale16Trainers(t *testing.T) {
-	if os.Getenv("P2PNODE_SCALE_16") == "" {
-		t.Skip("set P2PNODE_SCALE_16=1 to run the 16-trainer scale cluster")
+	if testing.Short() {
+		t.Skip("19 in-process nodes: not with -short")
 	}
 	checkCapacitySpread(t, runScale(t, 16, 5))
 }
