@@ -113,6 +113,24 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			reset()
 		}
 	}
+	// attested takes in an attestation: one of the base by a validator ahead means it has
+	// verified the base and can lead now.
+	attested := func(a Received[gossip.Attestation]) {
+		if slices.Contains(ahead, a.From) && slices.Equal(a.Msg.Head, baseID.Bytes()) {
+			waiting()
+		}
+	}
+	// onHead takes in a head: the base re-published by a validator ahead, or a proposal
+	// for this round to verify and attest; it returns the lock when this validator signed.
+	onHead := func(h Received[gossip.Head]) (lockedHead, bool) {
+		if baseStillOpen(h, baseID, ahead) {
+			waiting()
+			return lockedHead{}, false
+		}
+		v.verifyAndAttest(ctx, h.From, h.Msg)
+		l, locked := v.locks[r]
+		return l, locked
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -129,33 +147,23 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 		case l := <-in.Leases:
 			heard(l)
 		case a := <-in.Attestations:
-			if slices.Contains(ahead, a.From) && slices.Equal(a.Msg.Head, baseID.Bytes()) {
-				waiting() // it has verified the base: it can lead now
-			}
+			attested(a)
 		case h := <-in.Heads:
-			if baseStillOpen(h, baseID, ahead) {
-				waiting()
-				continue
-			}
-			v.verifyAndAttest(ctx, h.From, h.Msg)
-			if l, locked := v.locks[r]; locked {
+			if l, locked := onHead(h); locked {
 				return v.awaitQuorum(ctx, in, r, l)
 			}
 		case <-timer.C:
-			// Grants, heartbeats and re-published proposals queued while this loop was
-			// busy (verifying a proposal, or starved of CPU) come first: a leader is silent
-			// only if nothing of it arrived, not because nothing was read.
+			// Grants, heartbeats, attestations and re-published proposals queued while this
+			// loop was busy (verifying a proposal, or starved of CPU) come first: a leader is
+			// silent only if nothing of it arrived, not because nothing was read.
 			for drained := false; !drained; {
 				select {
 				case l := <-in.Leases:
 					heard(l)
+				case a := <-in.Attestations:
+					attested(a)
 				case h := <-in.Heads:
-					if baseStillOpen(h, baseID, ahead) {
-						waiting()
-						continue
-					}
-					v.verifyAndAttest(ctx, h.From, h.Msg)
-					if l, locked := v.locks[r]; locked {
+					if l, locked := onHead(h); locked {
 						return v.awaitQuorum(ctx, in, r, l)
 					}
 				default:
