@@ -191,9 +191,6 @@ type Screen struct {
 
 // Lease is how data is handed out.
 type Lease struct {
-	// MicroshardsPerTrainer is the least share of a trainer of average speed; the leader
-	// raises it to what one window of protocol.inner_steps reads, up to an even split of
-	// the dataset among the round's trainers (lease.WindowShare).
 	MicroshardsPerTrainer int           `yaml:"microshards_per_trainer"`
 	MinGroup              int           `yaml:"min_group"`
 	RoundTimeout          time.Duration `yaml:"round_timeout"`

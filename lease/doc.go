@@ -37,27 +37,6 @@
 // pace known at all it is lease.first_deadline, doubled after each attempt of the round
 // that expired with nothing known and nothing received.
 //
-// # A window's worth of data
-//
-// A lease holds one window's samples where the dataset allows (WindowShare): a trainer of
-// average speed gets lease.microshards_per_trainer microshards, or more when its
-// protocol.inner_steps × samples per step need them — ceil(steps × samples per step ×
-// microshards / examples) of the plan, whose example counts come from the workload's
-// examples.json — up to an even split of the plan among the attempt's trainers. Otherwise
-// a window loops over its data: the digits demo's 3 microshards of 64 examples fed 640
-// samples a window, each example seen 3.3 times; it now leases 8, 8 and 7 (the plan's 23,
-// 1.25 passes). A dataset smaller than a window per trainer is split evenly rather than
-// cutting every window to one pass: inner_steps is the config's choice. The leader takes the samples per step
-// from the last proposal it verified or made (StepSamples: the median of each candidate's
-// samples over its lease's steps, so every validator derives the same value), else from
-// workload.config.batch_size (the key every shipped workload uses); with neither known, or
-// a dataset without example counts, the configured share stands. Where an epoch's tail
-// leaves too few microshards for every trainer's share, Assign shrinks the shares and
-// TailSteps the steps in proportion, so a window never repeats its data and weighs by the
-// data it had. Followers do not recompute the assignment: a proposal's leases are checked
-// (valid, disjoint, matching their candidates), not re-derived, so the merge they recompute
-// is unchanged.
-//
 // Misses (expired or released leases) count toward Quarantine like soft rejections, and at
 // an epoch's tail, when microshards are fewer than trainers, trainers whose contributions
 // were merged recently are served before those that merely announce a high capacity.

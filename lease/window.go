@@ -14,33 +14,26 @@ import (
 //
 //	ceil(innerSteps × samplesPerStep × shards / examples)
 //
-// of them — but no more than an even split of the whole plan among the round's trainers,
-// ceil(shards / trainers): where the dataset is too small to give every trainer a window,
-// the epoch is split evenly and each trainer still runs its inner steps (over its data
-// more than once) rather than a window cut to a fraction of the steps the config asks
-// for. At most MaxLeaseMicroshards. With anything unknown (samplesPerStep, shards or
-// examples 0) it is perTrainer; trainers 0 means no split bound. The arithmetic is on
-// integers, so every validator computes the same share from the same inputs. Assign and
-// TailSteps take the result as their perTrainer: where an epoch's tail leaves too few
-// microshards, trainers get fewer and their steps shrink in proportion.
-func WindowShare(perTrainer, innerSteps, samplesPerStep, shards int, examples int64, trainers int) int {
+// of them; at most MaxLeaseMicroshards. With anything unknown (samplesPerStep, shards or
+// examples 0) it is perTrainer. The arithmetic is on integers, so every validator computes
+// the same share from the same inputs. Assign and TailSteps take the result as their
+// perTrainer: where an epoch's tail leaves too few microshards, trainers get fewer and
+// their steps shrink in proportion, so a window never repeats its data there either.
+func WindowShare(perTrainer, innerSteps, samplesPerStep, shards int, examples int64) int {
 	if innerSteps <= 0 || samplesPerStep <= 0 || shards <= 0 || examples <= 0 {
 		return perTrainer
 	}
 	// Each factor is capped below 2^31, so their product fits 64 bits.
 	window := uint64(min(innerSteps, math.MaxInt32)) * uint64(min(samplesPerStep, math.MaxInt32))
-	need := uint64(MaxLeaseMicroshards)
-	if hi, lo := bits.Mul64(window, uint64(shards)); hi < uint64(examples) { // else the quotient needs more than 64 bits
-		q, r := bits.Div64(hi, lo, uint64(examples))
-		if r > 0 {
-			q++
-		}
-		need = min(q, need)
+	hi, lo := bits.Mul64(window, uint64(shards))
+	if hi >= uint64(examples) {
+		return max(perTrainer, MaxLeaseMicroshards) // the quotient would not fit 64 bits
 	}
-	if trainers > 0 {
-		need = min(need, uint64((shards+trainers-1)/trainers))
+	q, r := bits.Div64(hi, lo, uint64(examples))
+	if r > 0 {
+		q++
 	}
-	return max(perTrainer, int(need))
+	return max(perTrainer, int(min(q, MaxLeaseMicroshards)))
 }
 
 // Window is what one trainer did with one lease: the samples its contribution reports and

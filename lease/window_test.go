@@ -10,32 +10,25 @@ func TestWindowShare(t *testing.T) {
 		name                               string
 		perTrainer, steps, perStep, shards int
 		examples                           int64
-		trainers                           int
 		want                               int
 	}{
 		// The digits demo: 23 microshards of 64 examples (the last 30), H 20 × batch 32.
-		{"digits, one trainer: 640 samples need 11 of 62.5", 3, 20, 32, 23, 1438, 1, 11},
-		{"digits demo, three trainers: the plan split evenly", 3, 20, 32, 23, 1438, 3, 8},
-		{"digits at H 400, four trainers: split evenly, not 205", 4, 400, 32, 23, 1438, 4, 6},
-		{"no split bound", 3, 20, 32, 23, 1438, 0, 11},
-		{"exact fit needs no extra microshard", 3, 20, 32, 10, 640, 1, 10},
-		{"one sample more rounds up", 3, 20, 32, 10, 639, 0, 11},
-		{"but never more than the plan", 3, 20, 32, 10, 639, 1, 10},
-		{"configured share already covers the window", 12, 20, 32, 23, 1438, 1, 12},
-		{"configured share above the even split stays", 12, 20, 32, 23, 1438, 3, 12},
-		{"large microshards: one is enough", 2, 20, 32, 100, 102400, 3, 2},
-		{"batch size unknown", 3, 20, 0, 23, 1438, 3, 3},
-		{"example counts unknown", 3, 20, 32, 23, 0, 3, 3},
-		{"no plan", 3, 20, 32, 0, 0, 3, 3},
-		{"capped at one lease's bound", 1, 1000, 1000, 1 << 20, 1 << 20, 1, MaxLeaseMicroshards},
-		{"huge factors do not overflow", 1, math.MaxInt, math.MaxInt, math.MaxInt, 1, 0, MaxLeaseMicroshards},
-		{"configured share above the cap stays", MaxLeaseMicroshards + 1, 20, 32, 23, 1438, 1, MaxLeaseMicroshards + 1},
+		{"digits demo: 640 samples need 11 of 62.5", 3, 20, 32, 23, 1438, 11},
+		{"exact fit needs no extra microshard", 3, 20, 32, 10, 640, 10},
+		{"one sample more rounds up", 3, 20, 32, 10, 639, 11},
+		{"configured share already covers the window", 12, 20, 32, 23, 1438, 12},
+		{"large microshards: one is enough", 2, 20, 32, 100, 102400, 2},
+		{"batch size unknown", 3, 20, 0, 23, 1438, 3},
+		{"example counts unknown", 3, 20, 32, 23, 0, 3},
+		{"no plan", 3, 20, 32, 0, 0, 3},
+		{"capped at one lease's bound", 1, 1000, 1000, 1 << 20, 1 << 20, MaxLeaseMicroshards},
+		{"huge factors do not overflow", 1, math.MaxInt, math.MaxInt, math.MaxInt, 1, MaxLeaseMicroshards},
+		{"configured share above the cap stays", MaxLeaseMicroshards + 1, 20, 32, 23, 1438, MaxLeaseMicroshards + 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := WindowShare(tc.perTrainer, tc.steps, tc.perStep, tc.shards, tc.examples, tc.trainers); got != tc.want {
-				t.Errorf("WindowShare(%d, %d, %d, %d, %d, %d) = %d, want %d", tc.perTrainer, tc.steps, tc.perStep, tc.shards,
-					tc.examples, tc.trainers, got, tc.want)
+			if got := WindowShare(tc.perTrainer, tc.steps, tc.perStep, tc.shards, tc.examples); got != tc.want {
+				t.Errorf("WindowShare(%d, %d, %d, %d, %d) = %d, want %d", tc.perTrainer, tc.steps, tc.perStep, tc.shards, tc.examples, got, tc.want)
 			}
 		})
 	}
@@ -71,7 +64,7 @@ func TestStepSamples(t *testing.T) {
 func TestWindowShareAtTheEpochTail(t *testing.T) {
 	even := []Trainer{{Peer: "a"}, {Peer: "b"}, {Peer: "c"}}
 	const steps, batch, perShard = 20, 32, 64
-	share := WindowShare(3, steps, batch, 100, 100*perShard, len(even)) // 640 / 64 = 10
+	share := WindowShare(3, steps, batch, 100, 100*perShard) // 640 / 64 = 10
 	if share != 10 {
 		t.Fatalf("share %d, want 10", share)
 	}

@@ -276,9 +276,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, rc := range r.received {
 		budget -= len(rc.msg.Microshards)
 	}
-	// A trainer's share holds one window's samples where the plan has enough, so a window
-	// does not loop over its data.
-	share := v.windowShare(len(work))
+	// A trainer's share holds at least one window's samples, so a window does not loop over
+	// its data.
+	share := v.windowShare()
 	plan := lease.AssignWithin(avail, work, share, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.

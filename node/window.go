@@ -9,15 +9,14 @@ import (
 	"github.com/p2pnode/p2pnode/lease"
 )
 
-// windowShare is the microshards a trainer of average speed is leased in an attempt with
-// the given number of trainers: lease.microshards_per_trainer, raised so that one window
-// (protocol.inner_steps × the workload's samples per step) reads each leased example once,
-// up to an even split of the plan among the trainers (lease.WindowShare), with the plan's
-// example counts as the size of a microshard. Samples per step are what the
+// windowShare is the microshards a trainer of average speed is leased this round:
+// lease.microshards_per_trainer, raised so that one window (protocol.inner_steps × the
+// workload's samples per step) reads each leased example once (lease.WindowShare), with
+// the plan's example counts as the size of a microshard. Samples per step are what the
 // last verified proposal's windows showed (observeWindows), else workload.config.batch_size
 // from this node's config; with neither (a fresh validator whose workload has no such key)
 // the configured share stands until a round has been merged.
-func (v *validator) windowShare(trainers int) int {
+func (v *validator) windowShare() int {
 	per := v.cfg.Lease.MicroshardsPerTrainer
 	if v.data == nil || v.data.plan == nil {
 		return per
@@ -27,20 +26,14 @@ func (v *validator) windowShare(trainers int) int {
 		perStep, from = configBatch(v.cfg.Workload.Config), "workload.config.batch_size"
 	}
 	plan := v.data.plan
-	share := lease.WindowShare(per, v.cfg.Protocol.InnerSteps, perStep, len(plan.Shards), plan.Examples(), trainers)
+	share := lease.WindowShare(per, v.cfg.Protocol.InnerSteps, perStep, len(plan.Shards), plan.Examples())
 	if share != v.shareLogged {
-		// Once at Info; later changes (the number of trainers, the batch learned) at Debug.
-		log := v.log.Debug
-		if v.shareLogged == 0 {
-			log = v.log.Info
-		}
 		v.shareLogged = share
 		if share > per {
-			log("leasing more microshards than lease.microshards_per_trainer: a window's samples need them",
+			v.log.Info("leasing more microshards than lease.microshards_per_trainer: a window's samples need them",
 				"microshards", share, "microshards_per_trainer", per, "inner_steps", v.cfg.Protocol.InnerSteps,
 				"samples_per_step", perStep, "samples_per_step_from", from,
-				"examples_per_microshard", float64(plan.Examples())/float64(len(plan.Shards)),
-				"plan_microshards", len(plan.Shards), "trainers", trainers)
+				"examples_per_microshard", float64(plan.Examples())/float64(len(plan.Shards)))
 		}
 	}
 	return share

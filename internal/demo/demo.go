@@ -238,8 +238,6 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		c.Workload.Config = map[string]any{"hidden": 128, "batch_size": 32, "lr": 0.001}
 		c.Protocol.InnerSteps = 20
 		c.Protocol.DiLoCo = config.DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true}
-		// The least share: a window of 20 × 32 samples needs 11 microshards of ~64 examples,
-		// and the plan's 23 split among three trainers gives 8, 8 and 7 (lease.WindowShare).
 		c.Lease.MicroshardsPerTrainer = 3
 		c.Lease.MinGroup = 1
 		c.Lease.RoundTimeout = 2 * time.Minute
