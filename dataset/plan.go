@@ -98,15 +98,6 @@ func (p *Plan) ID() cid.Cid {
 	return artifact.RawCID([]byte(b.String()))
 }
 
-// Examples is the plan's example count (the manifest's counts; 0 when none is known).
-func (p *Plan) Examples() int64 {
-	var n int64
-	for _, s := range p.Shards {
-		n += s.Examples
-	}
-	return n
-}
-
 // Shard returns the microshard with the given id.
 func (p *Plan) Shard(id cid.Cid) (Microshard, bool) {
 	for _, s := range p.Shards {

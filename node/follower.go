@@ -294,7 +294,6 @@ func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.
 		v.metrics.rejected("bad_proposal")
 		return
 	}
-	v.observeWindows(m.Proposal)
 	v.signAndAttest(ctx, from, m, h, id)
 }
 

@@ -276,13 +276,10 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, rc := range r.received {
 		budget -= len(rc.msg.Microshards)
 	}
-	// A trainer's share holds at least one window's samples, so a window does not loop over
-	// its data.
-	share := v.windowShare()
-	plan := lease.AssignWithin(avail, work, share, budget, seed)
+	plan := lease.AssignWithin(avail, work, v.cfg.Lease.MicroshardsPerTrainer, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
-	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, share)
+	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, v.cfg.Lease.MicroshardsPerTrainer)
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)
@@ -631,7 +628,6 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	}
 	msg := &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes,
 		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire}}
-	v.observeWindows(msg.Proposal)
 	lk := lockedHead{id: out.ID, msg: msg}
 	v.locks[r.round] = lk
 	if _, err := v.tips.Offer(sh); err != nil {
@@ -703,7 +699,7 @@ func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l 
 
 // workCandidates are the trainers as lease sizing sees them: with speed-proportional work
 // their measured capacities, otherwise all alike (capacity unknown counts as average), so
-// every trainer gets inner_steps and the same share of microshards (windowShare).
+// every trainer gets inner_steps and microshards_per_trainer.
 func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 	if proportional {
 		return cands

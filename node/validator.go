@@ -50,9 +50,6 @@ type validator struct {
 	// announce interval to hear from the fleet, so a (re)started leader does not hand the
 	// whole round to the first trainers it happens to hear.
 	started time.Time
-	// stepSamples is the samples per inner step the last verified proposal's windows
-	// showed (0: none yet), and shareLogged the lease share last logged (windowShare).
-	stepSamples, shareLogged int
 }
 
 type lockedHead struct {
