@@ -21,6 +21,10 @@ const (
 	writeBudget = 64 << 20
 )
 
+// retryLeft is how long a holder that left a download with an error (a broken stream, a
+// restarted node) sits out before the download asks it again.
+const retryLeft = 5 * time.Second
+
 // download is one fetch of one artifact, shared by every Fetch call for it.
 type download struct {
 	x      *Exchange
@@ -36,8 +40,9 @@ type download struct {
 
 	mu      sync.Mutex
 	hints   []peer.ID
-	tried   map[peer.ID]error // peers used (or asked) in this download, and why they left
-	peersCh chan struct{}     // a new holder may be available
+	tried   map[peer.ID]error     // peers used (or asked) in this download, and why they left
+	leftAt  map[peer.ID]time.Time // when a peer left with an error (see retryLeft)
+	peersCh chan struct{}         // a new holder may be available
 
 	// Set once the manifest is known.
 	m       *Manifest
@@ -57,6 +62,7 @@ func newDownload(x *Exchange, id cid.Cid, hints []peer.ID, prev *download) *down
 		done:    make(chan struct{}),
 		refs:    1,
 		tried:   make(map[peer.ID]error),
+		leftAt:  make(map[peer.ID]time.Time),
 		peersCh: make(chan struct{}, 1),
 		fatalCh: make(chan error, 1),
 	}
@@ -104,8 +110,12 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, 
 	now := time.Now()
 	self := d.x.h.ID()
 	usable := func(p peer.ID) bool {
-		_, used := d.tried[p]
-		return !used && !also[p] && p != self && p != "" && !d.x.book.isPenalised(p, now)
+		// A peer that left with an error (its node restarted, a stream broke) is asked
+		// again once retryLeft has passed: otherwise a download whose only other holders
+		// are partial ones lacking the same chunks waits on them for ever.
+		err, used := d.tried[p]
+		again := used && err != nil && now.Sub(d.leftAt[p]) >= retryLeft
+		return (!used || again) && !also[p] && p != self && p != "" && !d.x.book.isPenalised(p, now)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -141,6 +151,9 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, 
 func (d *download) peerLeft(p peer.ID, err error) {
 	d.mu.Lock()
 	d.tried[p] = err
+	if err != nil {
+		d.leftAt[p] = time.Now()
+	}
 	d.mu.Unlock()
 }
 
@@ -249,6 +262,10 @@ func (d *download) fetchChunks() error {
 	knownActive := 0
 	isKnown := make(map[peer.ID]bool)
 	exits := make(chan *peerRun)
+	// Holders that left with an error may be asked again (nextCandidate): look for them
+	// every retryLeft while the download goes on.
+	retry := time.NewTicker(retryLeft)
+	defer retry.Stop()
 	stop := func() {
 		for _, pr := range active {
 			pr.cancel()
@@ -302,6 +319,7 @@ func (d *download) fetchChunks() error {
 			}
 			d.peerLeft(pr.p, pr.err)
 		case <-d.peersCh:
+		case <-retry.C:
 		case err := <-d.fatalCh:
 			stop()
 			return err

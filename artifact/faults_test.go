@@ -361,3 +361,39 @@ func TestFetchErrorNamesArtifact(t *testing.T) {
 	err := c.nodes[0].x.Fetch(fetchCtx(t, 2*time.Second), missing, c.nodes[1].id())
 	require.True(t, errors.Is(err, ErrNoHolders) && strings.Contains(err.Error(), missing.String()), "err = %v", err)
 }
+
+// A fetcher loses the full holder mid-transfer; a second later the holder is back (its
+// node restarted). The other peer it fetches from is a partial holder, downloading slowly
+// itself, that lacks most of what is left. The holder that left is asked again after
+// retryLeft and the fetch completes. Before, a peer that had left was never asked again by
+// that download, which then waited on the partial holder (two trainers did so for good,
+// each partial for the other, in TestRestartedValidatorKeepsItsPaces; here the fetch ran
+// out of its 25 s).
+func TestFetchAsksAHolderAgainAfterItComesBack(t *testing.T) {
+	c := newCluster(t, 3, mocknet.LinkOptions{}, ExchangeOptions{Window: 4})
+	holder, fetcher, slow := c.nodes[0], c.nodes[1], c.nodes[2]
+	data := randomBytes(31, 256*testChunk) // 1 MiB
+	id := seed(t, data, holder)
+	c.throttle(slow, holder, 16<<10) // 64 s for all of it
+	c.throttle(fetcher, holder, 256<<10)
+
+	go func() { _ = slow.x.Fetch(fetchCtx(t, 90*time.Second), id, holder.id()) }()
+	eventually(t, 10*time.Second, func() bool {
+		return slow.metric(t, "p2ptrain_artifact_received_bytes_total") >= 2*testChunk
+	}, "the slow peer holds some chunks")
+	done := make(chan error, 1)
+	go func() { done <- fetcher.x.Fetch(fetchCtx(t, 25*time.Second), id, holder.id(), slow.id()) }()
+	eventually(t, 10*time.Second, func() bool {
+		return fetcher.metric(t, "p2ptrain_artifact_received_bytes_total") >= float64(len(data)/4)
+	}, "the fetcher has a quarter")
+	require.NoError(t, c.mn.UnlinkPeers(fetcher.id(), holder.id()))
+	require.NoError(t, c.mn.DisconnectPeers(fetcher.id(), holder.id()))
+	time.Sleep(time.Second)
+	_, err := c.mn.LinkPeers(fetcher.id(), holder.id())
+	require.NoError(t, err)
+	c.throttle(fetcher, holder, 256<<10)
+	_, err = c.mn.ConnectPeers(fetcher.id(), holder.id())
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	requireStored(t, fetcher, id, data)
+}
