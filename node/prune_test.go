@@ -175,6 +175,11 @@ func testStoreIsPrunedToKeepHeads(t *testing.T, codec string) {
 	}
 
 	t.Logf("model %d bytes (fp32 pack), dataset %d bytes, keep_heads %d, archive %v, codec %s, %d rounds", model, data, keep, archive, codec, rounds)
+	oid, err := heads[len(heads)-1].OuterStateID()
+	require.NoError(t, err)
+	om, err := stores.Artifacts.Manifest(oid)
+	require.NoError(t, err)
+	outer := int64(om.Size)          // the momentum pack's header is not the params pack's
 	tipContribs := codec == "sparse" // what the pruner keeps of the tip's contributions
 	var contribBytes int64
 	if tipContribs {
@@ -196,12 +201,21 @@ func testStoreIsPrunedToKeepHeads(t *testing.T, codec string) {
 		if archive {
 			continue
 		}
-		requirePrunedTo(t, n.cfg, n.host.ID().String(), heads, keep, n == val, tipContribs)
+		inFlight := requirePrunedTo(t, n.cfg, n.host.ID().String(), heads, keep, n == val, tipContribs)
 		// What the rule keeps between rounds: K parameter packs, the tip's outer state (a
 		// validator, or a trainer that rebuilds heads) and on the sparse codec the tip's
-		// contributions, besides the dataset and the artifacts' manifests. The small
-		// records (heads, checkpoint, history) are outside the artifact store.
-		bound := (int64(keep)+1)*model + contribBytes + data + storeBytes(t, filepath.Join(n.cfg.Node.StoreDir, "artifacts", "manifests"))
+		// contributions, besides the dataset, the artifacts' manifests and the work of the
+		// round open when the node stopped. The small records (heads, checkpoint, history)
+		// are outside the artifact store.
+		bound := int64(keep)*model + outer + contribBytes + inFlight + data + storeBytes(t, filepath.Join(n.cfg.Node.StoreDir, "artifacts", "manifests"))
+		if inFlight > 0 {
+			t.Logf("%s: %d bytes of the open round's work", n.name, inFlight)
+		}
+		if arts > bound {
+			for _, sub := range []string{"blobs", "manifests", "partial", "tmp"} {
+				t.Logf("%s: artifacts/%s %d bytes", n.name, sub, storeBytes(t, filepath.Join(n.cfg.Node.StoreDir, "artifacts", sub)))
+			}
+		}
 		require.LessOrEqual(t, arts, bound, "%s: %d bytes of artifacts after %d rounds", n.name, arts, rounds)
 		if codec == "sparse" {
 			// A trainer's checkpoint holds its error-feedback residual (one model) and the
@@ -216,8 +230,8 @@ func testStoreIsPrunedToKeepHeads(t *testing.T, codec string) {
 // rule: the newest K heads' parameters, the tip's outer state (a validator), if
 // tipContribs the tip's contributions (all of them on a validator, its own on a
 // trainer), the dataset, and nothing else but work first seen at the final round
-// (retention.json).
-func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads []*chain.Head, keep int, validator, tipContribs bool) {
+// (retention.json). It returns the bytes of that work (in flight when the node stopped).
+func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads []*chain.Head, keep int, validator, tipContribs bool) (inFlight int64) {
 	t.Helper()
 	stores, err := OpenStores(cfg)
 	require.NoError(t, err)
@@ -235,6 +249,11 @@ func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads [
 		id, err := tip.OuterStateID()
 		require.NoError(t, err)
 		required[id] = fmt.Sprintf("round %d's outer state", tip.Round)
+	}
+	if validator || tipContribs { // trainers that rebuild heads keep it too
+		id, err := tip.OuterStateID()
+		require.NoError(t, err)
+		named[id] = fmt.Sprintf("round %d's outer state", tip.Round)
 	}
 	for _, c := range tip.Contributions {
 		if !tipContribs {
@@ -265,7 +284,11 @@ func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads [
 		r, ok := seen[id.String()]
 		require.True(t, ok && r == tip.Round, "%s holds artifact %s, which no kept head names, first seen at round %d (tip %d)",
 			cfg.Node.StoreDir, id, r, tip.Round)
+		m, err := stores.Artifacts.Manifest(id)
+		require.NoError(t, err)
+		inFlight += int64(m.Size)
 	}
+	return inFlight
 }
 
 // A stored artifact deleted by the pruner is "not found" to a peer, not an internal error,
