@@ -55,7 +55,7 @@ bench: setup
 ## shows the last), BENCH_SCALE_DIR ($$TMPDIR/p2pnode-bench-scale), BENCH_SCALE_TIMEOUT (30m a
 ## row), BENCH_SCALE_KEEP=1 keeps stores and logs. Quick: BENCH_SCALE_SIZES=1M,10M BENCH_SCALE_TRAINERS=3
 bench-scale:
-	$(GO) run ./internal/benchscale
+	$(GO) run ./cmd/benchscale
 
 ## image: the Docker image p2pnode:latest from bin/p2pnode. With no registry (here) the base
 ## is debootstrapped and imported once, then cached; BASE_IMAGE=debian:bookworm-slim builds
