@@ -2,24 +2,13 @@ package artifact
 
 import (
 	"encoding/hex"
-	"errors"
 	"fmt"
 
 	"github.com/ipfs/go-cid"
 	mh "github.com/multiformats/go-multihash"
 	"github.com/zeebo/blake3"
-)
 
-// ErrBadCID is returned for a CID we will not fetch or trust (wrong version, codec or hash).
-var ErrBadCID = errors.New("unacceptable CID")
-
-// CodecCBOR is the multicodec "cbor" (0x51): our records are deterministic CBOR but not
-// DAG-CBOR (CIDs inside them are plain byte strings), so we do not claim 0x71.
-const CodecCBOR = 0x51
-
-var (
-	rawBuilder  = cid.V1Builder{Codec: cid.Raw, MhType: mh.SHA2_256}
-	cborBuilder = cid.V1Builder{Codec: CodecCBOR, MhType: mh.SHA2_256}
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // DigestSize is the length of a chunk digest (BLAKE3, 256 bits).
@@ -52,7 +41,7 @@ func ChunkDigest(c cid.Cid) ([DigestSize]byte, error) {
 	}
 	dec, err := mh.Decode(c.Hash())
 	if err != nil {
-		return d, fmt.Errorf("%w: %s: %v", ErrBadCID, c, err)
+		return d, fmt.Errorf("%w: %s: %v", cids.ErrBadCID, c, err)
 	}
 	copy(d[:], dec.Digest)
 	return d, nil
@@ -61,11 +50,11 @@ func ChunkDigest(c cid.Cid) ([DigestSize]byte, error) {
 // CheckChunkCID accepts only CIDv1, raw codec, with a 32-byte blake3 multihash.
 func CheckChunkCID(c cid.Cid) error {
 	if !c.Defined() {
-		return fmt.Errorf("%w: undefined", ErrBadCID)
+		return fmt.Errorf("%w: undefined", cids.ErrBadCID)
 	}
 	p := c.Prefix()
 	if p.Version != 1 || p.Codec != cid.Raw || p.MhType != mh.BLAKE3 || p.MhLength != DigestSize {
-		return fmt.Errorf("%w: %s: a chunk CID must be CIDv1, raw, blake3-256", ErrBadCID, c)
+		return fmt.Errorf("%w: %s: a chunk CID must be CIDv1, raw, blake3-256", cids.ErrBadCID, c)
 	}
 	return nil
 }
@@ -93,50 +82,4 @@ func (c chunkHasher) write(p []byte) { c.h.Write(p) }
 func (c chunkHasher) sum() (d [DigestSize]byte) {
 	c.h.Sum(d[:0])
 	return d
-}
-
-// RawCID is the sha2-256 CID of raw bytes that are not chunks (dataset manifests and
-// plans name themselves with it).
-func RawCID(b []byte) cid.Cid {
-	c, err := rawBuilder.Sum(b)
-	if err != nil { // sha2-256 of a byte slice cannot fail
-		panic(fmt.Sprintf("sum raw cid: %v", err))
-	}
-	return c
-}
-
-// RecordCID is the CID of a deterministic CBOR record (manifests, heads, leases).
-func RecordCID(b []byte) cid.Cid {
-	c, err := cborBuilder.Sum(b)
-	if err != nil {
-		panic(fmt.Sprintf("sum cbor cid: %v", err))
-	}
-	return c
-}
-
-// CheckCID accepts only CIDv1 with a sha2-256 multihash of the expected codec.
-func CheckCID(c cid.Cid, codec uint64) error {
-	if !c.Defined() {
-		return fmt.Errorf("%w: undefined", ErrBadCID)
-	}
-	p := c.Prefix()
-	if p.Version != 1 || p.MhType != mh.SHA2_256 || p.MhLength != 32 {
-		return fmt.Errorf("%w: %s: want CIDv1 sha2-256", ErrBadCID, c)
-	}
-	if p.Codec != codec {
-		return fmt.Errorf("%w: %s: codec 0x%x, want 0x%x", ErrBadCID, c, p.Codec, codec)
-	}
-	return nil
-}
-
-// Parse parses a CID string and checks it names an artifact (a CBOR manifest).
-func Parse(s string) (cid.Cid, error) {
-	c, err := cid.Decode(s)
-	if err != nil {
-		return cid.Undef, fmt.Errorf("parse artifact id %q: %w", s, err)
-	}
-	if err := CheckCID(c, CodecCBOR); err != nil {
-		return cid.Undef, err
-	}
-	return c, nil
 }

@@ -6,6 +6,8 @@ import (
 	"github.com/ipfs/go-cid"
 	mh "github.com/multiformats/go-multihash"
 	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // Chunk CIDs must be what any multihash implementation computes for the same bytes:
@@ -45,9 +47,9 @@ func TestCheckChunkCID(t *testing.T) {
 		ok   bool
 	}{
 		{"blake3 raw", ChunkCID(data), true},
-		{"sha2-256 raw (manifest version 1)", RawCID(data), false},
+		{"sha2-256 raw (manifest version 1)", cids.Raw(data), false},
 		{"CIDv0", cid.NewCidV0(sha), false},
-		{"cbor codec", cid.NewCidV1(CodecCBOR, b3), false},
+		{"cbor codec", cid.NewCidV1(cids.CodecCBOR, b3), false},
 		{"short blake3", cid.NewCidV1(cid.Raw, short), false},
 		{"undefined", cid.Undef, false},
 	}
@@ -58,10 +60,10 @@ func TestCheckChunkCID(t *testing.T) {
 				require.NoError(t, err)
 				return
 			}
-			require.ErrorIs(t, err, ErrBadCID)
+			require.ErrorIs(t, err, cids.ErrBadCID)
 			_, err = ChunkDigest(tc.c)
-			require.ErrorIs(t, err, ErrBadCID)
-			require.ErrorIs(t, VerifyChunk(tc.c, data), ErrBadCID)
+			require.ErrorIs(t, err, cids.ErrBadCID)
+			require.ErrorIs(t, VerifyChunk(tc.c, data), cids.ErrBadCID)
 		})
 	}
 }
@@ -79,12 +81,12 @@ func TestVerifyChunk(t *testing.T) {
 
 // A version 1 manifest (sha2-256 chunks) is refused with an error that says so.
 func TestManifestVersionOneRefused(t *testing.T) {
-	m := &Manifest{Version: 1, Size: 5, ChunkSize: MinChunkSize, Chunks: []cid.Cid{RawCID([]byte("hello"))}}
+	m := &Manifest{Version: 1, Size: 5, ChunkSize: MinChunkSize, Chunks: []cid.Cid{cids.Raw([]byte("hello"))}}
 	_, err := DecodeManifest(m.Encode(), m.ID())
 	require.ErrorContains(t, err, "manifest version 1 unsupported (want 2)")
 
 	m.Version = ManifestVersion
 	_, err = DecodeManifest(m.Encode(), m.ID())
-	require.ErrorIs(t, err, ErrBadCID, "version 2 with a sha2-256 chunk")
+	require.ErrorIs(t, err, cids.ErrBadCID, "version 2 with a sha2-256 chunk")
 	require.ErrorContains(t, err, "manifest chunk 0")
 }

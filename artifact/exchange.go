@@ -13,6 +13,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // ErrNoHolders is returned by Fetch when no reachable peer holds the artifact.
@@ -170,7 +172,7 @@ func (x *Exchange) Close() error {
 // AddHolder records that p announced it holds id. A running download of id starts
 // using p if it has room for another holder.
 func (x *Exchange) AddHolder(id cid.Cid, p peer.ID) {
-	if p == x.h.ID() || CheckCID(id, CodecCBOR) != nil {
+	if p == x.h.ID() || cids.Check(id, cids.CodecCBOR) != nil {
 		return
 	}
 	x.book.add(id, p, time.Now())
@@ -188,7 +190,7 @@ func (x *Exchange) AddHolder(id cid.Cid, p peer.ID) {
 // when every caller has given up, the download stops and its partial state is kept, so
 // the next Fetch resumes it.
 func (x *Exchange) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
-	if err := CheckCID(id, CodecCBOR); err != nil {
+	if err := cids.Check(id, cids.CodecCBOR); err != nil {
 		x.m.fetches.WithLabelValues(fetchFailed).Inc()
 		return fmt.Errorf("fetch artifact %s: %w", id, err)
 	}

@@ -15,6 +15,8 @@ import (
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	mh "github.com/multiformats/go-multihash"
 	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // fakeHolder replaces a node's handler with answer, called for every request a fetcher
@@ -186,7 +188,7 @@ func TestFetchRejectsNonArtifactCIDs(t *testing.T) {
 	fetcher, peer := c.nodes[0], c.nodes[1]
 	streams := fakeHolder(t, peer, func(network.Stream, request) bool { return false })
 	manifest := []byte{0xa0}
-	sha512, err := cid.V1Builder{Codec: CodecCBOR, MhType: mh.SHA2_512}.Sum(manifest)
+	sha512, err := cid.V1Builder{Codec: cids.CodecCBOR, MhType: mh.SHA2_512}.Sum(manifest)
 	require.NoError(t, err)
 	v0, err := cid.V0Builder{}.Sum(manifest)
 	require.NoError(t, err)
@@ -194,7 +196,7 @@ func TestFetchRejectsNonArtifactCIDs(t *testing.T) {
 		name string
 		id   cid.Cid
 	}{
-		{"raw codec", RawCID(manifest)},
+		{"raw codec", cids.Raw(manifest)},
 		{"sha2-512", sha512},
 		{"CIDv0", v0},
 		{"undefined", cid.Undef},
@@ -202,7 +204,7 @@ func TestFetchRejectsNonArtifactCIDs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := fetcher.x.Fetch(fetchCtx(t, time.Second), tt.id, peer.id())
-			require.ErrorIs(t, err, ErrBadCID)
+			require.ErrorIs(t, err, cids.ErrBadCID)
 		})
 	}
 	require.Zero(t, streams.Load(), "no stream may be opened for a bad CID")
@@ -259,7 +261,7 @@ func TestServeAnswersBadRequests(t *testing.T) {
 		{"unknown version", frame(9, reqManifest), respError, codeVersion},
 		{"unknown kind", frame(wireVersion, 0x7f), respError, codeUnknownKind},
 		{"truncated", frame(wireVersion), respError, codeMalformed},
-		{"not an artifact id", withID([]byte{wireVersion, reqManifest}, RawCID(nil).Bytes()), respError, codeMalformed},
+		{"not an artifact id", withID([]byte{wireVersion, reqManifest}, cids.Raw(nil).Bytes()), respError, codeMalformed},
 		{"frame too large", appendUvarint(nil, maxRequestFrame+1), respError, codeMalformed},
 		{"index out of range", withID([]byte{wireVersion, reqChunks}, idb, 1, 3), respError, codeBadIndex},
 		{"zero chunks", withID([]byte{wireVersion, reqChunks}, idb, 0), respError, codeMalformed},

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // Hasher computes an artifact's manifest from its bytes without storing them, so that a
@@ -89,7 +91,7 @@ type onlyReader struct{ io.Reader }
 // under want when the ids match. On a mismatch nothing is stored and the error wraps
 // ErrCorrupt naming both ids. If the store already holds want, r is not read.
 func (s *Store) PutVerified(r io.Reader, want cid.Cid) error {
-	if err := CheckCID(want, CodecCBOR); err != nil {
+	if err := cids.Check(want, cids.CodecCBOR); err != nil {
 		return fmt.Errorf("store artifact %s: %w", want, err)
 	}
 	if s.Has(want) {

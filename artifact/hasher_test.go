@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func randomBytes(seed uint64, n int) []byte {
@@ -161,8 +163,8 @@ func TestPutVerifiedRejectsNonArtifactCID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutVerified(bytes.NewReader(nil), RawCID(nil)); !errors.Is(err, ErrBadCID) {
-		t.Fatalf("err = %v, want ErrBadCID", err)
+	if err := s.PutVerified(bytes.NewReader(nil), cids.Raw(nil)); !errors.Is(err, cids.ErrBadCID) {
+		t.Fatalf("err = %v, want cids.ErrBadCID", err)
 	}
 }
 

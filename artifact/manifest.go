@@ -1,11 +1,12 @@
 package artifact
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/fxamacker/cbor/v2"
 	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // DefaultChunkSize is used when the store is opened without one.
@@ -18,8 +19,9 @@ const (
 	MaxManifestBytes = 8 << 20
 )
 
-// ErrCorrupt is returned when bytes do not match their CID.
-var ErrCorrupt = errors.New("artifact corrupt")
+// ErrCorrupt is returned when bytes do not match their CID: cids.ErrCorrupt, under the name
+// the store's callers know it by.
+var ErrCorrupt = cids.ErrCorrupt
 
 // ManifestVersion is the manifest format we write and accept: 2 names chunks by
 // blake3-256 (version 1 used sha2-256).
@@ -92,7 +94,7 @@ func (m *Manifest) Encode() []byte {
 }
 
 // ID is the artifact id: the CID of the canonical manifest encoding.
-func (m *Manifest) ID() cid.Cid { return RecordCID(m.Encode()) }
+func (m *Manifest) ID() cid.Cid { return cids.Record(m.Encode()) }
 
 // Validate checks the manifest is internally consistent.
 func (m *Manifest) Validate() error {
@@ -120,7 +122,7 @@ func DecodeManifest(b []byte, want cid.Cid) (*Manifest, error) {
 		return nil, fmt.Errorf("manifest of %d bytes exceeds %d", len(b), MaxManifestBytes)
 	}
 	if want.Defined() {
-		if got := RecordCID(b); !got.Equals(want) {
+		if got := cids.Record(b); !got.Equals(want) {
 			return nil, fmt.Errorf("%w: manifest hashes to %s, expected %s", ErrCorrupt, got, want)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func TestStorePutOpenVerify(t *testing.T) {
@@ -24,7 +26,7 @@ func TestStorePutOpenVerify(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			id, err := s.PutBytes(data)
 			require.NoError(t, err)
-			require.NoError(t, CheckCID(id, CodecCBOR))
+			require.NoError(t, cids.Check(id, cids.CodecCBOR))
 			require.True(t, s.Has(id))
 			again, err := s.PutBytes(data)
 			require.NoError(t, err)
@@ -94,11 +96,11 @@ func TestOpenStoreRejectsBadChunkSize(t *testing.T) {
 
 func TestParseAcceptsOnlyArtifactIDs(t *testing.T) {
 	m := &Manifest{Version: ManifestVersion, Size: 0, ChunkSize: 1024}
-	_, err := Parse(m.ID().String())
+	_, err := cids.Parse(m.ID().String())
 	require.NoError(t, err)
-	_, err = Parse(RawCID([]byte("x")).String())
-	require.ErrorIs(t, err, ErrBadCID)
-	_, err = Parse("not a cid")
+	_, err = cids.Parse(cids.Raw([]byte("x")).String())
+	require.ErrorIs(t, err, cids.ErrBadCID)
+	_, err = cids.Parse("not a cid")
 	require.Error(t, err)
 }
 

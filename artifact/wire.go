@@ -9,6 +9,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/multiformats/go-varint"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // The /p2ptrain/artifact/1.0.0 wire format (docs/formats.md, "Artifact exchange").
@@ -143,7 +145,7 @@ func decodeRequest(b []byte, scratch []int) (request, error) {
 	if err != nil {
 		return r, malformed("request artifact id: %v", err)
 	}
-	if err := CheckCID(id, CodecCBOR); err != nil {
+	if err := cids.Check(id, cids.CodecCBOR); err != nil {
 		return r, malformed("request artifact id: %v", err)
 	}
 	r.id = id

@@ -8,6 +8,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func testID() cid.Cid {
@@ -62,7 +64,7 @@ func TestDecodeRequestRejects(t *testing.T) {
 		{"id length beyond frame", []byte{wireVersion, reqManifest, 40, 1, 2}, codeMalformed},
 		{"zero id length", []byte{wireVersion, reqManifest, 0}, codeMalformed},
 		{"non-minimal varint", withID([]byte{wireVersion, reqChunks}, 0x81, 0x00, 1), codeMalformed},
-		{"raw CID", append([]byte{wireVersion, reqManifest, byte(len(RawCID(nil).Bytes()))}, RawCID(nil).Bytes()...), codeMalformed},
+		{"raw CID", append([]byte{wireVersion, reqManifest, byte(len(cids.Raw(nil).Bytes()))}, cids.Raw(nil).Bytes()...), codeMalformed},
 		{"manifest with trailing bytes", withID([]byte{wireVersion, reqManifest}, 1), codeMalformed},
 		{"count larger than frame", withID([]byte{wireVersion, reqChunks}, 5, 1, 2), codeMalformed},
 		{"count above limit", withID([]byte{wireVersion, reqChunks}, 0x81, 0x40), codeMalformed},

@@ -8,21 +8,21 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func testHead(round uint64, parent []byte) *Head {
 	h := &Head{
 		Version: 1, Network: "net", Experiment: "exp", Round: round, Parent: parent,
-		Params:     artifact.RecordCID([]byte{byte(round)}).Bytes(),
+		Params:     cids.Record([]byte{byte(round)}).Bytes(),
 		LayoutHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		Policy:     Policy{Kind: "diloco", OuterLR: 0.7, Momentum: 0.9, Nesterov: true, Aggregator: "mean", Codec: "fp32"},
 		Ledger:     Ledger{Plan: "plan", Shards: 10, Consumed: make([]byte, 2)},
 	}
 	if round > 0 {
 		h.Contributions = []Contribution{
-			{Peer: "a", Artifact: artifact.RecordCID([]byte("da")).Bytes(), Samples: 10, Weight: 10, Microshards: []uint32{1, 2}, Loss: 0.5},
-			{Peer: "b", Artifact: artifact.RecordCID([]byte("db")).Bytes(), Samples: 20, Weight: 20, Microshards: []uint32{3}, Loss: 0.25},
+			{Peer: "a", Artifact: cids.Record([]byte("da")).Bytes(), Samples: 10, Weight: 10, Microshards: []uint32{1, 2}, Loss: 0.5},
+			{Peer: "b", Artifact: cids.Record([]byte("db")).Bytes(), Samples: 20, Weight: 20, Microshards: []uint32{3}, Loss: 0.25},
 		}
 	}
 	return h
@@ -55,12 +55,12 @@ func TestHeadEncodingIsCanonical(t *testing.T) {
 }
 
 func TestHeadValidate(t *testing.T) {
-	parent := artifact.RecordCID([]byte("parent")).Bytes()
+	parent := cids.Record([]byte("parent")).Bytes()
 	cases := map[string]func(h *Head){
 		"version":             func(h *Head) { h.Version = 2 },
 		"genesis with parent": func(h *Head) { h.Round = 0 },
 		"no parent":           func(h *Head) { h.Parent = nil },
-		"params raw cid":      func(h *Head) { h.Params = artifact.RawCID([]byte("x")).Bytes() },
+		"params raw cid":      func(h *Head) { h.Params = cids.Raw([]byte("x")).Bytes() },
 		"layout hash":         func(h *Head) { h.LayoutHash = "short" },
 		"unsorted peers":      func(h *Head) { h.Contributions[0].Peer = "z" },
 		"zero weight":         func(h *Head) { h.Contributions[1].Weight = 0 },
@@ -143,12 +143,12 @@ func TestStoreWalksTheChain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 
-	_, _, err = st.Get(artifact.RecordCID([]byte("nope")))
+	_, _, err = st.Get(cids.Record([]byte("nope")))
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
 func FuzzDecodeSigned(f *testing.F) {
-	h := testHead(1, artifact.RecordCID([]byte("p")).Bytes())
+	h := testHead(1, cids.Record([]byte("p")).Bytes())
 	b, _ := h.Encode()
 	good, _ := EncodeSigned(&SignedHead{Head: b, Sigs: []Signature{{Peer: "x", Sig: []byte{1}}}})
 	f.Add(good)
@@ -175,7 +175,7 @@ func TestHeadsWithoutScreenStatsStillDecode(t *testing.T) {
 		TrainLoss float64 `cbor:"1,keyasint"`
 		Samples   uint64  `cbor:"2,keyasint"`
 	}
-	old := testHead(3, artifact.RecordCID([]byte("parent")).Bytes())
+	old := testHead(3, cids.Record([]byte("parent")).Bytes())
 	old.Metrics = Metrics{TrainLoss: 0.75, Samples: 30}
 	b, err := old.Encode()
 	require.NoError(t, err)

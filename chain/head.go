@@ -9,7 +9,7 @@ import (
 	"github.com/fxamacker/cbor/v2"
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // MaxHeadBytes bounds an encoded head (its ledger and contribution list included).
@@ -139,7 +139,7 @@ func (h *Head) ID() (cid.Cid, error) {
 	if err != nil {
 		return cid.Undef, err
 	}
-	return artifact.RecordCID(b), nil
+	return cids.Record(b), nil
 }
 
 // DecodeHead decodes and validates a head.
@@ -200,7 +200,7 @@ func (h *Head) Validate() error {
 	if err != nil {
 		return bad("params: %v", err)
 	}
-	if err := artifact.CheckCID(params, artifact.CodecCBOR); err != nil {
+	if err := cids.Check(params, cids.CodecCBOR); err != nil {
 		return bad("params: %v", err)
 	}
 	if len(h.OuterState) > 0 {
@@ -208,7 +208,7 @@ func (h *Head) Validate() error {
 		if err != nil {
 			return bad("outer_state: %v", err)
 		}
-		if err := artifact.CheckCID(c, artifact.CodecCBOR); err != nil {
+		if err := cids.Check(c, cids.CodecCBOR); err != nil {
 			return bad("outer_state: %v", err)
 		}
 	}

@@ -10,14 +10,14 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 )
 
 // ErrNotFound is returned for a head the store does not hold.
 var ErrNotFound = errors.New("head not found")
 
-func recordCID(b []byte) cid.Cid { return artifact.RecordCID(b) }
+func recordCID(b []byte) cid.Cid { return cids.Record(b) }
 
 // Store keeps signed heads as files named by head CID. Writes are atomic; a head is stored
 // again when it gains signatures.
@@ -137,7 +137,7 @@ func (s *Store) getLocked(id cid.Cid) (*SignedHead, error) {
 		return nil, fmt.Errorf("head %s: %w", id, err)
 	}
 	if got := sh.ID(); !got.Equals(id) {
-		return nil, fmt.Errorf("head %s: %w: stored bytes hash to %s", id, artifact.ErrCorrupt, got)
+		return nil, fmt.Errorf("head %s: %w: stored bytes hash to %s", id, cids.ErrCorrupt, got)
 	}
 	return sh, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // blobData is deterministic content for (round, name), so a reader can recompute what a
@@ -78,7 +79,7 @@ func (e *env) snap(t *testing.T, round uint64) Snapshot {
 }
 
 func headOf(round uint64) string {
-	return artifact.RawCID([]byte{byte(round), byte(round >> 8)}).String()
+	return cids.Raw([]byte{byte(round), byte(round >> 8)}).String()
 }
 
 func (e *env) save(t *testing.T, round uint64) *State {

@@ -11,7 +11,7 @@ import (
 	"github.com/fxamacker/cbor/v2"
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // State is one saved generation of a node's role state.
@@ -145,7 +145,7 @@ func checkBlob(name string, id cid.Cid) error {
 	if name == "" || len(name) > maxNameBytes || !utf8.ValidString(name) {
 		return fmt.Errorf("%w: blob name %q must be 1 to %d bytes of UTF-8", ErrBadState, name, maxNameBytes)
 	}
-	if err := artifact.CheckCID(id, artifact.CodecCBOR); err != nil {
+	if err := cids.Check(id, cids.CodecCBOR); err != nil {
 		return fmt.Errorf("%w: blob %q: %w", ErrBadState, name, err)
 	}
 	return nil

@@ -16,7 +16,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func issued(c *Checkpointer) uint64 {
@@ -25,7 +25,7 @@ func issued(c *Checkpointer) uint64 {
 	return c.q.issued
 }
 
-func (s *testSource) cidOf() cid.Cid { return artifact.RecordCID(s.b) }
+func (s *testSource) cidOf() cid.Cid { return cids.Record(s.b) }
 
 // testSource streams b, counting Close calls; WriteTo waits for gate (if set) first.
 type testSource struct {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 )
 
@@ -63,7 +63,7 @@ func (m *Manifest) Validate() error {
 		if f.Bytes < 0 || f.Examples < 0 {
 			return fmt.Errorf("%w: file %q: negative bytes or examples", ErrInvalidManifest, f.Path)
 		}
-		if _, err := artifact.Parse(f.CID); err != nil {
+		if _, err := cids.Parse(f.CID); err != nil {
 			return fmt.Errorf("%w: file %q: %w", ErrInvalidManifest, f.Path, err)
 		}
 	}
@@ -92,7 +92,7 @@ func validPath(p string) error {
 func (m *Manifest) CIDs() ([]cid.Cid, error) {
 	ids := make([]cid.Cid, len(m.Files))
 	for i, f := range m.Files {
-		c, err := artifact.Parse(f.CID)
+		c, err := cids.Parse(f.CID)
 		if err != nil {
 			return nil, fmt.Errorf("dataset file %q: %w", f.Path, err)
 		}
@@ -124,7 +124,7 @@ func (m *Manifest) ID() (cid.Cid, error) {
 	if err != nil {
 		return cid.Undef, err
 	}
-	return artifact.RawCID(b), nil
+	return cids.Raw(b), nil
 }
 
 // Decode parses and validates manifest JSON. Unknown fields are refused: a field this

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func validManifest() *Manifest {
@@ -42,7 +42,7 @@ func TestValidate(t *testing.T) {
 		{"negative bytes", func(m *Manifest) { m.Files[0].Bytes = -1 }, "negative"},
 		{"negative examples", func(m *Manifest) { m.Files[0].Examples = -1 }, "negative"},
 		{"garbage cid", func(m *Manifest) { m.Files[0].CID = "bafkqzz" }, "parse artifact id"},
-		{"raw cid is not an artifact id", func(m *Manifest) { m.Files[0].CID = artifact.RawCID([]byte("a")).String() }, "codec"},
+		{"raw cid is not an artifact id", func(m *Manifest) { m.Files[0].CID = cids.Raw([]byte("a")).String() }, "codec"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,7 +107,7 @@ func TestWriteLoadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fileID := artifact.RawCID(b); !fileID.Equals(wantID) {
+	if fileID := cids.Raw(b); !fileID.Equals(wantID) {
 		t.Fatalf("file hashes to %s, manifest id is %s", fileID, wantID)
 	}
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // Microshard is a run of consecutive manifest files that is leased and trained as a unit.
@@ -77,7 +77,7 @@ func shardID(m *Manifest, files []int) cid.Cid {
 	for k, i := range files {
 		ids[k] = m.Files[i].CID
 	}
-	return artifact.RawCID([]byte(strings.Join(ids, "\n")))
+	return cids.Raw([]byte(strings.Join(ids, "\n")))
 }
 
 // ID identifies the plan: the raw sha2-256 CID of
@@ -95,7 +95,7 @@ func (p *Plan) ID() cid.Cid {
 		b.WriteByte('\n')
 		b.WriteString(s.ID.String())
 	}
-	return artifact.RawCID([]byte(b.String()))
+	return cids.Raw([]byte(b.String()))
 }
 
 // Shard returns the microshard with the given id.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // sized builds a manifest of files with the given sizes and distinct contents.
@@ -57,7 +57,7 @@ func TestNewPlanShardIDMatchesFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := artifact.RawCID([]byte(m.Files[0].CID + "\n" + m.Files[1].CID))
+	want := cids.Raw([]byte(m.Files[0].CID + "\n" + m.Files[1].CID))
 	if !p.Shards[0].ID.Equals(want) {
 		t.Fatalf("shard id %s, want %s (newline-joined file cids)", p.Shards[0].ID, want)
 	}

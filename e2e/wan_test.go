@@ -36,6 +36,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/internal/wan"
 	"github.com/p2pnode/p2pnode/node"
@@ -181,7 +182,7 @@ func wanFetcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := artifact.Parse(os.Getenv("P2PWAN_ARTIFACT"))
+	id, err := cids.Parse(os.Getenv("P2PWAN_ARTIFACT"))
 	if err != nil {
 		t.Fatal(err)
 	}

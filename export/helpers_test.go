@@ -16,6 +16,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/pack"
 )
 
@@ -42,7 +43,7 @@ func values(layout pack.Layout, seed uint64) []float32 {
 
 // fakeCID names a head or params artifact in metadata for sources without stores.
 func fakeCID(kind string, round uint64) cid.Cid {
-	return artifact.RecordCID(fmt.Appendf(nil, "%s-%d", kind, round))
+	return cids.Record(fmt.Appendf(nil, "%s-%d", kind, round))
 }
 
 // memSource is an in-memory source for round, values from seed.

@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
@@ -174,9 +174,9 @@ func privKey(t testing.TB, h host.Host) crypto.PrivKey {
 // names.
 
 var (
-	fixBase  = artifact.RecordCID([]byte("base")).Bytes()
-	fixDelta = artifact.RecordCID([]byte("delta")).Bytes()
-	fixLease = artifact.RecordCID([]byte("lease")).Bytes()
+	fixBase  = cids.Record([]byte("base")).Bytes()
+	fixDelta = cids.Record([]byte("delta")).Bytes()
+	fixLease = cids.Record([]byte("lease")).Bytes()
 )
 
 func fixAnnounce(p peer.ID, at time.Time) *Announce {
@@ -199,8 +199,8 @@ func fixLeases(issuer, trainer peer.ID, deadline time.Time) *Leases {
 // bytes each) to reach a realistic size.
 func fixChainHead(round uint64, contribs int) *chain.Head {
 	h := &chain.Head{Version: 1, Network: testNet, Experiment: testExp, Round: round,
-		Parent:     artifact.RecordCID(fmt.Appendf(nil, "parent %d", round)).Bytes(),
-		Params:     artifact.RecordCID(fmt.Appendf(nil, "params %d", round)).Bytes(),
+		Parent:     cids.Record(fmt.Appendf(nil, "parent %d", round)).Bytes(),
+		Params:     cids.Record(fmt.Appendf(nil, "params %d", round)).Bytes(),
 		LayoutHash: strings.Repeat("ab", 32),
 		Policy:     chain.Policy{Kind: "diloco", OuterLR: 0.7, Momentum: 0.9, Nesterov: true, Aggregator: "mean", Codec: "fp32"},
 		Metrics:    chain.Metrics{TrainLoss: 1.5, Samples: 100},
@@ -208,8 +208,8 @@ func fixChainHead(round uint64, contribs int) *chain.Head {
 	for i := range contribs {
 		h.Contributions = append(h.Contributions, chain.Contribution{
 			Peer:     fmt.Sprintf("12D3KooWPeer%040d", i),
-			Artifact: artifact.RecordCID(fmt.Appendf(nil, "delta %d %d", round, i)).Bytes(),
-			Lease:    artifact.RecordCID(fmt.Appendf(nil, "lease %d %d", round, i)).Bytes(),
+			Artifact: cids.Record(fmt.Appendf(nil, "delta %d %d", round, i)).Bytes(),
+			Lease:    cids.Record(fmt.Appendf(nil, "lease %d %d", round, i)).Bytes(),
 			Samples:  100, Weight: 100, Microshards: []uint32{uint32(2 * i), uint32(2*i + 1)}, Loss: 1.5})
 	}
 	return h

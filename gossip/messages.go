@@ -8,8 +8,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
@@ -156,7 +156,7 @@ func checkCID(b []byte, codec uint64, what string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrMalformed, what, err)
 	}
-	if err := artifact.CheckCID(c, codec); err != nil {
+	if err := cids.Check(c, codec); err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrMalformed, what, err)
 	}
 	return nil
@@ -175,7 +175,7 @@ func DecodeAnnounce(b []byte) (*Announce, error) {
 		return nil, fmt.Errorf("%w: announce from %q: bad fields", ErrMalformed, m.Peer)
 	}
 	if len(m.Head) > 0 {
-		if err := checkCID(m.Head, artifact.CodecCBOR, "announce head"); err != nil {
+		if err := checkCID(m.Head, cids.CodecCBOR, "announce head"); err != nil {
 			return nil, err
 		}
 	}
@@ -196,7 +196,7 @@ func DecodeLeases(b []byte) (*Leases, error) {
 	if m.Round == 0 || m.Issuer == "" {
 		return nil, fmt.Errorf("%w: leases: round and issuer required", ErrMalformed)
 	}
-	if err := checkCID(m.Base, artifact.CodecCBOR, "leases base"); err != nil {
+	if err := checkCID(m.Base, cids.CodecCBOR, "leases base"); err != nil {
 		return nil, err
 	}
 	seen := map[string]bool{}
@@ -241,13 +241,13 @@ func DecodeContribution(b []byte) (*Contribution, error) {
 		m.TrainSeconds < 0 || m.FetchSeconds < 0 {
 		return nil, fmt.Errorf("%w: contribution from %q: bad fields", ErrMalformed, m.Peer)
 	}
-	if err := checkCID(m.Base, artifact.CodecCBOR, "contribution base"); err != nil {
+	if err := checkCID(m.Base, cids.CodecCBOR, "contribution base"); err != nil {
 		return nil, err
 	}
-	if err := checkCID(m.Lease, artifact.CodecCBOR, "contribution lease"); err != nil {
+	if err := checkCID(m.Lease, cids.CodecCBOR, "contribution lease"); err != nil {
 		return nil, err
 	}
-	if err := checkCID(m.Delta, artifact.CodecCBOR, "contribution delta"); err != nil {
+	if err := checkCID(m.Delta, cids.CodecCBOR, "contribution delta"); err != nil {
 		return nil, err
 	}
 	if !slices.IsSorted(m.Microshards) {
@@ -268,10 +268,10 @@ func DecodeRelease(b []byte) (*Release, error) {
 	if m.Peer == "" || m.Round == 0 || len(m.Reason) > MaxReleaseReason {
 		return nil, fmt.Errorf("%w: release from %q: bad fields", ErrMalformed, m.Peer)
 	}
-	if err := checkCID(m.Base, artifact.CodecCBOR, "release base"); err != nil {
+	if err := checkCID(m.Base, cids.CodecCBOR, "release base"); err != nil {
 		return nil, err
 	}
-	if err := checkCID(m.Lease, artifact.CodecCBOR, "release lease"); err != nil {
+	if err := checkCID(m.Lease, cids.CodecCBOR, "release lease"); err != nil {
 		return nil, err
 	}
 	return &m, nil
@@ -300,10 +300,10 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 			if c.Peer == "" || !finite(c.Loss) || !slices.IsSorted(c.Microshards) {
 				return nil, nil, fmt.Errorf("%w: proposal candidate %q", ErrMalformed, c.Peer)
 			}
-			if err := checkCID(c.Delta, artifact.CodecCBOR, "proposal candidate delta"); err != nil {
+			if err := checkCID(c.Delta, cids.CodecCBOR, "proposal candidate delta"); err != nil {
 				return nil, nil, err
 			}
-			if err := checkCID(c.Lease, artifact.CodecCBOR, "proposal candidate lease"); err != nil {
+			if err := checkCID(c.Lease, cids.CodecCBOR, "proposal candidate lease"); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -328,7 +328,7 @@ func DecodeAttestation(b []byte) (*Attestation, error) {
 	if err := decode(b, MaxAttestationBytes, &m); err != nil {
 		return nil, err
 	}
-	if err := checkCID(m.Head, artifact.CodecCBOR, "attestation head"); err != nil {
+	if err := checkCID(m.Head, cids.CodecCBOR, "attestation head"); err != nil {
 		return nil, err
 	}
 	return &m, nil

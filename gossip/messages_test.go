@@ -8,15 +8,15 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
 var (
-	base  = artifact.RecordCID([]byte("base")).Bytes()
-	delta = artifact.RecordCID([]byte("delta")).Bytes()
-	lid   = artifact.RecordCID([]byte("lease")).Bytes()
+	base  = cids.Record([]byte("base")).Bytes()
+	delta = cids.Record([]byte("delta")).Bytes()
+	lid   = cids.Record([]byte("lease")).Bytes()
 )
 
 func TestDecodersAcceptWhatEncodeWrites(t *testing.T) {
@@ -68,7 +68,7 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 		{"leases two for one trainer", func(b []byte) error { _, err := DecodeLeases(b); return err },
 			enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: []lease.Lease{{Round: 2, Base: base, Trainer: "t", Issuer: "v"}, {Round: 2, Base: base, Trainer: "t", Issuer: "v"}}})},
 		{"contribution raw delta cid", func(b []byte) error { _, err := DecodeContribution(b); return err },
-			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: artifact.RawCID([]byte("x")).Bytes()})},
+			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: cids.Raw([]byte("x")).Bytes()})},
 		{"contribution unsorted shards", func(b []byte) error { _, err := DecodeContribution(b); return err },
 			enc(&Contribution{Round: 1, Base: base, Lease: lid, Peer: "t", Delta: delta, Microshards: []uint32{3, 1}})},
 		{"release without peer", func(b []byte) error { _, err := DecodeRelease(b); return err },
@@ -76,7 +76,7 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 		{"release of round 0", func(b []byte) error { _, err := DecodeRelease(b); return err },
 			enc(&Release{Base: base, Lease: lid, Peer: "t"})},
 		{"release with a raw lease cid", func(b []byte) error { _, err := DecodeRelease(b); return err },
-			enc(&Release{Round: 1, Base: base, Lease: artifact.RawCID([]byte("x")).Bytes(), Peer: "t"})},
+			enc(&Release{Round: 1, Base: base, Lease: cids.Raw([]byte("x")).Bytes(), Peer: "t"})},
 		{"release with a long reason", func(b []byte) error { _, err := DecodeRelease(b); return err },
 			enc(&Release{Round: 1, Base: base, Lease: lid, Peer: "t", Reason: string(make([]byte, MaxReleaseReason+1))})},
 		{"release oversized", func(b []byte) error { _, err := DecodeRelease(b); return err }, make([]byte, MaxReleaseBytes+1)},

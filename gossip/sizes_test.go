@@ -12,8 +12,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
@@ -71,7 +71,7 @@ func boolInt(b bool) int {
 }
 
 func worstCID(what string, i int) []byte {
-	return artifact.RecordCID(fmt.Appendf(nil, "%s %d", what, i)).Bytes()
+	return cids.Record(fmt.Appendf(nil, "%s %d", what, i)).Bytes()
 }
 
 // TestWorstCaseMessagesFitTheirTopics builds the largest message of every topic at 64
@@ -106,7 +106,7 @@ func TestWorstCaseMessagesFitTheirTopics(t *testing.T) {
 			Aggregator: "coordinate_median", Codec: "sparse"},
 		Metrics: chain.Metrics{TrainLoss: math.Pi, Samples: math.MaxUint64, Screen: &chain.ScreenStats{Rounds: math.MaxUint64,
 			Norm: math.Pi, CohortN: math.MaxUint64, CohortMean: math.Pi, CohortVar: math.Pi, RefN: math.MaxUint64, RefMean: math.Pi, RefVar: math.Pi}},
-		Ledger: chain.Ledger{Plan: artifact.RecordCID([]byte("plan")).String(), Shards: worstPlan, Epoch: math.MaxUint64,
+		Ledger: chain.Ledger{Plan: cids.Record([]byte("plan")).String(), Shards: worstPlan, Epoch: math.MaxUint64,
 			Consumed: bytes.Repeat([]byte{0xff}, worstPlan/8)}}
 	var cands []Candidate
 	for i, p := range peers {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // ErrInvalid is wrapped by errors about a lease that does not check out.
@@ -37,7 +37,7 @@ func (l *Lease) ID() cid.Cid {
 	if err != nil {
 		panic(fmt.Sprintf("encode lease: %v", err)) // plain struct: cannot fail
 	}
-	return artifact.RecordCID(b)
+	return cids.Record(b)
 }
 
 // Check validates a lease against the head it is based on: right base and round, sorted

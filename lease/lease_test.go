@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 func TestApplyConsumesOnceAndRollsEpochs(t *testing.T) {
@@ -126,14 +126,14 @@ func TestAssignKeepsTheMessageBounds(t *testing.T) {
 
 func TestLeadersIsARendezvousOrder(t *testing.T) {
 	vs := []string{"v1", "v2", "v3", "v4", "v5"}
-	h1 := artifact.RecordCID([]byte("head-1"))
-	h2 := artifact.RecordCID([]byte("head-2"))
+	h1 := cids.Record([]byte("head-1"))
+	h2 := cids.Record([]byte("head-2"))
 	o1 := Leaders(vs, h1)
 	require.ElementsMatch(t, vs, o1)
 	require.Equal(t, o1, Leaders([]string{"v5", "v3", "v1", "v2", "v4"}, h1), "independent of input order")
 	leaders := map[string]bool{}
 	for i := range 50 {
-		leaders[Leaders(vs, artifact.RecordCID([]byte(fmt.Sprint("head-", i))))[0]] = true
+		leaders[Leaders(vs, cids.Record([]byte(fmt.Sprint("head-", i))))[0]] = true
 	}
 	require.Greater(t, len(leaders), 2, "leadership rotates with the head")
 	_ = h2
@@ -186,13 +186,13 @@ func TestAuditProvesExactlyOnce(t *testing.T) {
 }
 
 func TestLeaseCheck(t *testing.T) {
-	baseID := artifact.RecordCID([]byte("base"))
+	baseID := cids.Record([]byte("base"))
 	ledger, _ := Apply(NewLedger("plan", 8), []uint32{0})
 	base := &chain.Head{Round: 4, Ledger: ledger}
 	ok := Lease{Round: 5, Base: baseID.Bytes(), Trainer: "t", Microshards: []uint32{1, 2}, Issuer: "v"}
 	require.NoError(t, ok.Check(baseID, base))
 	cases := map[string]func(l *Lease){
-		"other base":     func(l *Lease) { l.Base = artifact.RecordCID([]byte("x")).Bytes() },
+		"other base":     func(l *Lease) { l.Base = cids.Record([]byte("x")).Bytes() },
 		"wrong round":    func(l *Lease) { l.Round = 6 },
 		"wrong epoch":    func(l *Lease) { l.Epoch = 1 },
 		"consumed shard": func(l *Lease) { l.Microshards = []uint32{0, 1} },

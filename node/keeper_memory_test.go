@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/internal/memprobe"
 	"github.com/p2pnode/p2pnode/round"
 )
@@ -104,7 +105,7 @@ func TestCheckpointMemoryChild(t *testing.T) {
 	params, err := shared.PutBytes([]byte("the head's params: kept by reference, never copied"))
 	require.NoError(t, err)
 	head := &chain.Head{Round: 1, Params: params.Bytes()}
-	id := artifact.RecordCID([]byte("head 1"))
+	id := cids.Record([]byte("head 1"))
 
 	before := resetPeak(t)
 	start := time.Now()

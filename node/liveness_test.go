@@ -14,7 +14,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/pyruntime"
 )
@@ -164,7 +164,7 @@ func TestFloodedValidatorDoesNotSpin(t *testing.T) {
 			}
 			base := mustDecode(t, st.Head).Bytes()
 			for k := 0; k < 20; k++ {
-				fake := artifact.RecordCID(fmt.Appendf(nil, "flood %d/%d", i, k)).Bytes()
+				fake := cids.Record(fmt.Appendf(nil, "flood %d/%d", i, k)).Bytes()
 				_ = g.Publish(ctx, &gossip.Contribution{Experiment: v.cfg.Experiment.ID, Round: st.Round + 1, Base: base, Lease: fake,
 					Peer: fh.ID().String(), Delta: fake, Samples: 8, Microshards: []uint32{0}})
 				_ = g.Publish(ctx, &gossip.Release{Experiment: v.cfg.Experiment.ID, Round: st.Round + 1, Base: base, Lease: fake,

@@ -24,6 +24,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/export"
@@ -706,8 +707,8 @@ func TestSweepRemovesAbandonedDownloads(t *testing.T) {
 		return files
 	}
 	// Ids of artifacts this store does not hold; the next head names the first.
-	nextParams := artifact.RecordCID([]byte("params 3, not fetched yet"))
-	abandoned := artifact.RecordCID([]byte("a contribution whose trainer vanished"))
+	nextParams := cids.Record([]byte("params 3, not fetched yet"))
+	abandoned := cids.Record([]byte("a contribution whose trainer vanished"))
 	for _, id := range []cid.Cid{nextParams, abandoned} {
 		for _, path := range partial(id) {
 			require.NoError(t, os.WriteFile(path, []byte("partial state"), 0o644))

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
-	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 )
@@ -201,8 +201,8 @@ func (b *lateLeaderBus) Subscribe() *Inbox {
 // else (a lease of another round, base or trainer, a lease in a grant whose record names
 // another issuer, an id nobody granted, this validator's own grant) is not, and strikes.
 func TestGrantLogTellsForeignLeases(t *testing.T) {
-	base := artifact.RecordCID([]byte("base"))
-	other := artifact.RecordCID([]byte("other base"))
+	base := cids.Record([]byte("base"))
+	other := cids.Record([]byte("other base"))
 	mk := func(issuer, trainer string, round uint64, b cid.Cid) lease.Lease {
 		return lease.Lease{Round: round, Base: b.Bytes(), Trainer: trainer, Microshards: []uint32{1, 2}, Expiry: 1, Issuer: issuer}
 	}

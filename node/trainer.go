@@ -11,8 +11,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
@@ -128,7 +128,7 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		}
 		c.Delta = base.Contributions[0].Artifact
 	case PoisonNoLease:
-		c.Lease = artifact.RecordCID([]byte(fmt.Sprintf("no such lease %d", l.Round))).Bytes()
+		c.Lease = cids.Record([]byte(fmt.Sprintf("no such lease %d", l.Round))).Bytes()
 	}
 
 	t.status.update(func(s *Status) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/lease"
@@ -184,7 +185,7 @@ func TestTrainerRefusesNonFiniteWorkerOutput(t *testing.T) {
 
 	// A base head whose params are missing names the artifact.
 	missing := *f.gen
-	missing.Params = artifact.RecordCID([]byte("nothing")).Bytes()
+	missing.Params = cids.Record([]byte("nothing")).Bytes()
 	_, err = tr.Train(context.Background(), &missing, []uint32{0}, 5, 1)
 	require.ErrorIs(t, err, artifact.ErrNotFound)
 }
