@@ -7,6 +7,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/detcbor"
 )
 
 // DefaultChunkSize is used when the store is opened without one.
@@ -42,25 +43,14 @@ type wireManifest struct {
 	Chunks    [][]byte `cbor:"4,keyasint"`
 }
 
-var (
-	encMode cbor.EncMode
-	decMode cbor.DecMode
-)
-
-func init() {
-	var err error
-	if encMode, err = cbor.CoreDetEncOptions().EncMode(); err != nil {
+// decMode lets unknown fields through, as it always has: an artifact id names exact bytes.
+var decMode = func() cbor.DecMode {
+	m, err := detcbor.DecMode(detcbor.Limits{MaxArrayElements: MaxManifestBytes / 32, MaxNestedLevels: 4, AllowUnknownFields: true})
+	if err != nil {
 		panic(err)
 	}
-	if decMode, err = (cbor.DecOptions{
-		DupMapKey:        cbor.DupMapKeyEnforcedAPF,
-		MaxArrayElements: MaxManifestBytes / 32,
-		MaxNestedLevels:  4,
-		IndefLength:      cbor.IndefLengthForbidden,
-	}).DecMode(); err != nil {
-		panic(err)
-	}
-}
+	return m
+}()
 
 // NumChunks is the number of chunks for size bytes at chunkSize.
 func NumChunks(size, chunkSize uint64) uint64 {
@@ -86,7 +76,7 @@ func (m *Manifest) Encode() []byte {
 	for i, c := range m.Chunks {
 		w.Chunks[i] = c.Bytes()
 	}
-	b, err := encMode.Marshal(w)
+	b, err := detcbor.Marshal(w)
 	if err != nil {
 		panic(fmt.Sprintf("encode manifest: %v", err)) // plain struct: cannot fail
 	}

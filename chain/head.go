@@ -10,6 +10,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/detcbor"
 )
 
 // MaxHeadBytes bounds an encoded head (its ledger and contribution list included).
@@ -92,33 +93,17 @@ type Ledger struct {
 	Consumed []byte `cbor:"4,keyasint"` // bitmap, bit i = microshard i consumed this epoch
 }
 
-var (
-	encMode cbor.EncMode
-	decMode cbor.DecMode
-)
-
-func init() {
-	var err error
-	opts := cbor.CoreDetEncOptions()
-	opts.NaNConvert = cbor.NaNConvertReject
-	opts.InfConvert = cbor.InfConvertReject
-	if encMode, err = opts.EncMode(); err != nil {
+// decMode decodes every record of this package (and gossip's messages) strictly.
+var decMode = func() cbor.DecMode {
+	m, err := detcbor.DecMode(detcbor.Limits{MaxArrayElements: 1 << 20, MaxMapPairs: 1 << 10, MaxNestedLevels: 8})
+	if err != nil {
 		panic(err)
 	}
-	if decMode, err = (cbor.DecOptions{
-		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
-		MaxArrayElements:  1 << 20,
-		MaxMapPairs:       1 << 10,
-		MaxNestedLevels:   8,
-		IndefLength:       cbor.IndefLengthForbidden,
-		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
-	}).DecMode(); err != nil {
-		panic(err)
-	}
-}
+	return m
+}()
 
 // Marshal encodes a record deterministically (shared by the records of this package).
-func Marshal(v any) ([]byte, error) { return encMode.Marshal(v) }
+func Marshal(v any) ([]byte, error) { return detcbor.Marshal(v) }
 
 // Unmarshal decodes a record strictly: unknown fields, duplicate keys and indefinite
 // lengths are errors.
@@ -126,7 +111,7 @@ func Unmarshal(b []byte, v any) error { return decMode.Unmarshal(b, v) }
 
 // Encode returns the canonical encoding.
 func (h *Head) Encode() ([]byte, error) {
-	b, err := encMode.Marshal(h)
+	b, err := detcbor.Marshal(h)
 	if err != nil {
 		return nil, fmt.Errorf("encode head round %d: %w", h.Round, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/detcbor"
 )
 
 // ErrBadSignature is returned for a signature that does not verify or a signer that is not
@@ -108,7 +110,7 @@ func (s *SignedHead) Quorum(allowed []string, quorum int) (int, error) {
 }
 
 // EncodeSigned encodes a signed head.
-func EncodeSigned(s *SignedHead) ([]byte, error) { return encMode.Marshal(s) }
+func EncodeSigned(s *SignedHead) ([]byte, error) { return detcbor.Marshal(s) }
 
 // DecodeSigned decodes a signed head and its head.
 func DecodeSigned(b []byte) (*SignedHead, *Head, error) {

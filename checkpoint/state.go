@@ -8,10 +8,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/fxamacker/cbor/v2"
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/detcbor"
 )
 
 // State is one saved generation of a node's role state.
@@ -53,24 +53,11 @@ type wireState struct {
 	SavedAt int64             `cbor:"8,keyasint"`
 }
 
-// The modes are built from constant options, so these errors cannot really happen; they
-// are kept and reported on use rather than panicking at init.
-var (
-	encMode, encModeErr = cbor.CoreDetEncOptions().EncMode()
-	decMode, decModeErr = cbor.DecOptions{
-		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
-		IndefLength:       cbor.IndefLengthForbidden,
-		MaxNestedLevels:   4,
-		MaxMapPairs:       1 << 16,
-		MaxArrayElements:  1 << 16,
-		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
-	}.DecMode()
-)
+// The decoder is built from constant limits, so this error cannot really happen; it is kept
+// and reported on use rather than panicking at init.
+var decMode, decModeErr = detcbor.DecMode(detcbor.Limits{MaxArrayElements: 1 << 16, MaxMapPairs: 1 << 16, MaxNestedLevels: 4})
 
 func encodeState(st *State) ([]byte, error) {
-	if encModeErr != nil {
-		return nil, fmt.Errorf("encode checkpoint state: %w", encModeErr)
-	}
 	if err := st.validate(); err != nil {
 		return nil, err
 	}
@@ -79,7 +66,7 @@ func encodeState(st *State) ([]byte, error) {
 		Blobs: cidBytes(st.Blobs), Refs: cidBytes(st.Refs), Meta: st.Meta,
 		SavedAt: st.SavedAt.UnixNano(),
 	}
-	b, err := encMode.Marshal(w)
+	b, err := detcbor.Marshal(w)
 	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint state %d: %w", st.Seq, err)
 	}
