@@ -56,7 +56,8 @@ import (
 // P2PNODE_ATTACK_MATRIX=copy,stale-base runs those rows only (the clean run always).
 // P2PNODE_ATTACK_ROUNDS sets the rounds per run, P2PNODE_ATTACK_PARALLEL the rows run at a
 // time (above 1, each row gets its own peer ids and clean run); P2PNODE_ATTACK_TABLE names
-// a file the table is written to (Markdown) as well as the test log.
+// a file the table is written to (Markdown) as well as the test log; with
+// P2PNODE_ATTACK_LOGS set every run logs its validator's log, not only a failed one.
 //
 // It is not in `make test`: on the shared 2-core machine at a load average of 45–56 the
 // clean run alone took 26 s a round, and rows side by side had every honest contribution
@@ -330,7 +331,7 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 	v := c.nodes[0]
 	v.logs = &syncBuffer{}
 	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("TMPLOGS") != "" {
+		if t.Failed() || os.Getenv("P2PNODE_ATTACK_LOGS") != "" {
 			var lines []string
 			for _, l := range strings.Split(v.logs.String(), "\n") {
 				if !strings.Contains(l, "pkg=gossip") {
