@@ -221,11 +221,10 @@ func TestOneThirdAttackers(t *testing.T) {
 				if r.at > 0 {
 					assert.LessOrEqual(t, r.mseAt[r.at], 1.02*clean.mseAt[r.at],
 						"held-out loss at round %d, the last with the same honest work as the clean run, more than 2%% worse than the clean run's", r.at)
-				} else {
-					t.Logf("%s: round 1 merged other honest work than the clean run: no round to compare the loss at", k.name)
 				}
 				if r.at < min(r.rounds, clean.rounds) {
-					t.Logf("%s: round %d merged other honest work than the clean run: %s (clean %s)", k.name, r.at+1, r.work[r.at], clean.work[r.at])
+					t.Logf("%s: round %d merged other honest work than the clean run (the loss is compared at round %d): %s (clean %s)",
+						k.name, r.at+1, r.at, r.work[r.at], clean.work[r.at])
 				}
 			})
 		}

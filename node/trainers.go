@@ -36,6 +36,10 @@ type trainerSeen struct {
 	// or was heard from again after a gap of more than liveFor between its announcements. A leader that
 	// sees it change for a trainer it leased knows the lease is lost (lease.Book.Gone).
 	returns int
+	// how says what the last return was, for the leader's log: "restarted" (a new process
+	// start) or "silent for …" (the gap in its announcements). Both settle its lease, but
+	// only the first is a restart: a loaded machine or lost gossip makes the second.
+	how string
 }
 
 func newTrainerSet() *trainerSet {
@@ -56,6 +60,10 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	silent := s.sent != 0 && a.Time-s.sent > liveFor.Milliseconds()
 	if known && (restarted || silent) {
 		s.returns++
+		s.how = "restarted"
+		if !restarted {
+			s.how = "silent for " + (time.Duration(a.Time-s.sent) * time.Millisecond).String()
+		}
 	}
 	s.capacity, s.at, s.sent, s.stepSecs = a.Capacity, now, a.Time, a.StepSeconds
 	if a.Started != 0 {
@@ -86,6 +94,13 @@ func (t *trainerSet) returns(peer string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.peers[peer].returns
+}
+
+// returnedHow says what peer's last return was (see trainerSeen.how).
+func (t *trainerSet) returnedHow(peer string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[peer].how
 }
 
 // isLive reports whether peer was heard from within liveFor.

@@ -27,17 +27,18 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 		name string
 		seq  []seen
 		want int
+		how  string // what the leader logs of the last return
 	}{
-		{"first announcement", []seen{{t0, ann(t0, 1)}}, 0},
-		{"steady", []seen{{t0, ann(t0, 1)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)}}, 0},
-		{"restarted", []seen{{t0, ann(t0, 1)}, {t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)}}, 1},
-		{"silent for longer than liveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(liveFor + 2*time.Second), ann(t0.Add(liveFor+2*time.Second), 1)}}, 1},
+		{"first announcement", []seen{{t0, ann(t0, 1)}}, 0, ""},
+		{"steady", []seen{{t0, ann(t0, 1)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)}}, 0, ""},
+		{"restarted", []seen{{t0, ann(t0, 1)}, {t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)}}, 1, "restarted"},
+		{"silent for longer than liveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(liveFor + 2*time.Second), ann(t0.Add(liveFor+2*time.Second), 1)}}, 1, "silent for 8s"},
 		{"a backlog read late is no silence", []seen{
 			{t0, ann(t0, 1)},
 			{t0.Add(20 * time.Second), ann(t0.Add(2*time.Second), 1)},
 			{t0.Add(20 * time.Second), ann(t0.Add(4*time.Second), 1)},
-		}, 0},
-		{"an old node without a start time", []seen{{t0, ann(t0, 0)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 0)}}, 0},
+		}, 0, ""},
+		{"an old node without a start time", []seen{{t0, ann(t0, 0)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 0)}}, 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -47,6 +48,7 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 				ts.seen("p", s.a)
 			}
 			require.Equal(t, tc.want, ts.returns("p"))
+			require.Equal(t, tc.how, ts.returnedHow("p"))
 		})
 	}
 }
