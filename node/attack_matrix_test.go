@@ -59,8 +59,10 @@ import (
 // a file the table is written to (Markdown) as well as the test log; with
 // P2PNODE_ATTACK_LOGS set every run logs its validator's log, not only a failed one.
 //
-// It is not in `make test`: on the shared 2-core machine at a load average of 45–56 the
-// clean run alone took 26 s a round, and rows side by side had every honest contribution
+// It is not in `make test`: the copy row fails now and then (a copy that reaches the
+// validator before its original is credited to the copier; 1 of 3 short runs at a load
+// average of 3–6), and on the shared 2-core machine at a load average of 45–56 the clean
+// run alone took 26 s a round, and rows side by side had every honest contribution
 // rejected `late` and all four rounds stalled (docs/security.md).
 
 const (
