@@ -130,7 +130,8 @@ func storageModule(cfg *config.Config) fx.Option {
 				if cfg.Node.Archive {
 					return nil
 				}
-				return newPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Node.StoreDir, m, log.With("pkg", "node", "component", "prune"))
+				// Keep the tip's contributions where trainers rebuild heads from them.
+				return newPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == "sparse", cfg.Node.StoreDir, m, log.With("pkg", "node", "component", "prune"))
 			},
 			fx.Annotate(
 				func(store *artifact.Store, pr *pruner, log *slog.Logger) (*checkpoint.Checkpointer, error) {

@@ -57,6 +57,15 @@ type openRound struct {
 	// rejected (for the round notes).
 	started  time.Time
 	rejected uint64
+	// order is the round's validator order (lease.Leaders) and rank this validator's place
+	// in it; takenBy is a validator after it that leads the round too (grantHeard): this
+	// one steps aside (standAside).
+	order   []string
+	rank    int
+	takenBy string
+	// foreign are the trainers that reported under another validator's lease of the round
+	// (they were busy with its work): a lease of this validator they then miss is no strike.
+	foreign map[string]bool
 }
 
 type received struct {
@@ -75,7 +84,9 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		return v.awaitQuorum(ctx, in, base.Round+1, l)
 	}
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
-		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{}}
+		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
+		order: lease.Leaders(v.validators, baseID), foreign: map[string]bool{}}
+	r.rank = slices.Index(r.order, v.self)
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
@@ -97,6 +108,18 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 		if errors.Is(err, errLocked) {
 			stopBeat()
 			return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
+		}
+		if err == nil && closeNow {
+			// A takeover that queued while this validator collected still comes before its
+			// proposal: two proposals of one round split the validators' locks.
+			v.drainGrants(r, in)
+			if r.takenBy != "" {
+				err = errTakenOver
+			}
+		}
+		if errors.Is(err, errTakenOver) {
+			stopBeat()
+			return v.standAside(ctx, in, r, changed)
 		}
 		if err != nil {
 			return err
@@ -151,6 +174,9 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 	waitingSince := time.Now()
 	for {
 		v.noticeReturns(r, in)
+		if r.takenBy != "" {
+			return false, errTakenOver
+		}
 		taken := map[uint32]bool{}
 		for _, rc := range r.received {
 			for _, s := range rc.msg.Microshards {
@@ -222,8 +248,12 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 				return false, errLocked
 			}
 		case c := <-in.Contributions:
-			// No lease is outstanding: anything for this round is late or unleased.
+			// No lease is outstanding: anything for this round is late, unleased or made
+			// under another validator's lease.
+			v.drainGrants(r, in)
 			v.accept(ctx, r, c.From, c.Msg)
+		case l := <-in.Leases:
+			v.grantHeard(r, l)
 		case <-in.Releases:
 		case <-tick.C:
 		}
@@ -325,6 +355,9 @@ func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, change
 	defer tick.Stop()
 	for {
 		v.noticeReturns(r, in)
+		if r.takenBy != "" {
+			return errTakenOver
+		}
 		if r.book.Settled() {
 			r.book.End(time.Now())
 			return nil
@@ -342,7 +375,10 @@ func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, change
 				return errLocked
 			}
 		case c := <-in.Contributions:
+			v.drainGrants(r, in) // its lease may be another validator's, granted just now
 			v.accept(ctx, r, c.From, c.Msg)
+		case l := <-in.Leases:
+			v.grantHeard(r, l)
 		case rl := <-in.Releases:
 			v.release(r, rl.From, rl.Msg)
 		case <-tick.C:
@@ -374,6 +410,11 @@ func (v *validator) expire(r *openRound) {
 		v.metrics.leaseEnded("expired")
 		v.log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", p, "microshards", n)
 		v.status.event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, p, n)
+		if r.foreign[p] {
+			// It trained another validator's lease of this round first (two validators
+			// led it): not its fault.
+			continue
+		}
 		v.missed(p, r.round, "expired")
 	}
 	v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
@@ -497,6 +538,13 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		switch {
 		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
 			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
+		case v.grants.issuer(r.round, r.baseID, leaseID, from) != "":
+			// Another validator leads (or led) this round too, and the trainer worked for it:
+			// no strike, and it may still report on its lease of this validator. Its update
+			// cannot be merged here: a proposal lists only the proposer's leases.
+			r.foreign[from] = true
+			reject(false, reasonForeignLease, "lease %s was granted by %s, another validator leading round %d",
+				leaseID, v.grants.issuer(r.round, r.baseID, leaseID, from), r.round)
 		default:
 			reject(true, "no_lease", "lease %s was not granted to %s", leaseID, from)
 		}
@@ -662,7 +710,9 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 
 // awaitQuorum keeps a signed proposal in circulation until the canonical head moves on
 // (quorum reached here or elsewhere): a validator that has signed a head for a round signs
-// no other.
+// no other. A takeover of the round heard now changes nothing here: this validator is
+// locked, its proposal and the new leader's compete for the validators that signed
+// neither, and whichever reaches quorum ends this wait (stepaside.go).
 func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l lockedHead) error {
 	// The first re-publish comes after heartbeatEvery, within a follower's silence window
 	// (leaseWait): it tells the followers that already have the quorum that this validator

@@ -20,7 +20,7 @@ import (
 // A reason not listed still counts; it just appears on its first use.
 var rejectReasons = []string{
 	// Checked on arrival (leader.go).
-	"wrong_base", "forged_peer", "no_lease", "late", "lease_mismatch", "replay", "copy", "malformed", "unavailable",
+	"wrong_base", "forged_peer", "no_lease", reasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", "unavailable",
 	// Screening before the merge (round/merge.go, merge/screen.go).
 	string(merge.ReasonNonFinite), string(merge.ReasonNormBound), string(merge.ReasonNormOutlier),
 	string(merge.ReasonLowCosine), "no_samples",

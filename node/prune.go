@@ -35,10 +35,14 @@ const RetentionFile = "retention.json"
 //
 //   - the parameters of the newest K heads of the canonical chain (the tip, its parent,
 //     ...), K = node.keep_heads: export and peers one head behind use them;
-//   - the tip's outer state and the contributions merged into the tip: the next merge
-//     starts from the former, and trainers that rebuild the tip fetch the latter. The
-//     outer state of an older head is kept only while the newest checkpoint generation is
-//     not yet at the tip (a snapshot of it may be waiting for the writer);
+//   - the tip's outer state: the next merge starts from it. The outer state of an older
+//     head is kept only while the newest checkpoint generation is not yet at the tip (a
+//     snapshot of it may be waiting for the writer);
+//   - on the sparse codec, the contributions merged into the tip: trainers rebuild the tip
+//     from them (rebuildsHeads). On the other codecs nobody reads them once the tip is
+//     canonical (a validator still verifying that round's proposal accepts the head by
+//     its quorum instead, and replays are recognised by CID, from the chain), and they
+//     are the largest part of a validator's store: T × the model with fp32;
 //   - everything the newest kept checkpoint generation references (so a restart finds
 //     its head's parameters and outer state), and the parameters older generations name;
 //   - the dataset's files;
@@ -50,8 +54,8 @@ const RetentionFile = "retention.json"
 //
 // and deletes the rest, and the partial files of downloads every caller abandoned that
 // are not of a live artifact and were first seen a round ago or more. So between rounds
-// a validator holds K parameter packs, one outer state and one round of contributions;
-// a trainer K parameter packs and its merged delta. An older checkpoint generation names
+// a validator holds K parameter packs and one outer state (and on the sparse codec one
+// round of contributions); a trainer K parameter packs (and its merged delta). An older checkpoint generation names
 // its head's outer state, which is gone: a restart that has to fall back to it (the
 // newest damaged) finds it unusable and resumes from the head chain instead (resume.go),
 // losing only what the checkpoint alone held. Heads themselves (the chain store) are
@@ -64,9 +68,12 @@ type pruner struct {
 	heads *chain.Store
 	tips  *tips
 	keep  uint64
-	path  string
-	log   *slog.Logger
-	m     *nodeMetrics
+	// tipContribs keeps the contributions merged into the tip (the sparse codec's
+	// trainers rebuild heads from them).
+	tipContribs bool
+	path        string
+	log         *slog.Logger
+	m           *nodeMetrics
 
 	mu    sync.Mutex
 	data  map[cid.Cid]bool   // the dataset's files; nil until the dataset is loaded
@@ -87,9 +94,9 @@ func (p *pruner) setPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
 	p.partials = f
 }
 
-func newPruner(store *artifact.Store, heads *chain.Store, t *tips, keep int, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
+func newPruner(store *artifact.Store, heads *chain.Store, t *tips, keep int, tipContribs bool, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
 	store.TrackCommits()
-	return &pruner{store: store, heads: heads, tips: t, keep: uint64(keep), path: filepath.Join(storeDir, RetentionFile), m: m, log: log}
+	return &pruner{store: store, heads: heads, tips: t, keep: uint64(keep), tipContribs: tipContribs, path: filepath.Join(storeDir, RetentionFile), m: m, log: log}
 }
 
 // setDataset names the dataset's files, which are never pruned. Until it is called the
@@ -158,7 +165,7 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 	if err != nil {
 		return res, err
 	}
-	live, err := p.live(kept)
+	live, done, err := p.live(kept)
 	if err != nil {
 		return res, err
 	}
@@ -168,7 +175,9 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 		if p.data[id] {
 			continue
 		}
-		aged := old(p.seen, id, round, inFlightRounds) // records when first seen, live or not
+		// done work is not in flight whenever it was first seen: it arrived after the
+		// previous sweep, so it would otherwise live a round more.
+		aged := old(p.seen, id, round, inFlightRounds) || done[id] // old records when first seen
 		if live[id] || !aged {
 			res.Kept++
 			continue
@@ -252,11 +261,12 @@ func (p *pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepRe
 var errEnoughHeads = errors.New("enough heads")
 
 // live is what the chain and the checkpoint need at the tip (see pruner): the newest K
-// heads' parameters, the tip's contributions, the outer state of the heads from the tip
-// down to the newest kept generation's, and what the kept generations reference, less the
-// outer state of the older ones.
-func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
-	live := map[cid.Cid]bool{}
+// heads' parameters, the tip's contributions if tipContribs, the outer state of the heads
+// from the tip down to the newest kept generation's, and what the kept generations
+// reference, less the outer state of the older ones. done is the tip's contributions when
+// they are not kept: finished work, not the open round's.
+func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, err error) {
+	live, done = map[cid.Cid]bool{}, map[cid.Cid]bool{}
 	var newest *checkpoint.State
 	for _, st := range kept {
 		if newest == nil || st.Seq > newest.Seq {
@@ -272,7 +282,7 @@ func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
 	}
 	tip, _ := p.tips.Current()
 	n := uint64(0)
-	err := p.heads.Walk(tip, func(_ cid.Cid, h *chain.Head) error {
+	err = p.heads.Walk(tip, func(_ cid.Cid, h *chain.Head) error {
 		if a, err := h.ParamsID(); err == nil && a.Defined() {
 			live[a] = true
 		}
@@ -286,7 +296,11 @@ func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
 		if n == 0 {
 			for _, c := range h.Contributions {
 				if a, err := cid.Cast(c.Artifact); err == nil {
-					live[a] = true
+					if p.tipContribs {
+						live[a] = true
+					} else {
+						done[a] = true
+					}
 				}
 			}
 		}
@@ -297,9 +311,9 @@ func (p *pruner) live(kept []*checkpoint.State) (map[cid.Cid]bool, error) {
 	})
 	if err != nil && !errors.Is(err, errEnoughHeads) {
 		// Without a head we cannot know what it names: delete nothing this time.
-		return nil, fmt.Errorf("the newest %d heads from %s: %w", p.keep, tip, err)
+		return nil, nil, fmt.Errorf("the newest %d heads from %s: %w", p.keep, tip, err)
 	}
-	return live, nil
+	return live, done, nil
 }
 
 func (p *pruner) loadSeen() map[cid.Cid]uint64 {

@@ -27,7 +27,9 @@ import (
 // validators recompute the proposal bit for bit and attest it, and a head is canonical
 // with a quorum of signatures. A validator that sees the validators ahead of it stay
 // silent, or sees the one leading the round bring no head to quorum within two round
-// timeouts, takes the round over (follower.go).
+// timeouts, takes the round over (follower.go). A leader that hears a validator after it in
+// the order lead its round (a takeover from a leader that was alive but heard late) steps
+// aside for that round and follows the new leader's proposal (stepaside.go).
 type validator struct {
 	*env
 	merger     *round.Merger
@@ -38,6 +40,9 @@ type validator struct {
 	// never signs two heads for one round, so two heads of a round cannot both reach a
 	// majority quorum.
 	locks map[uint64]lockedHead
+	// grants remembers the leases other validators granted for open rounds: a contribution
+	// made under one is not a trainer's fault (stepaside.go).
+	grants *grantLog
 	// mergeTook is how long this validator's last merge took, its own (proposing) or a
 	// recomputation (verifying a proposal): the next round's leader must verify the base
 	// before it can lead, and a follower gives it that long (follow).
@@ -66,7 +71,7 @@ func newValidator(e *env, merger *round.Merger) *validator {
 	}
 	return &validator{env: e, merger: merger, trainers: newTrainerSet(),
 		quarantine: lease.NewQuarantine(2, 10, uint64(e.cfg.Lease.QuarantineRounds)),
-		paces:      pc, locks: map[uint64]lockedHead{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
+		paces:      pc, locks: map[uint64]lockedHead{}, grants: newGrantLog(), rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
 			e.log.Warn("contribution rejections not logged (rate limit)", "count", n)
 		}),
 		nonFinite: newRateLog(100*365*24*time.Hour, 0, nil), started: time.Now()}
@@ -133,7 +138,10 @@ func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 		case <-in.Contributions:
-		case <-in.Leases:
+		case l := <-in.Leases:
+			if v.isValidator(l.From) {
+				v.grants.record(v.self, l.From, l.Msg)
+			}
 		case h := <-in.Heads:
 			v.verifyAndAttest(ctx, h.From, h.Msg)
 		}
@@ -144,6 +152,7 @@ func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
 // the order, and follows (verifying, attesting, ready to take over) otherwise.
 func (v *validator) round(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head) error {
 	v.pruneLocks(base.Round)
+	v.grants.prune(base.Round)
 	order := lease.Leaders(v.validators, baseID)
 	rank := slices.Index(order, v.self)
 	if rank == 0 {
@@ -283,7 +292,9 @@ func (v *validator) rejected(peer string, round uint64, reason, detail, artifact
 		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "artifact", artifact, "detail", detail)
 	}
 	quarantined := false
-	if reason != "late" {
+	// Neither a late report nor work done under another validator's lease of the round
+	// (two validators led it) is the trainer's fault.
+	if reason != "late" && reason != reasonForeignLease {
 		quarantined = v.quarantine.Reject(peer, round, reason == string(merge.ReasonLowCosine))
 	}
 	if quarantined {

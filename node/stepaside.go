@@ -1,0 +1,227 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+// Two leaders of one round. A follower takes a round over when the validators ahead of it
+// seem silent (follow), and under CPU starvation a leader's heartbeats can arrive seconds
+// late: the follower then takes over from a leader that is alive. The takeover is
+// signalled by what the new leader publishes for the round — its heartbeats and grants
+// (gossip.Leases on the round's base, signed by their issuer through gossip) and, later,
+// its proposal. Every node computes the same order (lease.Leaders), and a validator only
+// ever takes over from the validators ahead of it, so "the later one in the order leads"
+// is a rule every validator can apply alone:
+//
+//   - a leader that hears a validator after it in the order lead its round steps aside:
+//     it grants and collects nothing more, proposes nothing, and verifies and attests
+//     the new leader's proposal like a follower (standAside). It has signed no head of
+//     the round then (a leader signs only its own proposal, and one that has proposed
+//     waits in awaitQuorum), so the lock rule lets it attest.
+//   - a leader that had already proposed when the takeover came stays locked to its own
+//     proposal (a validator never signs two heads of one round). The two proposals then
+//     compete for the validators that signed neither: with an odd number of validators
+//     and a majority quorum one of two proposals always gets it, and the other proposer's
+//     awaitQuorum ends when that head becomes canonical, so the next round starts. (With
+//     an even number the signatures can split evenly and the round waits, as before this
+//     rule; stepping aside before proposing is what keeps that rare.)
+//   - a contribution made under the lease of another validator of the experiment, for the
+//     same round and base, is rejected as foreign_lease without a strike toward
+//     quarantine: the trainer did what a validator asked, the mix-up is the validators'
+//     (accept). A lease nobody is known to have granted still strikes (no_lease).
+
+// errTakenOver means a validator after this one in the round's order leads the round.
+var errTakenOver = errors.New("a later validator in the order took the round over")
+
+// reasonForeignLease rejects a contribution made under another validator's lease of the
+// round, without a strike.
+const reasonForeignLease = "foreign_lease"
+
+// maxGrantsKept bounds the leases of one round a validator remembers from the others' grants.
+const maxGrantsKept = 1 << 14
+
+// grantLog remembers the leases the other validators granted for rounds not yet closed
+// here, so that the leader of a round can tell a contribution made under another
+// validator's lease from one under a lease nobody granted. Gossip admits a grant only
+// from the validator it names as issuer (gossip.checkLeases), so a lease recorded here was
+// granted by that validator.
+type grantLog struct {
+	rounds map[uint64]map[cid.Cid]grantedLease
+}
+
+type grantedLease struct {
+	base    string // the base head's CID bytes
+	trainer string
+	issuer  string
+}
+
+func newGrantLog() *grantLog { return &grantLog{rounds: map[uint64]map[cid.Cid]grantedLease{}} }
+
+// record takes in a grant published by from, a validator other than self; leases in it
+// that name another issuer, round or base than the grant are not recorded.
+func (g *grantLog) record(self, from string, m *gossip.Leases) {
+	if from == self || m.Issuer != from || len(m.Leases) == 0 {
+		return
+	}
+	kept := g.rounds[m.Round]
+	for i := range m.Leases {
+		l := &m.Leases[i]
+		if l.Issuer != from || l.Round != m.Round || !slices.Equal(l.Base, m.Base) {
+			continue
+		}
+		if kept == nil {
+			kept = map[cid.Cid]grantedLease{}
+			g.rounds[m.Round] = kept
+		}
+		if len(kept) >= maxGrantsKept {
+			return
+		}
+		kept[l.ID()] = grantedLease{base: string(l.Base), trainer: l.Trainer, issuer: from}
+	}
+}
+
+// issuer returns the validator that granted lease id to trainer for round on base, or ""
+// when no other validator is known to have.
+func (g *grantLog) issuer(round uint64, base cid.Cid, id cid.Cid, trainer string) string {
+	l, ok := g.rounds[round][id]
+	if !ok || l.trainer != trainer || l.base != string(base.Bytes()) {
+		return ""
+	}
+	return l.issuer
+}
+
+// prune forgets the rounds up to below (closed here).
+func (g *grantLog) prune(below uint64) {
+	for r := range g.rounds {
+		if r <= below {
+			delete(g.rounds, r)
+		}
+	}
+}
+
+// grantHeard takes in a grant or heartbeat read while this validator leads round r: it
+// remembers the leases of other validators (accept), and notes a validator after this one
+// in the round's order that leads the same round: it took the round over.
+func (v *validator) grantHeard(r *openRound, l Received[gossip.Leases]) {
+	if !v.isValidator(l.From) {
+		return
+	}
+	v.grants.record(v.self, l.From, l.Msg)
+	if r.takenBy != "" || l.Msg.Round != r.round || !slices.Equal(l.Msg.Base, r.baseID.Bytes()) {
+		return
+	}
+	if k := slices.Index(r.order, l.From); k > r.rank {
+		r.takenBy = l.From
+	}
+}
+
+// drainGrants reads the grants queued in the inbox: before a contribution is judged (its
+// lease may be another validator's) and before a proposal is made (a takeover heard only
+// now still comes first).
+func (v *validator) drainGrants(r *openRound, in *Inbox) {
+	for {
+		select {
+		case l := <-in.Leases:
+			v.grantHeard(r, l)
+		default:
+			return
+		}
+	}
+}
+
+// standAside is the rest of round r for a leader that heard a validator after it in the
+// order lead the round (grantHeard). It grants, collects and proposes nothing; it
+// verifies and attests the new leader's proposal like any follower, and follows it to
+// quorum. Leases it granted before are not withdrawn: their trainers' contributions reach
+// the new leader, which rejects them without a strike (foreign_lease). Should every
+// validator after it fall silent, as a follower would judge it, it leads the round again
+// with fresh attempts.
+func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) error {
+	v.log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
+		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
+	v.status.event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)
+	later := r.order[r.rank+1:]
+	expect := time.Now().Add(leaseWait) // when a later validator must have shown progress by
+	// Every later validator gets its turn (takeoverStep each, as in follow) before this one
+	// takes the round back.
+	retakeAt := func() time.Time { return expect.Add(time.Duration(len(later)) * takeoverStep) }
+	timer := time.NewTimer(time.Until(retakeAt()))
+	defer timer.Stop()
+	reset := func() {
+		timer.Stop()
+		timer = time.NewTimer(time.Until(retakeAt()))
+	}
+	alive := func(until time.Time) {
+		if until.After(expect) {
+			expect = until
+			reset()
+		}
+	}
+	heard := func(l Received[gossip.Leases]) {
+		if !v.isValidator(l.From) {
+			return
+		}
+		v.grants.record(v.self, l.From, l.Msg)
+		if l.Msg.Round == r.round && slices.Equal(l.Msg.Base, r.baseID.Bytes()) && slices.Contains(later, l.From) {
+			alive(time.UnixMilli(l.Msg.Deadline).Add(leaseGrace))
+		}
+	}
+	onHead := func(h Received[gossip.Head]) (lockedHead, bool) {
+		// A later validator's proposal of the round, re-published while it gathers its
+		// quorum, says it is alive (it sends no heartbeats once it has proposed).
+		if hd, err := h.Msg.Signed.Decode(); err == nil && h.Msg.Proposal != nil && hd.Round == r.round && slices.Contains(later, h.From) {
+			alive(time.Now().Add(republishEvery + leaseGrace))
+		}
+		v.verifyAndAttest(ctx, h.From, h.Msg)
+		l, locked := v.locks[r.round]
+		return l, locked
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+			return errHeadMoved
+		case a := <-in.Announces:
+			v.trainers.seen(a.From, a.Msg)
+		case c := <-in.Contributions:
+			v.noteSpeed(c.From, c.Msg)
+		case <-in.Attestations:
+		case <-in.Releases:
+		case l := <-in.Leases:
+			heard(l)
+		case h := <-in.Heads:
+			if l, locked := onHead(h); locked {
+				return v.awaitQuorum(ctx, in, r.round, l)
+			}
+		case <-timer.C:
+			// What queued while this loop was busy comes first, as in follow.
+			for drained := false; !drained; {
+				select {
+				case l := <-in.Leases:
+					heard(l)
+				case h := <-in.Heads:
+					if l, locked := onHead(h); locked {
+						return v.awaitQuorum(ctx, in, r.round, l)
+					}
+				default:
+					drained = true
+				}
+			}
+			if time.Now().Before(retakeAt()) {
+				reset()
+				continue
+			}
+			v.log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
+			v.status.event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
+			return v.lead(ctx, in, r.baseID, r.base, r.attempt+1)
+		}
+	}
+}
