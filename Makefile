@@ -34,6 +34,9 @@ test: setup test-go test-py
 test-go:
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 30m ./...
+	@# The 16-trainer scale cluster (issue 16) runs alone, after the packages above: beside
+	@# the e2e package's real processes its 19 in-process nodes starve for CPU on 2 cores.
+	P2PNODE_SCALE_16=1 $(GO) test -race -count=1 -timeout 10m -run 'TestMocknetScale16Trainers$$' ./node/
 
 test-py:
 	cd pyruntime/python && $(PY) -m unittest discover -s tests -t . -v 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}
@@ -52,7 +55,7 @@ bench: setup
 ## shows the last), BENCH_SCALE_DIR ($$TMPDIR/p2pnode-bench-scale), BENCH_SCALE_TIMEOUT (30m a
 ## row), BENCH_SCALE_KEEP=1 keeps stores and logs. Quick: BENCH_SCALE_SIZES=1M,10M BENCH_SCALE_TRAINERS=3
 bench-scale:
-	$(GO) run ./internal/benchscale
+	$(GO) run ./cmd/benchscale
 
 ## image: the Docker image p2pnode:latest from bin/p2pnode. With no registry (here) the base
 ## is debootstrapped and imported once, then cached; BASE_IMAGE=debian:bookworm-slim builds

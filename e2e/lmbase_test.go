@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/demo"
+	"github.com/p2pnode/p2pnode/demo"
 )
 
 // TestLMBaseRound is a measurement, run on request (P2PNODE_LM_BASE=1, minutes on a CPU):

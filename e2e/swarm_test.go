@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/demo"
+	"github.com/p2pnode/p2pnode/demo"
 	"github.com/p2pnode/p2pnode/node"
 )
 

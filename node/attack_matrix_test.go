@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // The one-third-attackers matrix (issue 12 item 4, docs/security.md): nine trainers, three

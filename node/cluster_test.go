@@ -21,8 +21,8 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/synth"
 	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // cluster is an in-process swarm on mocknet with the synthetic workload.

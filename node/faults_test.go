@@ -12,7 +12,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // chainOf returns the head chain (genesis first) a node ended on.

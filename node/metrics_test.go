@@ -15,8 +15,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/internal/synth"
 	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // lossAccuracyRuntime is the synthetic runtime reporting its held-out error under the keys

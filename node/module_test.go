@@ -9,7 +9,7 @@ import (
 	"go.uber.org/fx/fxtest"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 var roleMixes = [][]string{

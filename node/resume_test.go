@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // logBuffer captures a node's log (text handler, info and above).

@@ -173,13 +173,14 @@ func checkCapacitySpread(t *testing.T, r scaleResult) {
 	require.InDelta(t, 2.0, ratio, 0.2, "leases follow capacity: fast %.2f, slow %.2f", r.fastPerLease, r.slowPerLease)
 }
 
-// TestMocknetScale16Trainers is the 16-trainer scale run meant for `make test` (issue 16
-// item 4): 3 validators and 16 trainers for 5 rounds (rounds 3 to 5 check the capacity
-// spread), with every check of runScale. It runs only with P2PNODE_SCALE_16=1: alone on the
-// shared 2-core machine under -race it passed in 28-112 s (4 of 4 runs), but inside a
+// TestMocknetScale16Trainers is the 16-trainer scale run of `make test` (issue 16 item 4):
+// 3 validators and 16 trainers for 5 rounds (rounds 3 to 5 check the capacity spread),
+// with every check of runScale. It runs only with P2PNODE_SCALE_16=1, which `make test`
+// sets in a step of its own after every package's tests: inside the `go test ./...` of a
 // clean-clone `make test`, beside the e2e package's real processes, it failed 2 of 2 runs
 // (170 s and 231 s for the 5 rounds, 1-11 of 16 contributions merged a round, one trainer
-// never merged): its 19 in-process nodes starve for CPU there.
+// never merged): its 19 in-process nodes starve for CPU there. Alone on the shared 2-core
+// machine under -race it passed in 28-112 s.
 func TestMocknetScale16Trainers(t *testing.T) {
 	if os.Getenv("P2PNODE_SCALE_16") == "" {
 		t.Skip("set P2PNODE_SCALE_16=1 to run the 16-trainer scale cluster")

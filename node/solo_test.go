@@ -18,10 +18,10 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/diloco"
-	"github.com/p2pnode/p2pnode/internal/synth"
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // syncBuffer is a goroutine-safe progress sink.

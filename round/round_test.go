@@ -13,10 +13,10 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/diloco"
-	"github.com/p2pnode/p2pnode/internal/synth"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 type fixture struct {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/p2pnode/p2pnode/internal/demo"
+	"github.com/p2pnode/p2pnode/demo"
 )
 
 func newDemoCmd(g *globalFlags) *cobra.Command {

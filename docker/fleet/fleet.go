@@ -1,5 +1,5 @@
 // Package fleet writes the configs of a containerised swarm: the same shape as the local
-// demo (internal/demo.WriteConfigs: one validator that is also the bootstrap node, and
+// demo (demo.WriteConfigs: one validator that is also the bootstrap node, and
 // trainers) with container paths and addresses. Every node is configured only by the file
 // mounted at /config/<name>.yaml; e2e/compose.yaml runs them.
 //
@@ -23,7 +23,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/demo"
+	"github.com/p2pnode/p2pnode/demo"
 )
 
 // Container-side constants shared with docker/Dockerfile and e2e/compose*.yaml.
@@ -61,7 +61,7 @@ type Options struct {
 	MaxNorm float64
 	// Attacker also writes attacker.yaml: one more trainer, for the poisoning overlay.
 	Attacker bool
-	// Workload is the demo's workload: "digits" (default) or "lm" (see internal/demo).
+	// Workload is the demo's workload: "digits" (default) or "lm" (see package demo).
 	Workload string
 	// WorkloadConfig, when set, replaces workload.config (e.g. an lm preset's overrides).
 	WorkloadConfig map[string]any

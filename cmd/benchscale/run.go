@@ -21,7 +21,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
-	"github.com/p2pnode/p2pnode/internal/synth"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // settings are the knobs of a run (see the package comment).

@@ -1,7 +1,9 @@
-// Package synth is a synthetic workload in pure Go for protocol tests: linear regression
-// y = W·x + b toward a fixed hidden teacher, trained by SGD. It implements
-// pyruntime.Runtime, so clusters of nodes can train real (if tiny) models with real
-// parameter packs, deltas and merges, fast and deterministically, without Python.
+// Package synth owns the synthetic workload that protocol tests and cmd/benchscale train
+// instead of Python. It is linear regression y = W·x + b toward a fixed hidden teacher,
+// trained by SGD, and implements pyruntime.Runtime, so clusters of nodes can train real (if
+// tiny) models with real parameter packs, deltas and merges, fast and deterministically,
+// without Python. It is test support, not a production workload: nothing under node/ or
+// round/ imports it outside their tests.
 //
 // A shard file's bytes seed the examples drawn from it, so the data a trainer sees depends
 // only on the microshards it was leased.

@@ -21,9 +21,9 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/internal/synth"
 	"github.com/p2pnode/p2pnode/node"
 	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/synth"
 )
 
 // peakKiB is this process's peak RSS (VmHWM of /proc/self/status), in KiB.
