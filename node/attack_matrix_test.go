@@ -60,7 +60,7 @@ import (
 // P2PNODE_ATTACK_LOGS set every run logs its validator's log, not only a failed one.
 //
 // It is not in `make test`: the copy row fails now and then (a copy that reaches the
-// validator before its original is credited to the copier; 1 of 3 short runs at a load
+// validator before its original is credited to the copier; 1 of 6 short runs at a load
 // average of 3–6), and on the shared 2-core machine at a load average of 45–56 the clean
 // run alone took 26 s a round, and rows side by side had every honest contribution
 // rejected `late` and all four rounds stalled (docs/security.md).
