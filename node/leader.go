@@ -444,7 +444,7 @@ func (v *validator) noticeReturns(r *openRound, in *Inbox) {
 		if left && r.book.Gone(p) {
 			why := "fell silent"
 			if back {
-				why = "restarted"
+				why = v.trainers.returnedHow(p)
 			}
 			v.metrics.leaseEnded(lease.ReasonGone)
 			v.log.Warn("trainer left while holding its lease; its microshards return to the pool", "round", r.round, "peer", p, "how", why)

@@ -39,10 +39,11 @@ const RetentionFile = "retention.json"
 //     head is kept only while the newest checkpoint generation is not yet at the tip (a
 //     snapshot of it may be waiting for the writer);
 //   - on the sparse codec, the contributions merged into the tip: trainers rebuild the tip
-//     from them (rebuildsHeads). On the other codecs nobody reads them once the tip is
-//     canonical (a validator still verifying that round's proposal accepts the head by
-//     its quorum instead, and replays are recognised by CID, from the chain), and they
-//     are the largest part of a validator's store: T × the model with fp32;
+//     from them (rebuildsHeads). On the other codecs only a validator still verifying
+//     the tip's proposal reads them (replays are recognised by CID, from the chain), so
+//     they are kept until every configured validator has signed the tip, as far as this
+//     node has seen, and no longer: they are the largest part of a validator's store, T ×
+//     the model with fp32;
 //   - everything the newest kept checkpoint generation references (so a restart finds
 //     its head's parameters and outer state), and the parameters older generations name;
 //   - the dataset's files;
@@ -69,7 +70,8 @@ type pruner struct {
 	tips  *tips
 	keep  uint64
 	// tipContribs keeps the contributions merged into the tip (the sparse codec's
-	// trainers rebuild heads from them).
+	// trainers rebuild heads from them); without it they are kept only until every
+	// validator has signed the tip.
 	tipContribs bool
 	path        string
 	log         *slog.Logger
@@ -264,7 +266,8 @@ var errEnoughHeads = errors.New("enough heads")
 // heads' parameters, the tip's contributions if tipContribs, the outer state of the heads
 // from the tip down to the newest kept generation's, and what the kept generations
 // reference, less the outer state of the older ones. done is the tip's contributions when
-// they are not kept: finished work, not the open round's.
+// they are not kept (no trainer rebuilds heads, every validator signed the tip): finished
+// work, not the open round's.
 func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, err error) {
 	live, done = map[cid.Cid]bool{}, map[cid.Cid]bool{}
 	var newest *checkpoint.State
@@ -282,7 +285,7 @@ func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 	}
 	tip, _ := p.tips.Current()
 	n := uint64(0)
-	err = p.heads.Walk(tip, func(_ cid.Cid, h *chain.Head) error {
+	err = p.heads.Walk(tip, func(id cid.Cid, h *chain.Head) error {
 		if a, err := h.ParamsID(); err == nil && a.Defined() {
 			live[a] = true
 		}
@@ -294,9 +297,13 @@ func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 			}
 		}
 		if n == 0 {
+			// Without rebuilding trainers only a validator still verifying the tip's
+			// proposal reads its contributions: they stay until every validator has
+			// signed the tip (as seen here), then go at once.
+			keep := p.tipContribs || !p.signedByAll(id)
 			for _, c := range h.Contributions {
 				if a, err := cid.Cast(c.Artifact); err == nil {
-					if p.tipContribs {
+					if keep {
 						live[a] = true
 					} else {
 						done[a] = true
@@ -314,6 +321,17 @@ func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 		return nil, nil, fmt.Errorf("the newest %d heads from %s: %w", p.keep, tip, err)
 	}
 	return live, done, nil
+}
+
+// signedByAll reports whether this node holds head id with a valid signature of every
+// configured validator: no validator verifies it any more.
+func (p *pruner) signedByAll(id cid.Cid) bool {
+	sh, _, err := p.heads.Get(id)
+	if err != nil {
+		return false
+	}
+	_, err = sh.Quorum(p.tips.validators, len(p.tips.validators))
+	return err == nil
 }
 
 func (p *pruner) loadSeen() map[cid.Cid]uint64 {

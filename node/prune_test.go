@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -613,6 +616,55 @@ func TestSweepSparesTheOpenRound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Without rebuilding trainers (fp32, fp16, int8) the tip's contributions stay while a
+// validator may still verify the tip's proposal — not every validator has signed it, as
+// far as this node has seen — and go at the first sweep after the last signature.
+func TestSweepKeepsContributionsUntilEveryValidatorSigned(t *testing.T) {
+	f := newPruneFixture(t, 2)
+	f.tipContribs = false
+	f.restart(2)
+	var keys []crypto.PrivKey
+	var ids []string
+	for range 3 {
+		k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+		require.NoError(t, err)
+		id, err := peer.IDFromPrivateKey(k)
+		require.NoError(t, err)
+		keys, ids = append(keys, k), append(ids, id.String())
+	}
+	f.tips.validators = ids
+	sign := func(i int) {
+		sh, _, err := f.heads.Get(f.parent)
+		require.NoError(t, err)
+		sig, err := chain.Sign(keys[i], f.parent)
+		require.NoError(t, err)
+		sh.Add(sig)
+		_, err = f.heads.Put(sh)
+		require.NoError(t, err)
+	}
+	for r := uint64(0); r <= 2; r++ {
+		f.round(r, r)
+	}
+	// Round 3's contribution arrives while head 2 is the tip, before its sweep.
+	c := f.put("contribution 3")
+	f.sweep(2, f.gens(2, 1)...)
+	p, o := f.put("params 3"), f.put("outer 3")
+	f.params, f.outer, f.contrib = append(f.params, p), append(f.outer, o), append(f.contrib, c)
+	f.head(3, p, o, c)
+	sign(0)
+	sign(1) // a quorum of two: canonical, the third validator may be verifying still
+	f.sweep(3, f.gens(3, 2)...)
+	require.True(t, f.store.Has(c), "deleted while a validator had not signed the tip")
+	sign(1) // the same signature again counts once
+	f.sweep(3, f.gens(3, 2)...)
+	require.True(t, f.store.Has(c), "deleted while a validator had not signed the tip")
+	sign(2)
+	f.sweep(3, f.gens(3, 2)...)
+	require.False(t, f.store.Has(c), "kept after every validator signed the tip")
+	f.requireHeld("params", f.params, 2, 3)
+	f.requireHeld("outer state", f.outer, 3)
 }
 
 // A node one head behind fetches the next head's parameters, outer state and

@@ -24,6 +24,7 @@ type trainerSet struct {
 	mu    sync.Mutex
 	peers map[string]trainerSeen
 	now   func() time.Time
+	since time.Time // when this validator began to listen (see seen)
 }
 
 type trainerSeen struct {
@@ -36,10 +37,17 @@ type trainerSeen struct {
 	// or was heard from again after a gap of more than liveFor between its announcements. A leader that
 	// sees it change for a trainer it leased knows the lease is lost (lease.Book.Gone).
 	returns int
+	// how says what the last return was, for the leader's log: "restarted" (a new process
+	// start) or "silent for …" (the gap in its announcements). Both settle its lease, but
+	// only the first is a restart: a loaded machine or lost gossip makes the second.
+	how string
+	// steady: its last announcement was read once this validator had listened for liveFor,
+	// so a gap after it is the trainer's silence (see seen).
+	steady bool
 }
 
 func newTrainerSet() *trainerSet {
-	return &trainerSet{peers: map[string]trainerSeen{}, now: time.Now}
+	return &trainerSet{peers: map[string]trainerSeen{}, now: time.Now, since: time.Now()}
 }
 
 func (t *trainerSet) seen(from string, a *gossip.Announce) {
@@ -50,14 +58,32 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	defer t.mu.Unlock()
 	now := t.now()
 	s, known := t.peers[from]
+	// Gossip does not keep one peer's messages in order (it hands a newcomer messages from
+	// its peers' caches, after newer ones): an announcement older than the newest one read
+	// is a sign of life only. Judged against it, the next would look like a gap.
+	if known && a.Time < s.sent {
+		s.at = now
+		t.peers[from] = s
+		return
+	}
 	// Silence is judged by the sender's own clock (the gap between its announcements that
 	// arrived), not by when they were read: a validator busy for a while reads a backlog.
+	// And only after an announcement read once this validator had listened for liveFor:
+	// the first ones it reads may have been sent before it listened, and a gap after one of
+	// those is the validator's absence. (A validator that leased in its first seconds took
+	// a trainer whose announcements it had missed while starting for one that fell silent
+	// and came back, and gave up its lease.)
 	restarted := a.Started != 0 && s.started != 0 && a.Started != s.started
-	silent := s.sent != 0 && a.Time-s.sent > liveFor.Milliseconds()
+	silent := s.sent != 0 && s.steady && a.Time-s.sent > liveFor.Milliseconds()
 	if known && (restarted || silent) {
 		s.returns++
+		s.how = "restarted"
+		if !restarted {
+			s.how = "silent for " + (time.Duration(a.Time-s.sent) * time.Millisecond).String()
+		}
 	}
 	s.capacity, s.at, s.sent, s.stepSecs = a.Capacity, now, a.Time, a.StepSeconds
+	s.steady = now.Sub(t.since) >= liveFor
 	if a.Started != 0 {
 		s.started = a.Started
 	}
@@ -86,6 +112,13 @@ func (t *trainerSet) returns(peer string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.peers[peer].returns
+}
+
+// returnedHow says what peer's last return was (see trainerSeen.how).
+func (t *trainerSet) returnedHow(peer string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[peer].how
 }
 
 // isLive reports whether peer was heard from within liveFor.

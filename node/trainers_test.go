@@ -12,8 +12,10 @@ import (
 
 // TestTrainerSetCountsReturns: a trainer counts as come back (its lease in the open round
 // is lost) when it announces a new process start, or after a gap in its own announcements
-// longer than liveFor — not when the validator merely read a backlog late, and not for a
-// first announcement.
+// longer than liveFor — not when the validator merely read a backlog late, not for a
+// first announcement, not for an old announcement delivered after newer ones, and not for
+// a gap that began before the validator had listened for liveFor (announcements it missed
+// while starting).
 func TestTrainerSetCountsReturns(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	ann := func(at time.Time, started int64) *gossip.Announce {
@@ -25,28 +27,58 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		seq  []seen
+		seq  []seen // an entry without an announcement: the validator began to listen then (else a minute before t0)
 		want int
+		how  string // what the leader logs of the last return
 	}{
-		{"first announcement", []seen{{t0, ann(t0, 1)}}, 0},
-		{"steady", []seen{{t0, ann(t0, 1)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)}}, 0},
-		{"restarted", []seen{{t0, ann(t0, 1)}, {t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)}}, 1},
-		{"silent for longer than liveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(liveFor + 2*time.Second), ann(t0.Add(liveFor+2*time.Second), 1)}}, 1},
+		{"first announcement", []seen{{t0, ann(t0, 1)}}, 0, ""},
+		{"steady", []seen{{t0, ann(t0, 1)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)}}, 0, ""},
+		{"restarted", []seen{{t0, ann(t0, 1)}, {t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)}}, 1, "restarted"},
+		{"silent for longer than liveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(liveFor + 2*time.Second), ann(t0.Add(liveFor+2*time.Second), 1)}}, 1, "silent for 8s"},
 		{"a backlog read late is no silence", []seen{
 			{t0, ann(t0, 1)},
 			{t0.Add(20 * time.Second), ann(t0.Add(2*time.Second), 1)},
 			{t0.Add(20 * time.Second), ann(t0.Add(4*time.Second), 1)},
-		}, 0},
-		{"an old node without a start time", []seen{{t0, ann(t0, 0)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 0)}}, 0},
+		}, 0, ""},
+		{"an old node without a start time", []seen{{t0, ann(t0, 0)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 0)}}, 0, ""},
+		{"an old announcement delivered after newer ones", []seen{
+			{t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)},
+			{t0.Add(4 * time.Second), ann(t0.Add(4*time.Second), 1)},
+			{t0.Add(4 * time.Second), ann(t0, 1)},
+			{t0.Add(6 * time.Second), ann(t0.Add(liveFor+10*time.Millisecond), 1)},
+		}, 0, ""},
+		{"an old announcement of the previous process is no second restart", []seen{
+			{t0, ann(t0, 1)},
+			{t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)},
+			{t0.Add(3 * time.Second), ann(t0.Add(time.Second), 1)},
+			{t0.Add(5 * time.Second), ann(t0.Add(5*time.Second), 2)},
+		}, 1, "restarted"},
+		{"missed while the validator started", []seen{
+			{t0.Add(2 * time.Second), nil},
+			{t0.Add(3 * time.Second), ann(t0, 1)},
+			{t0.Add(6 * time.Second), ann(t0.Add(liveFor+10*time.Millisecond), 1)},
+		}, 0, ""},
+		{"silent once the validator had listened", []seen{
+			{t0.Add(2 * time.Second), nil},
+			{t0.Add(3 * time.Second), ann(t0, 1)},
+			{t0.Add(8 * time.Second), ann(t0.Add(8*time.Second), 1)},
+			{t0.Add(16 * time.Second), ann(t0.Add(16*time.Second), 1)},
+		}, 1, "silent for 8s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := newTrainerSet()
+			ts.since = t0.Add(-time.Minute)
 			for _, s := range tc.seq {
+				if s.a == nil {
+					ts.since = s.read
+					continue
+				}
 				ts.now = func() time.Time { return s.read }
 				ts.seen("p", s.a)
 			}
 			require.Equal(t, tc.want, ts.returns("p"))
+			require.Equal(t, tc.how, ts.returnedHow("p"))
 		})
 	}
 }
