@@ -37,6 +37,8 @@ test-go:
 	@# The 16-trainer scale cluster (issue 16) runs alone, after the packages above: beside
 	@# the e2e package's real processes its 19 in-process nodes starve for CPU on 2 cores.
 	P2PNODE_SCALE_16=1 $(GO) test -race -count=1 -timeout 10m -run 'TestMocknetScale16Trainers$$' ./node/
+	@# The one-third-attackers matrix, short form (issue 12, docs/security.md): alone too.
+	P2PNODE_ATTACK_MATRIX=short $(GO) test -race -count=1 -timeout 15m -run 'TestOneThirdAttackers$$' ./node/
 
 test-py:
 	cd pyruntime/python && $(PY) -m unittest discover -s tests -t . -v 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}
