@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
+
+	"github.com/p2pnode/p2pnode/gossip"
 )
 
 // TestLeaderWaitingForMinGroupKeepsItsRound: the round's leader waits for a minimum group
@@ -93,11 +95,31 @@ func dropFirstAttestationsOption() fx.Option {
 type dropAttestationsBus struct{ Bus }
 
 func (b *dropAttestationsBus) Subscribe() *Inbox {
-	src := b.Bus.Subscribe()
+	seen := map[string]bool{}
+	return relayInbox(b.Bus.Subscribe(), inboxFilter{
+		attestations: func(m Received[gossip.Attestation], out *Inbox) {
+			key := m.From + string(m.Msg.Head)
+			if seen[key] {
+				offer(out.Attestations, m)
+			}
+			seen[key] = true
+		},
+	})
+}
+
+// inboxFilter is what relayInbox does with leases and attestations; nil passes them on.
+// The filters run on the relay's goroutine, one message at a time.
+type inboxFilter struct {
+	leases       func(m Received[gossip.Leases], out *Inbox)
+	attestations func(m Received[gossip.Attestation], out *Inbox)
+}
+
+// relayInbox relays src into a new inbox, through f, until the new inbox is closed (which
+// closes src): test buses hold back or drop some messages this way.
+func relayInbox(src *Inbox, f inboxFilter) *Inbox {
 	done := make(chan struct{})
 	var once sync.Once
 	out := newInbox(func() { once.Do(func() { close(done); src.Close() }) })
-	seen := map[string]bool{}
 	go func() {
 		for {
 			select {
@@ -106,7 +128,11 @@ func (b *dropAttestationsBus) Subscribe() *Inbox {
 			case m := <-src.Announces:
 				offer(out.Announces, m)
 			case m := <-src.Leases:
-				offer(out.Leases, m)
+				if f.leases != nil {
+					f.leases(m, out)
+				} else {
+					offer(out.Leases, m)
+				}
 			case m := <-src.Contributions:
 				offer(out.Contributions, m)
 			case m := <-src.Heads:
@@ -114,11 +140,11 @@ func (b *dropAttestationsBus) Subscribe() *Inbox {
 			case m := <-src.Releases:
 				offer(out.Releases, m)
 			case m := <-src.Attestations:
-				key := m.From + string(m.Msg.Head)
-				if seen[key] {
+				if f.attestations != nil {
+					f.attestations(m, out)
+				} else {
 					offer(out.Attestations, m)
 				}
-				seen[key] = true
 			}
 		}
 	}()

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -148,52 +147,32 @@ type lateLeaderBus struct {
 }
 
 func (b *lateLeaderBus) Subscribe() *Inbox {
-	src := b.Bus.Subscribe()
-	done := make(chan struct{})
-	var once sync.Once
-	out := newInbox(func() { once.Do(func() { close(done); src.Close() }) })
-	go func() {
-		var held []Received[gossip.Leases]
-		released := false
-		for {
-			select {
-			case <-done:
-				return
-			case m := <-src.Announces:
-				offer(out.Announces, m)
-			case m := <-src.Contributions:
-				offer(out.Contributions, m)
-			case m := <-src.Heads:
-				offer(out.Heads, m)
-			case m := <-src.Releases:
-				offer(out.Releases, m)
-			case m := <-src.Attestations:
-				offer(out.Attestations, m)
-			case m := <-src.Leases:
-				if !released && m.Msg.Round == b.h.round {
-					order := []string{}
-					if base, err := cid.Cast(m.Msg.Base); err == nil {
-						order = lease.Leaders(b.h.validators, base)
-					}
-					if len(order) > 1 && order[1] == b.self {
-						switch m.From {
-						case order[0]:
-							held = append(held, m)
-							continue
-						case b.self:
-							released = true
-							for _, x := range held {
-								offer(out.Leases, x)
-							}
-							held = nil
+	var held []Received[gossip.Leases]
+	released := false
+	return relayInbox(b.Bus.Subscribe(), inboxFilter{
+		leases: func(m Received[gossip.Leases], out *Inbox) {
+			if !released && m.Msg.Round == b.h.round {
+				order := []string{}
+				if base, err := cid.Cast(m.Msg.Base); err == nil {
+					order = lease.Leaders(b.h.validators, base)
+				}
+				if len(order) > 1 && order[1] == b.self {
+					switch m.From {
+					case order[0]:
+						held = append(held, m)
+						return
+					case b.self:
+						released = true
+						for _, x := range held {
+							offer(out.Leases, x)
 						}
+						held = nil
 					}
 				}
-				offer(out.Leases, m)
 			}
-		}
-	}()
-	return out
+			offer(out.Leases, m)
+		},
+	})
 }
 
 // TestGrantLogTellsForeignLeases: a contribution's lease is another validator's when that
