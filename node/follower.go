@@ -84,9 +84,7 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 	var lastHeard time.Time
 	// heard takes in a grant or heartbeat of a validator ahead.
 	heard := func(l Received[gossip.Leases]) {
-		if v.isValidator(l.From) {
-			v.grants.record(v.self, l.From, l.Msg) // should this validator lead, accept reads them
-		}
+		v.recordGrant(l)
 		if l.Msg.Round != r || !slices.Equal(l.Msg.Base, baseID.Bytes()) || !slices.Contains(ahead, l.From) {
 			return
 		}

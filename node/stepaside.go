@@ -110,16 +110,26 @@ func (g *grantLog) prune(below uint64) {
 // remembers the leases of other validators (accept), and notes a validator after this one
 // in the round's order that leads the same round: it took the round over.
 func (v *validator) grantHeard(r *openRound, l Received[gossip.Leases]) {
-	if !v.isValidator(l.From) {
+	if !v.recordGrant(l) {
 		return
 	}
-	v.grants.record(v.self, l.From, l.Msg)
 	if r.takenBy != "" || l.Msg.Round != r.round || !slices.Equal(l.Msg.Base, r.baseID.Bytes()) {
 		return
 	}
 	if k := slices.Index(r.order, l.From); k > r.rank {
 		r.takenBy = l.From
 	}
+}
+
+// recordGrant remembers the leases of a grant or heartbeat from another validator (accept
+// reads them, should this validator lead the round), and says whether it came from a
+// validator at all.
+func (v *validator) recordGrant(l Received[gossip.Leases]) bool {
+	if !v.isValidator(l.From) {
+		return false
+	}
+	v.grants.record(v.self, l.From, l.Msg)
+	return true
 }
 
 // drainGrants reads the grants queued in the inbox: before a contribution is judged (its
@@ -165,10 +175,9 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 		}
 	}
 	heard := func(l Received[gossip.Leases]) {
-		if !v.isValidator(l.From) {
+		if !v.recordGrant(l) {
 			return
 		}
-		v.grants.record(v.self, l.From, l.Msg)
 		if l.Msg.Round == r.round && slices.Equal(l.Msg.Base, r.baseID.Bytes()) && slices.Contains(later, l.From) {
 			alive(time.UnixMilli(l.Msg.Deadline).Add(leaseGrace))
 		}

@@ -139,9 +139,7 @@ func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
 			v.trainers.seen(a.From, a.Msg)
 		case <-in.Contributions:
 		case l := <-in.Leases:
-			if v.isValidator(l.From) {
-				v.grants.record(v.self, l.From, l.Msg)
-			}
+			v.recordGrant(l)
 		case h := <-in.Heads:
 			v.verifyAndAttest(ctx, h.From, h.Msg)
 		}
