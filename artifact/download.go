@@ -40,9 +40,8 @@ type download struct {
 
 	mu      sync.Mutex
 	hints   []peer.ID
-	tried   map[peer.ID]error     // peers used (or asked) in this download, and why they left
-	leftAt  map[peer.ID]time.Time // when a peer left with an error (see retryLeft)
-	peersCh chan struct{}         // a new holder may be available
+	tried   map[peer.ID]peerTry // peers used (or asked) in this download, and how they left
+	peersCh chan struct{}       // a new holder may be available
 
 	// Set once the manifest is known.
 	m       *Manifest
@@ -61,8 +60,7 @@ func newDownload(x *Exchange, id cid.Cid, hints []peer.ID, prev *download) *down
 		log:     x.log.With("artifact", id.String()),
 		done:    make(chan struct{}),
 		refs:    1,
-		tried:   make(map[peer.ID]error),
-		leftAt:  make(map[peer.ID]time.Time),
+		tried:   make(map[peer.ID]peerTry),
 		peersCh: make(chan struct{}, 1),
 		fatalCh: make(chan error, 1),
 	}
@@ -113,8 +111,8 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, 
 		// A peer that left with an error (its node restarted, a stream broke) is asked
 		// again once retryLeft has passed: otherwise a download whose only other holders
 		// are partial ones lacking the same chunks waits on them for ever.
-		err, used := d.tried[p]
-		again := used && err != nil && now.Sub(d.leftAt[p]) >= retryLeft
+		try, used := d.tried[p]
+		again := used && try.err != nil && now.Sub(try.leftAt) >= retryLeft
 		return (!used || again) && !also[p] && p != self && p != "" && !d.x.book.isPenalised(p, now)
 	}
 	d.mu.Lock()
@@ -123,7 +121,7 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, 
 		if also != nil {
 			also[p] = true
 		} else {
-			d.tried[p] = nil
+			d.tried[p] = peerTry{}
 		}
 		return p, known, true
 	}
@@ -150,19 +148,23 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, 
 // peerLeft records why p stopped serving this download.
 func (d *download) peerLeft(p peer.ID, err error) {
 	d.mu.Lock()
-	d.tried[p] = err
-	if err != nil {
-		d.leftAt[p] = time.Now()
-	}
+	d.tried[p] = peerTry{err: err, leftAt: time.Now()}
 	d.mu.Unlock()
+}
+
+// peerTry is how a peer used in a download left it: err nil while it serves or after it
+// finished cleanly; leftAt matters only with an error (see retryLeft).
+type peerTry struct {
+	err    error
+	leftAt time.Time
 }
 
 // peerErrors summarises why every peer tried failed, for the final error.
 func (d *download) peerErrors() (errs []error, notFound int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for p, err := range d.tried {
-		switch {
+	for p, try := range d.tried {
+		switch err := try.err; {
 		case err == nil:
 		case errors.Is(err, errPeerLacks):
 			notFound++
