@@ -66,6 +66,9 @@ type openRound struct {
 	// foreign are the trainers that reported under another validator's lease of the round
 	// (they were busy with its work): a lease of this validator they then miss is no strike.
 	foreign map[string]bool
+	// held are the contributions whose lease no grant heard so far names, with their
+	// artifacts: their verdict waits for the round's end here (hold, settleHeld).
+	held map[heldKey]string
 }
 
 type received struct {
@@ -85,8 +88,10 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	}
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
 		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
-		order: lease.Leaders(v.validators, baseID), foreign: map[string]bool{}}
+		order: lease.Leaders(v.validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{}}
 	r.rank = slices.Index(r.order, v.self)
+	// Whatever way the round ends here, no verdict is left waiting.
+	defer v.settleHeld(r, true)
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
@@ -115,6 +120,8 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 			v.drainGrants(r, in)
 			if r.takenBy != "" {
 				err = errTakenOver
+			} else {
+				v.settleHeld(r, true) // before the proposal: its notes count the rejections
 			}
 		}
 		if errors.Is(err, errTakenOver) {
@@ -546,7 +553,14 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 			reject(false, reasonForeignLease, "lease %s was granted by %s, another validator leading round %d",
 				leaseID, v.grants.issuer(r.round, r.baseID, leaseID, from), r.round)
 		default:
-			reject(true, "no_lease", "lease %s was not granted to %s", leaseID, from)
+			// Maybe another validator's lease whose grant has not reached this one yet.
+			art := ""
+			if id, err := cid.Cast(delta); err == nil {
+				art = id.String()
+			}
+			if !v.hold(r, from, leaseID, art) {
+				reject(true, "no_lease", "lease %s was not granted to %s", leaseID, from)
+			}
 		}
 		return
 	}

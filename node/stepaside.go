@@ -1,8 +1,10 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -35,7 +37,10 @@ import (
 //   - a contribution made under the lease of another validator of the experiment, for the
 //     same round and base, is rejected as foreign_lease without a strike toward
 //     quarantine: the trainer did what a validator asked, the mix-up is the validators'
-//     (accept). A lease nobody is known to have granted still strikes (no_lease).
+//     (accept). A contribution can reach the new leader before the grant that carried its
+//     lease (that validator's messages reach it late): its verdict then waits for the
+//     round's end here (hold, settleHeld); a lease no validator is known to have granted by
+//     then still strikes (no_lease).
 
 // errTakenOver means a validator after this one in the round's order leads the round.
 var errTakenOver = errors.New("a later validator in the order took the round over")
@@ -112,6 +117,9 @@ func (g *grantLog) prune(below uint64) {
 func (v *validator) grantHeard(r *openRound, l Received[gossip.Leases]) {
 	if !v.recordGrant(l) {
 		return
+	}
+	if len(r.held) > 0 {
+		v.settleHeld(r, false)
 	}
 	if r.takenBy != "" || l.Msg.Round != r.round || !slices.Equal(l.Msg.Base, r.baseID.Bytes()) {
 		return
@@ -232,5 +240,82 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 			v.status.event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
 			return v.lead(ctx, in, r.baseID, r.base, r.attempt+1)
 		}
+	}
+}
+
+// maxHeldPerTrainer bounds the contributions of one trainer under unknown leases whose
+// verdict waits in one round: an honest trainer holds at most one lease of each other
+// validator that leads the round.
+const maxHeldPerTrainer = 2
+
+// reasonUnknownLease bars a trainer whose contribution names a lease no grant heard so far
+// names: its verdict (foreign_lease or no_lease) waits (hold).
+const reasonUnknownLease = "unknown_lease"
+
+// heldKey is a contribution whose verdict waits: its trainer and the lease it names.
+type heldKey struct {
+	trainer string
+	lease   cid.Cid
+}
+
+// hold keeps the verdict on from's contribution under lease id, which neither this
+// validator nor any grant heard so far granted, until the round ends here (settleHeld):
+// the grant of another validator leading the round can reach this one after a
+// contribution made under it (its grants reach this validator late: that is why it took
+// the round over). The trainer is barred from the round at once, as for any rejection: a
+// peer that holds one of this validator's leases and announces under a made-up one must
+// not hold the attempt open. It reports false, and holds nothing, when the trainer already
+// has maxHeldPerTrainer verdicts waiting (or the round maxGrantsKept): that contribution
+// strikes at once.
+func (v *validator) hold(r *openRound, from string, id cid.Cid, artifact string) bool {
+	k := heldKey{trainer: from, lease: id}
+	if _, dup := r.held[k]; dup || len(r.held) >= maxGrantsKept {
+		return false
+	}
+	n := 0
+	for h := range r.held {
+		if h.trainer == from {
+			n++
+		}
+	}
+	if n >= maxHeldPerTrainer {
+		return false
+	}
+	if r.held == nil {
+		r.held = map[heldKey]string{}
+	}
+	r.held[k] = artifact
+	if r.book.Bar(from, reasonUnknownLease) {
+		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+	}
+	v.log.Debug("contribution under a lease no grant heard names; its verdict waits for the round's end", "round", r.round,
+		"peer", from, "lease", id.String(), "artifact", artifact)
+	return true
+}
+
+// settleHeld gives the verdicts that wait (hold): a contribution whose lease another
+// validator is now known to have granted its trainer for the round (a grant heard since)
+// is rejected as foreign_lease, without a strike; with final (the round ends here), every
+// other one is rejected as no_lease, a strike, as it would have been at once. Only a grant
+// gossip admitted from the validator it names clears a contribution (grantLog), so a peer
+// that makes a lease up gains a delay of one round at most, never a pass.
+func (v *validator) settleHeld(r *openRound, final bool) {
+	keys := slices.SortedFunc(maps.Keys(r.held), func(a, b heldKey) int {
+		return cmp.Or(cmp.Compare(a.trainer, b.trainer), cmp.Compare(a.lease.KeyString(), b.lease.KeyString()))
+	})
+	for _, k := range keys {
+		art := r.held[k]
+		switch issuer := v.grants.issuer(r.round, r.baseID, k.lease, k.trainer); {
+		case issuer != "":
+			r.foreign[k.trainer] = true
+			v.rejected(k.trainer, r.round, reasonForeignLease, sprintf("lease %s was granted by %s, another validator leading round %d (its grant was read after the contribution)",
+				k.lease, issuer, r.round), art)
+		case final:
+			v.rejected(k.trainer, r.round, "no_lease", sprintf("lease %s was not granted to %s by any validator heard by the round's end", k.lease, k.trainer), art)
+		default:
+			continue
+		}
+		r.rejected++
+		delete(r.held, k)
 	}
 }
