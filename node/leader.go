@@ -344,6 +344,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 		leased[p] = len(l.Microshards)
 	}
 	r.book.Grant(msg.Leases)
+	// Its own leases too: should it step aside and lead the round again, a contribution
+	// under one of them is late, not unknown.
+	v.grants.record(v.self, msg)
 	v.updateValidatorStatus(func(vs *ValidatorStatus) {
 		*vs = ValidatorStatus{Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
 			Quarantined: v.quarantine.List(r.round), Barred: r.book.Barred(), Rejections: vs.Rejections, Recent: vs.Recent}
@@ -417,9 +420,9 @@ func (v *validator) expire(r *openRound) {
 		v.metrics.leaseEnded("expired")
 		v.log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", p, "microshards", n)
 		v.status.event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, p, n)
-		if r.foreign[p] {
-			// It trained another validator's lease of this round first (two validators
-			// led it): not its fault.
+		if r.foreign[p] || v.staleForeign(r, p) {
+			// It trained another validator's lease of this round, or of the round before
+			// whose head could not merge it, first (two validators led it): not its fault.
 			continue
 		}
 		v.missed(p, r.round, "expired")
@@ -519,7 +522,10 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 	}
 	if c.Round != r.round || !slices.Equal(c.Base, r.baseID.Bytes()) {
 		if c.Round < r.round {
-			return // late for a closed round: nothing to do
+			// Late for a closed round: nothing to judge, but it may tell why its trainer
+			// misses its lease of this one (staleForeign).
+			v.noteReport(from, c, r.round)
+			return
 		}
 		// A trainer leased in this round that reports on another base has failed its lease:
 		// barred, its microshards go back to the pool now rather than at the deadline.
@@ -545,6 +551,9 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		switch {
 		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
 			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
+		case v.grants.issuer(r.round, r.baseID, leaseID, from) == v.self:
+			// This validator granted it when it led the round before it stepped aside.
+			reject(false, "late", "lease %s was granted by this validator before it stepped aside in round %d", leaseID, r.round)
 		case v.grants.issuer(r.round, r.baseID, leaseID, from) != "":
 			// Another validator leads (or led) this round too, and the trainer worked for it:
 			// no strike, and it may still report on its lease of this validator. Its update

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
@@ -52,11 +53,12 @@ const reasonForeignLease = "foreign_lease"
 // maxGrantsKept bounds the leases of one round a validator remembers from the others' grants.
 const maxGrantsKept = 1 << 14
 
-// grantLog remembers the leases the other validators granted for rounds not yet closed
-// here, so that the leader of a round can tell a contribution made under another
-// validator's lease from one under a lease nobody granted. Gossip admits a grant only
-// from the validator it names as issuer (gossip.checkLeases), so a lease recorded here was
-// granted by that validator.
+// grantLog remembers the leases the validators (this one too) granted for the round open
+// here and the one closed last, so that the leader of a round can tell a contribution made
+// under another validator's lease from one under a lease nobody granted, and a trainer
+// busy with another validator's lease of the round before (staleForeign). Gossip admits a
+// grant only from the validator it names as issuer (gossip.checkLeases), so a lease
+// recorded here was granted by that validator.
 type grantLog struct {
 	rounds map[uint64]map[cid.Cid]grantedLease
 }
@@ -69,10 +71,10 @@ type grantedLease struct {
 
 func newGrantLog() *grantLog { return &grantLog{rounds: map[uint64]map[cid.Cid]grantedLease{}} }
 
-// record takes in a grant published by from, a validator other than self; leases in it
-// that name another issuer, round or base than the grant are not recorded.
-func (g *grantLog) record(self, from string, m *gossip.Leases) {
-	if from == self || m.Issuer != from || len(m.Leases) == 0 {
+// record takes in a grant published by from; leases in it that name another issuer,
+// round or base than the grant are not recorded.
+func (g *grantLog) record(from string, m *gossip.Leases) {
+	if m.Issuer != from || len(m.Leases) == 0 {
 		return
 	}
 	kept := g.rounds[m.Round]
@@ -136,7 +138,7 @@ func (v *validator) recordGrant(l Received[gossip.Leases]) bool {
 	if !v.isValidator(l.From) {
 		return false
 	}
-	v.grants.record(v.self, l.From, l.Msg)
+	v.grants.record(l.From, l.Msg)
 	return true
 }
 
@@ -210,6 +212,7 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 			v.trainers.seen(a.From, a.Msg)
 		case c := <-in.Contributions:
 			v.noteSpeed(c.From, c.Msg)
+			v.noteReport(c.From, c.Msg, r.round)
 		case <-in.Attestations:
 		case <-in.Releases:
 		case l := <-in.Leases:
@@ -318,4 +321,76 @@ func (v *validator) settleHeld(r *openRound, final bool) {
 		r.rejected++
 		delete(r.held, k)
 	}
+}
+
+// staleReport is the last contribution a trainer was read to report on a lease another
+// validator is known to have granted it (grantLog), and the round open here when it was
+// read.
+type staleReport struct {
+	round  uint64
+	lease  cid.Cid
+	readIn uint64
+}
+
+// noteReport takes in a contribution read while round open is open here, in any loop
+// (leading, following or standing aside): the leader of a round tells by it a trainer that
+// missed its lease because it was still training a lease of the round before, granted by a
+// validator whose leases that round's head could not merge (staleForeign). Only leases in
+// the grant log are kept, so the reports are bounded like the grant log.
+func (v *validator) noteReport(from string, c *gossip.Contribution, open uint64) {
+	id, err := cid.Cast(c.Lease)
+	base, berr := cid.Cast(c.Base)
+	if c.Peer != from || err != nil || berr != nil || v.grants.issuer(c.Round, base, id, from) == "" {
+		return
+	}
+	v.reports[from] = staleReport{round: c.Round, lease: id, readIn: open}
+}
+
+// forgetClosed drops what this validator remembers of the rounds before closed, the round
+// whose head is now canonical here: the grants of closed itself are kept for one more
+// round, to tell a trainer busy with a lease of it (staleForeign).
+func (v *validator) forgetClosed(closed uint64) {
+	if closed > 0 {
+		v.grants.prune(closed - 1)
+	}
+	for p, rep := range v.reports {
+		if rep.readIn <= closed {
+			delete(v.reports, p)
+		}
+	}
+}
+
+// staleForeign says whether trainer p, whose lease of round r expired, was busy with a
+// lease of the round before that a validator other than that round's proposer granted it:
+// it reported on that lease while round r was open here. Two validators led the round
+// before; the proposal of one lists only its own leases, so the other's could never be
+// merged, and the trainer only did what a validator asked. A lease of the proposer itself
+// does not count (a slow trainer's report that missed the merge), nor a lease nobody is
+// known to have granted, nor a report read before round r opened here.
+func (v *validator) staleForeign(r *openRound, p string) bool {
+	rep, ok := v.reports[p]
+	if !ok || rep.readIn != r.round || rep.round+1 != r.round || r.base == nil || r.base.Round != rep.round {
+		return false
+	}
+	parent, err := cid.Cast(r.base.Parent)
+	if err != nil {
+		return false
+	}
+	issuer := v.grants.issuer(rep.round, parent, rep.lease, p)
+	proposer := v.proposerOf(r.base, parent)
+	return issuer != "" && proposer != "" && issuer != proposer
+}
+
+// proposerOf returns the validator that proposed h, on parent, as the grant log tells it:
+// the issuer of the leases it merged (a proposal lists only its proposer's), or "" when the
+// grant log names none of them.
+func (v *validator) proposerOf(h *chain.Head, parent cid.Cid) string {
+	for _, c := range h.Contributions {
+		if id, err := cid.Cast(c.Lease); err == nil {
+			if p := v.grants.issuer(h.Round, parent, id, c.Peer); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }

@@ -99,3 +99,58 @@ func TestForeignLeaseHeardAfterItsContribution(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleForeignLeaseIsNoMiss: round 5 had two leaders: B stepped aside for C, whose
+// head became canonical. Trainer t1 was still training B's lease of round 5 when the chain
+// moved on, so the lease A granted it for round 6 expires while t1 reports B's. A trainer
+// that did what a validator asked is not struck for that miss. Every other late report
+// leaves the miss a strike: one on a lease of the round's proposer (its own lease, not
+// merged: the trainer was slow), on a lease nobody granted, on a lease of another trainer,
+// one read before round 6 opened here (it was free to train A's lease), or none.
+func TestStaleForeignLeaseIsNoMiss(t *testing.T) {
+	vs := []string{"A", "B", "C"}
+	parent := cids.Record([]byte("head of round 4"))
+	mk := func(issuer, trainer string) lease.Lease {
+		return lease.Lease{Round: 5, Base: parent.Bytes(), Trainer: trainer, Microshards: []uint32{1}, Expiry: 1, Issuer: issuer}
+	}
+	byB, byC, merged := mk("B", "t1"), mk("C", "t1"), mk("C", "t2")
+	h5 := &chain.Head{Round: 5, Parent: parent.Bytes(), Contributions: []chain.Contribution{{Peer: "t2", Lease: merged.ID().Bytes()}}}
+	h5ID := cids.Record([]byte("head of round 5"))
+	report := func(l lease.Lease) *gossip.Contribution {
+		return &gossip.Contribution{Round: 5, Base: parent.Bytes(), Lease: l.ID().Bytes(), Peer: "t1",
+			Delta: cids.Record([]byte("t1's late delta")).Bytes(), Microshards: l.Microshards, Samples: 8}
+	}
+	for _, tc := range []struct {
+		name   string
+		report *gossip.Contribution
+		early  bool // read while round 5 was still open here
+		struck bool
+	}{
+		{"report on the lease of a leader that stepped aside", report(byB), false, false},
+		{"report on a lease of the round's proposer", report(byC), false, true},
+		{"report on a lease nobody granted", report(mk("B", "t9")), false, true},
+		{"report on another trainer's lease", report(merged), false, true},
+		{"report read before the round opened here", report(byB), true, true},
+		{"no report", nil, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, r := leadingValidator(t, "A", vs, 6, h5ID, h5)
+			v.grants.record("B", &gossip.Leases{Round: 5, Base: parent.Bytes(), Issuer: "B", Leases: []lease.Lease{byB}})
+			v.grants.record("C", &gossip.Leases{Round: 5, Base: parent.Bytes(), Issuer: "C", Leases: []lease.Lease{byC, merged}})
+			if tc.report != nil && tc.early {
+				v.noteReport("t1", tc.report, 5) // as follow reads it in round 5
+			}
+			v.forgetClosed(h5.Round) // round 6 opens here
+			mine := lease.Lease{Round: 6, Base: h5ID.Bytes(), Trainer: "t1", Microshards: []uint32{2}, Expiry: 1, Issuer: "A"}
+			r.leases[mine.ID()] = mine
+			r.book.Grant([]lease.Lease{mine})
+			require.False(t, v.quarantine.Miss("t1", 6), "one miss before: the next one quarantines")
+			if tc.report != nil && !tc.early {
+				v.accept(t.Context(), r, "t1", tc.report)
+			}
+			v.expire(r)
+			require.Equal(t, tc.struck, v.quarantine.Quarantined("t1", 7), "the expired lease of round 6 struck t1")
+			require.Empty(t, rejections(v), "a report for a closed round is not judged again")
+		})
+	}
+}
