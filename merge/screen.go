@@ -97,6 +97,12 @@ func Screen(deltas [][]float32, cfg ScreenConfig, workers int) ([]Verdict, error
 // ScreenWith is Screen with the history of earlier rounds and a reference vector (nil for
 // none): the whole cohort is one block of a Screening.
 func ScreenWith(deltas [][]float32, ref []float32, hist History, cfg ScreenConfig, workers int) ([]Verdict, error) {
+	return ScreenOnProbation(deltas, ref, hist, nil, cfg, workers)
+}
+
+// ScreenOnProbation is ScreenWith with the deltas on probation marked (nil for none; see
+// Screening.SetProbation).
+func ScreenOnProbation(deltas [][]float32, ref []float32, hist History, probation []bool, cfg ScreenConfig, workers int) ([]Verdict, error) {
 	n := 0
 	if len(deltas) > 0 {
 		n = len(deltas[0])
@@ -108,6 +114,9 @@ func ScreenWith(deltas [][]float32, ref []float32, hist History, cfg ScreenConfi
 	}
 	s, err := NewScreening(cfg, hist, len(deltas), n, ref != nil, workers)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.SetProbation(probation); err != nil {
 		return nil, err
 	}
 	if err := s.AddNorms(0, deltas); err != nil {

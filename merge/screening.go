@@ -37,7 +37,9 @@ import (
 // history holds HistoryWarmup rounds and, when CosineTolerance > 0, mean −
 // CosineTolerance × max(spread, MinSpread) of the cosines accepted in recent rounds
 // afterwards, capped at half that mean and raised to the floor max(*MinCosine, noise bar)
-// while the accepted cosines clear the floor by FloorZ spreads (see bar).
+// while the accepted cosines clear the floor by FloorZ spreads (see bar). Deltas on
+// probation (SetProbation: senders the chain has not merged often enough recently) are
+// held to at least the floor once the history is warm, whatever the calibrated bar.
 //
 // Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
 // end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
@@ -59,6 +61,8 @@ type Screening struct {
 	cohort   bool // cohort cosine check
 	refCheck bool // reference cosine check (a small cohort's only one; a cohort's second)
 	pair     bool // two survivors: their mutual cosine is computed (U summed over both)
+
+	probation []bool // deltas held to the floor once the history is warm (SetProbation)
 
 	inv      []float32 // 1/‖d_k‖ of the survivors
 	unit     []float32 // U for the current block
@@ -219,6 +223,28 @@ func (s *Screening) decideNorms() {
 	s.dotU, s.dotR = make([]float64, s.k), make([]float64, s.k)
 }
 
+// SetProbation marks the deltas (one flag per delta, in input order) whose senders are on
+// probation: peers the chain has not merged often enough recently to trust (new ones, and
+// ones back from quarantine). Once the history is warm, the cosine bar a delta on probation
+// is held to is never below the floor max(*MinCosine, noise bar), whatever the calibrated
+// bar says: a delta of a peer that has not earned trust must point along the others (or,
+// in a small cohort, along the momentum) better than a random direction does. The
+// calibrated bar of a converging run can fall far below zero (the digits process rows:
+// −0.45 at round 11, when three attackers came back from quarantine and their sign flips
+// and noise were merged). Call it before the cosine pass completes; nil clears it.
+func (s *Screening) SetProbation(p []bool) error {
+	if p != nil && len(p) != s.k {
+		return fmt.Errorf("screen probation: %w: %d flags for %d deltas", ErrLengthMismatch, len(p), s.k)
+	}
+	if s.finished {
+		return fmt.Errorf("screen probation: %w: cosine pass already complete", ErrBadOption)
+	}
+	s.probation = slices.Clone(p)
+	return nil
+}
+
+func (s *Screening) onProbation(k int) bool { return s.probation != nil && s.probation[k] }
+
 // NeedsCosines reports, once the first pass is complete, whether a second pass
 // (AddCosines) is needed.
 func (s *Screening) NeedsCosines() bool {
@@ -319,6 +345,7 @@ func (s *Screening) decideCosines() {
 	}
 	cohortBar := s.bar(s.hist.Cohort, s.roundMedian())
 	refBar := s.bar(s.hist.Ref, math.NaN())
+	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
 		if s.hasRef {
@@ -330,12 +357,18 @@ func (s *Screening) decideCosines() {
 		switch {
 		case s.cohort:
 			v.Bar, v.cohortRan = cohortBar, true
+			if s.onProbation(k) && s.hist.Cohort.N >= HistoryWarmup {
+				v.Bar = max(v.Bar, floor)
+			}
 			if v.Cosine >= v.Bar && refCheck && v.RefCosine < refBar {
 				v.Bar = refBar
 				v.reject(ReasonLowCosine)
 			}
 		case refCheck:
 			v.Bar = refBar
+			if s.onProbation(k) {
+				v.Bar = max(v.Bar, floor)
+			}
 		case pairCheck:
 			// Two updates and nothing else to compare them to: neither can be told odd,
 			// so when they disagree both are rejected (the fixed bar; the history's

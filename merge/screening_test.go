@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -412,5 +413,149 @@ func TestHonestConvergedUpdatesKept(t *testing.T) {
 		if rej*50 > total {
 			t.Errorf("signal %.2f: %d of %d honest updates rejected (want < 2 %%)", signal, rej, total)
 		}
+	}
+}
+
+// TestProbationAfterTheEarlyFall: the digits process rows merged noise and sign flips at
+// round 11, when three attackers came back from quarantine: honest cohort cosines had
+// fallen from 0.8 at round 2 to 0.2 at round 10 (round 9's lowest 0.04), and the
+// calibrated bar with them, to −0.45. Honest cosines then vary too much from round to
+// round for any floor test to hold the floor without rejecting honest updates, so peers
+// the chain has not merged recently are held to the floor instead. Here the history is
+// folded from ten such honest rounds (each trainer's share of a common direction differs,
+// the share falls round by round, and the direction turns, so the momentum agrees less
+// than the others do), then three of nine attack:
+//   - the calibrated bar is far below zero, and attackers it trusts are merged (the case
+//     probation does not cover: a peer that earned trust first);
+//   - on probation, noise and flips are rejected and the six honest updates pass;
+//   - six honest updates on probation (the whole cohort) pass too.
+func TestProbationAfterTheEarlyFall(t *testing.T) {
+	const n, k = 16384, 6
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	share := []float32{0.6, 0.8, 0.9, 1.1, 1.2, 1.4}
+	cohort := func(rng *rand.Rand, dir []float32, s float64, k int) [][]float32 {
+		out := make([][]float32, k)
+		for j := range out {
+			d := make([]float32, n)
+			for i := range d {
+				d[i] = float32(s)*share[j%len(share)]*dir[i] + float32(rng.NormFloat64())
+			}
+			out[j] = d
+		}
+		return out
+	}
+	for seed := uint64(1); seed <= 5; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		dir := gauss(rng, n, 1)
+		var hist History
+		var ref []float32
+		s := 0.0
+		for r := range 11 {
+			// The common part's scale s: pairwise cosines from 0.8 down to about 0.1, most
+			// of the fall in the first rounds.
+			rho := 0.1 + 0.7*math.Pow(0.6, float64(r))
+			s = math.Sqrt(rho / (1 - rho))
+			turn := gauss(rng, n, 1)
+			for i := range dir {
+				dir[i] = 0.8*dir[i] + 0.6*turn[i]
+			}
+			if r == 10 {
+				break
+			}
+			deltas := cohort(rng, dir, s, k)
+			v, err := ScreenWith(deltas, ref, hist, cfg, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				if !v[j].Accepted {
+					t.Fatalf("seed %d, round %d: honest delta %d rejected: %+v", seed, r, j, v[j])
+				}
+			}
+			hist = hist.Next(v)
+			ref = make([]float32, n)
+			if err := WeightedMean(ref, deltas, []float64{1, 1, 1, 1, 1, 1}, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		onProbation := func(ks ...int) []bool {
+			p := make([]bool, 9)
+			for _, k := range ks {
+				p[k] = true
+			}
+			return p
+		}
+		for _, tc := range []struct {
+			name      string
+			attack    func(*rand.Rand, []float32) []float32
+			probation []bool
+			merged    bool // the attackers' deltas are merged
+		}{
+			{"noise, trusted", noiseAttack, nil, true},
+			{"sign flip, trusted", flipAttack, nil, true},
+			{"noise, on probation", noiseAttack, onProbation(6, 7, 8), false},
+			{"sign flip, on probation", flipAttack, onProbation(6, 7, 8), false},
+			{"noise, everyone on probation", noiseAttack, onProbation(0, 1, 2, 3, 4, 5, 6, 7, 8), false},
+		} {
+			deltas := cohort(rng, dir, s, 9)
+			for j := 6; j < 9; j++ {
+				deltas[j] = tc.attack(rng, deltas[j])
+			}
+			v, err := ScreenOnProbation(deltas, ref, hist, tc.probation, cfg, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				want := !tc.merged && j >= 6
+				if (v[j].Reason == ReasonLowCosine) != want || (!want && !v[j].Accepted) {
+					t.Errorf("seed %d, %s, delta %d: %q (%+v), history %+v", seed, tc.name, j, v[j].Reason, v[j], hist.Cohort)
+				}
+			}
+		}
+		// An epoch's tail: one update, held to the momentum alone.
+		honest := cohort(rng, dir, s, 1)[0]
+		for _, tc := range []struct {
+			name      string
+			delta     []float32
+			probation bool
+			want      Reason
+		}{
+			{"lone honest, on probation", honest, true, ""},
+			{"lone sign flip, on probation", scaled(honest, -1), true, ReasonLowCosine},
+			{"lone noise, on probation", noiseAttack(rng, honest), true, ReasonLowCosine},
+		} {
+			v, err := ScreenOnProbation([][]float32{tc.delta}, ref, hist, []bool{tc.probation}, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v[0].Reason != tc.want {
+				t.Errorf("seed %d, %s: %q, want %q (%+v), history %+v", seed, tc.name, v[0].Reason, tc.want, v[0], hist.Ref)
+			}
+		}
+	}
+}
+
+// TestSetProbationErrors: one flag per delta, set before the cosine pass completes.
+func TestSetProbationErrors(t *testing.T) {
+	cfg := ScreenConfig{MinCosine: new(0.0)}
+	s, err := NewScreening(cfg, History{}, 3, 4, false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetProbation([]bool{true}); !errors.Is(err, ErrLengthMismatch) {
+		t.Errorf("1 flag for 3 deltas: %v, want ErrLengthMismatch", err)
+	}
+	if _, err := ScreenOnProbation([][]float32{{1, 0}, {1, 0}}, nil, History{}, []bool{true, false, true}, cfg, 1); !errors.Is(err, ErrLengthMismatch) {
+		t.Errorf("3 flags for 2 deltas: %v, want ErrLengthMismatch", err)
+	}
+	d := [][]float32{{1, 0, 0, 0}, {1, 0.1, 0, 0}, {1, 0, 0.1, 0}}
+	if err := s.AddNorms(0, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddCosines(0, d, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetProbation([]bool{true, true, true}); !errors.Is(err, ErrBadOption) {
+		t.Errorf("after the cosine pass: %v, want ErrBadOption", err)
 	}
 }

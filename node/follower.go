@@ -359,7 +359,7 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			return fmt.Errorf("%w: a lease for %s was issued by %s, not the proposer", lease.ErrInvalid, l.Trainer, l.Issuer)
 		}
 	}
-	recent := v.recentDeltas(baseID)
+	recent, merges := v.recentMerges(baseID)
 	cands := make([]round.Candidate, 0, len(m.Proposal.Candidates))
 	for _, c := range m.Proposal.Candidates {
 		delta, err := cid.Cast(c.Delta)
@@ -377,7 +377,8 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 		if err := v.bus.Fetch(ctx, delta, hint); err != nil {
 			return fmt.Errorf("fetch delta %s of %s: %w", delta, c.Peer, err)
 		}
-		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss})
+		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
+			Probation: onProbation(merges, c.Peer)})
 	}
 	return v.merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/round"
 )
 
@@ -38,7 +39,7 @@ type openRound struct {
 	deadline time.Time
 	window   time.Duration    // the last attempt's deadline, from its grant
 	merged   map[cid.Cid]bool // deltas merged in recent rounds: a replay is rejected
-	proven   map[string]bool  // trainers merged in recent rounds: served first at an epoch's tail
+	merges   map[string]int   // heads among the last replayWindow that merged each trainer: proven ones are served first at an epoch's tail
 	// book says who holds, reported or is barred from the round's leases, and what to do
 	// next (lease.Book): a peer that failed the round gets no further attempt in it.
 	book *lease.Book
@@ -93,7 +94,7 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	// Whatever way the round ends here, no verdict is left waiting.
 	defer v.settleHeld(r, true)
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
-	r.merged, r.proven = v.recentMerges(baseID)
+	r.merged, r.merges = v.recentMerges(baseID)
 	changed := v.tips.Changed()
 	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
 		return errHeadMoved // before changed was taken: it would not fire for that move
@@ -146,31 +147,37 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	}
 }
 
-// recentMerges returns the delta artifacts merged in the last replayWindow heads, and the
-// peers that contributed them.
-func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]bool) {
-	out, peers := map[cid.Cid]bool{}, map[string]bool{}
+// recentMerges returns the delta artifacts merged in the last replayWindow heads, and for
+// each peer the number of those heads that merged a contribution of it.
+func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]int) {
+	out, merges := map[cid.Cid]bool{}, map[string]int{}
 	n := 0
 	_ = v.heads.Walk(from, func(_ cid.Cid, h *chain.Head) error {
 		for _, c := range h.Contributions {
 			if id, err := cid.Cast(c.Artifact); err == nil {
 				out[id] = true
 			}
-			peers[c.Peer] = true
+			merges[c.Peer]++
 		}
 		if n++; n >= replayWindow {
 			return errStopped
 		}
 		return nil
 	})
-	return out, peers
+	return out, merges
 }
 
-// recentDeltas returns the delta artifacts merged in the last replayWindow heads.
-func (v *validator) recentDeltas(from cid.Cid) map[cid.Cid]bool {
-	d, _ := v.recentMerges(from)
-	return d
-}
+// trustMerges is how many of the last replayWindow heads must have merged a peer's
+// contributions for its next one to be screened without probation: as many as the rounds
+// screening needs to warm up, so that honest peers merged from the first round are trusted
+// by the time the calibrated bars take over. New peers, peers back from quarantine (whose
+// rejected updates were never merged) and peers away for replayWindow rounds are held to
+// the screening floor until then (merge.Screening.SetProbation). Every validator counts
+// the same heads, so the verdicts agree.
+const trustMerges = merge.HistoryWarmup
+
+// onProbation says whether a peer with these recent merges is on probation.
+func onProbation(merges map[string]int, peer string) bool { return merges[peer] < trustMerges }
 
 // issue waits until the round's book says what to do next: it returns true when the round
 // should close with what it received, or false once it has granted the next attempt's
@@ -200,7 +207,7 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 		barred := r.book.Barred()
 		nBarred := 0
 		for i, t := range live {
-			live[i].Proven = r.proven[t.Peer]
+			live[i].Proven = r.merges[t.Peer] > 0
 			if barred[t.Peer] != "" {
 				nBarred++
 			}
@@ -645,7 +652,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	for p, rc := range r.received {
 		delta, _ := cid.Cast(rc.msg.Delta)
 		cands = append(cands, round.Candidate{Peer: p, Delta: delta, Lease: rc.id, Samples: rc.msg.Samples,
-			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss})
+			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: onProbation(r.merges, p)})
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].Peer < cands[j].Peer })
 	var leases []lease.Lease

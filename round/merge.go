@@ -56,6 +56,10 @@ type Candidate struct {
 	Loss        float64
 	// Quality multiplies the sample-count weight (1 when unset).
 	Quality float64
+	// Probation holds the delta to the screening floor once the history is warm (see
+	// merge.Screening.SetProbation): the peer has not been merged often enough in recent
+	// heads to be trusted. Every validator derives it from the chain the same way.
+	Probation bool
 }
 
 // Rejection says why a candidate was not merged.
@@ -190,6 +194,13 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
+	probation := make([]bool, len(kept))
+	for k, c := range kept {
+		probation[k] = c.Probation
+	}
+	if err := screen.SetProbation(probation); err != nil {
+		return nil, err
+	}
 	in := newInputs(srcs, n, B)
 	all := make([]int, len(srcs))
 	for k := range all {
@@ -251,8 +262,11 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	for k, v := range verdicts {
 		c := kept[k]
 		if !v.Accepted {
-			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: string(v.Reason),
-				Detail: rejectionDetail(v)})
+			d := rejectionDetail(v)
+			if c.Probation {
+				d += ", on probation"
+			}
+			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: string(v.Reason), Detail: d})
 			continue
 		}
 		w := float64(c.Samples) * quality(c)
