@@ -145,6 +145,7 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 			}
 		case c := <-in.Contributions:
 			v.noteSpeed(c.From, c.Msg)
+			v.noteReport(c.From, c.Msg, r)
 		case l := <-in.Leases:
 			heard(l)
 		case a := <-in.Attestations:

@@ -66,6 +66,9 @@ type openRound struct {
 	// foreign are the trainers that reported under another validator's lease of the round
 	// (they were busy with its work): a lease of this validator they then miss is no strike.
 	foreign map[string]bool
+	// held are the contributions whose lease no grant heard so far names, with their
+	// artifacts: their verdict waits for the round's end here (hold, settleHeld).
+	held map[heldKey]string
 }
 
 type received struct {
@@ -85,8 +88,10 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 	}
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
 		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
-		order: lease.Leaders(v.validators, baseID), foreign: map[string]bool{}}
+		order: lease.Leaders(v.validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{}}
 	r.rank = slices.Index(r.order, v.self)
+	// Whatever way the round ends here, no verdict is left waiting.
+	defer v.settleHeld(r, true)
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.proven = v.recentMerges(baseID)
 	changed := v.tips.Changed()
@@ -115,6 +120,8 @@ func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *c
 			v.drainGrants(r, in)
 			if r.takenBy != "" {
 				err = errTakenOver
+			} else {
+				v.settleHeld(r, true) // before the proposal: its notes count the rejections
 			}
 		}
 		if errors.Is(err, errTakenOver) {
@@ -337,6 +344,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 		leased[p] = len(l.Microshards)
 	}
 	r.book.Grant(msg.Leases)
+	// Its own leases too: should it step aside and lead the round again, a contribution
+	// under one of them is late, not unknown.
+	v.grants.record(v.self, msg)
 	v.updateValidatorStatus(func(vs *ValidatorStatus) {
 		*vs = ValidatorStatus{Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
 			Quarantined: v.quarantine.List(r.round), Barred: r.book.Barred(), Rejections: vs.Rejections, Recent: vs.Recent}
@@ -410,9 +420,9 @@ func (v *validator) expire(r *openRound) {
 		v.metrics.leaseEnded("expired")
 		v.log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", p, "microshards", n)
 		v.status.event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, p, n)
-		if r.foreign[p] {
-			// It trained another validator's lease of this round first (two validators
-			// led it): not its fault.
+		if r.foreign[p] || v.staleForeign(r, p) {
+			// It trained another validator's lease of this round, or of the round before
+			// whose head could not merge it, first (two validators led it): not its fault.
 			continue
 		}
 		v.missed(p, r.round, "expired")
@@ -512,7 +522,10 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 	}
 	if c.Round != r.round || !slices.Equal(c.Base, r.baseID.Bytes()) {
 		if c.Round < r.round {
-			return // late for a closed round: nothing to do
+			// Late for a closed round: nothing to judge, but it may tell why its trainer
+			// misses its lease of this one (staleForeign).
+			v.noteReport(from, c, r.round)
+			return
 		}
 		// A trainer leased in this round that reports on another base has failed its lease:
 		// barred, its microshards go back to the pool now rather than at the deadline.
@@ -538,6 +551,9 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		switch {
 		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
 			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
+		case v.grants.issuer(r.round, r.baseID, leaseID, from) == v.self:
+			// This validator granted it when it led the round before it stepped aside.
+			reject(false, "late", "lease %s was granted by this validator before it stepped aside in round %d", leaseID, r.round)
 		case v.grants.issuer(r.round, r.baseID, leaseID, from) != "":
 			// Another validator leads (or led) this round too, and the trainer worked for it:
 			// no strike, and it may still report on its lease of this validator. Its update
@@ -546,7 +562,14 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 			reject(false, reasonForeignLease, "lease %s was granted by %s, another validator leading round %d",
 				leaseID, v.grants.issuer(r.round, r.baseID, leaseID, from), r.round)
 		default:
-			reject(true, "no_lease", "lease %s was not granted to %s", leaseID, from)
+			// Maybe another validator's lease whose grant has not reached this one yet.
+			art := ""
+			if id, err := cid.Cast(delta); err == nil {
+				art = id.String()
+			}
+			if !v.hold(r, from, leaseID, art) {
+				reject(true, "no_lease", "lease %s was not granted to %s", leaseID, from)
+			}
 		}
 		return
 	}

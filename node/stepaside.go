@@ -1,13 +1,16 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
 	"github.com/ipfs/go-cid"
 
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
@@ -35,7 +38,10 @@ import (
 //   - a contribution made under the lease of another validator of the experiment, for the
 //     same round and base, is rejected as foreign_lease without a strike toward
 //     quarantine: the trainer did what a validator asked, the mix-up is the validators'
-//     (accept). A lease nobody is known to have granted still strikes (no_lease).
+//     (accept). A contribution can reach the new leader before the grant that carried its
+//     lease (that validator's messages reach it late): its verdict then waits for the
+//     round's end here (hold, settleHeld); a lease no validator is known to have granted by
+//     then still strikes (no_lease).
 
 // errTakenOver means a validator after this one in the round's order leads the round.
 var errTakenOver = errors.New("a later validator in the order took the round over")
@@ -47,11 +53,12 @@ const reasonForeignLease = "foreign_lease"
 // maxGrantsKept bounds the leases of one round a validator remembers from the others' grants.
 const maxGrantsKept = 1 << 14
 
-// grantLog remembers the leases the other validators granted for rounds not yet closed
-// here, so that the leader of a round can tell a contribution made under another
-// validator's lease from one under a lease nobody granted. Gossip admits a grant only
-// from the validator it names as issuer (gossip.checkLeases), so a lease recorded here was
-// granted by that validator.
+// grantLog remembers the leases the validators (this one too) granted for the round open
+// here and the one closed last, so that the leader of a round can tell a contribution made
+// under another validator's lease from one under a lease nobody granted, and a trainer
+// busy with another validator's lease of the round before (staleForeign). Gossip admits a
+// grant only from the validator it names as issuer (gossip.checkLeases), so a lease
+// recorded here was granted by that validator.
 type grantLog struct {
 	rounds map[uint64]map[cid.Cid]grantedLease
 }
@@ -64,10 +71,10 @@ type grantedLease struct {
 
 func newGrantLog() *grantLog { return &grantLog{rounds: map[uint64]map[cid.Cid]grantedLease{}} }
 
-// record takes in a grant published by from, a validator other than self; leases in it
-// that name another issuer, round or base than the grant are not recorded.
-func (g *grantLog) record(self, from string, m *gossip.Leases) {
-	if from == self || m.Issuer != from || len(m.Leases) == 0 {
+// record takes in a grant published by from; leases in it that name another issuer,
+// round or base than the grant are not recorded.
+func (g *grantLog) record(from string, m *gossip.Leases) {
+	if m.Issuer != from || len(m.Leases) == 0 {
 		return
 	}
 	kept := g.rounds[m.Round]
@@ -113,6 +120,9 @@ func (v *validator) grantHeard(r *openRound, l Received[gossip.Leases]) {
 	if !v.recordGrant(l) {
 		return
 	}
+	if len(r.held) > 0 {
+		v.settleHeld(r, false)
+	}
 	if r.takenBy != "" || l.Msg.Round != r.round || !slices.Equal(l.Msg.Base, r.baseID.Bytes()) {
 		return
 	}
@@ -128,7 +138,7 @@ func (v *validator) recordGrant(l Received[gossip.Leases]) bool {
 	if !v.isValidator(l.From) {
 		return false
 	}
-	v.grants.record(v.self, l.From, l.Msg)
+	v.grants.record(l.From, l.Msg)
 	return true
 }
 
@@ -202,6 +212,7 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 			v.trainers.seen(a.From, a.Msg)
 		case c := <-in.Contributions:
 			v.noteSpeed(c.From, c.Msg)
+			v.noteReport(c.From, c.Msg, r.round)
 		case <-in.Attestations:
 		case <-in.Releases:
 		case l := <-in.Leases:
@@ -233,4 +244,153 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 			return v.lead(ctx, in, r.baseID, r.base, r.attempt+1)
 		}
 	}
+}
+
+// maxHeldPerTrainer bounds the contributions of one trainer under unknown leases whose
+// verdict waits in one round: an honest trainer holds at most one lease of each other
+// validator that leads the round.
+const maxHeldPerTrainer = 2
+
+// reasonUnknownLease bars a trainer whose contribution names a lease no grant heard so far
+// names: its verdict (foreign_lease or no_lease) waits (hold).
+const reasonUnknownLease = "unknown_lease"
+
+// heldKey is a contribution whose verdict waits: its trainer and the lease it names.
+type heldKey struct {
+	trainer string
+	lease   cid.Cid
+}
+
+// hold keeps the verdict on from's contribution under lease id, which neither this
+// validator nor any grant heard so far granted, until the round ends here (settleHeld):
+// the grant of another validator leading the round can reach this one after a
+// contribution made under it (its grants reach this validator late: that is why it took
+// the round over). The trainer is barred from the round at once, as for any rejection: a
+// peer that holds one of this validator's leases and announces under a made-up one must
+// not hold the attempt open. It reports false, and holds nothing, when the trainer already
+// has maxHeldPerTrainer verdicts waiting (or the round maxGrantsKept): that contribution
+// strikes at once.
+func (v *validator) hold(r *openRound, from string, id cid.Cid, artifact string) bool {
+	k := heldKey{trainer: from, lease: id}
+	if _, dup := r.held[k]; dup || len(r.held) >= maxGrantsKept {
+		return false
+	}
+	n := 0
+	for h := range r.held {
+		if h.trainer == from {
+			n++
+		}
+	}
+	if n >= maxHeldPerTrainer {
+		return false
+	}
+	if r.held == nil {
+		r.held = map[heldKey]string{}
+	}
+	r.held[k] = artifact
+	if r.book.Bar(from, reasonUnknownLease) {
+		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+	}
+	v.log.Debug("contribution under a lease no grant heard names; its verdict waits for the round's end", "round", r.round,
+		"peer", from, "lease", id.String(), "artifact", artifact)
+	return true
+}
+
+// settleHeld gives the verdicts that wait (hold): a contribution whose lease another
+// validator is now known to have granted its trainer for the round (a grant heard since)
+// is rejected as foreign_lease, without a strike; with final (the round ends here), every
+// other one is rejected as no_lease, a strike, as it would have been at once. Only a grant
+// gossip admitted from the validator it names clears a contribution (grantLog), so a peer
+// that makes a lease up gains a delay of one round at most, never a pass.
+func (v *validator) settleHeld(r *openRound, final bool) {
+	keys := slices.SortedFunc(maps.Keys(r.held), func(a, b heldKey) int {
+		return cmp.Or(cmp.Compare(a.trainer, b.trainer), cmp.Compare(a.lease.KeyString(), b.lease.KeyString()))
+	})
+	for _, k := range keys {
+		art := r.held[k]
+		switch issuer := v.grants.issuer(r.round, r.baseID, k.lease, k.trainer); {
+		case issuer != "":
+			r.foreign[k.trainer] = true
+			v.rejected(k.trainer, r.round, reasonForeignLease, sprintf("lease %s was granted by %s, another validator leading round %d (its grant was read after the contribution)",
+				k.lease, issuer, r.round), art)
+		case final:
+			v.rejected(k.trainer, r.round, "no_lease", sprintf("lease %s was not granted to %s by any validator heard by the round's end", k.lease, k.trainer), art)
+		default:
+			continue
+		}
+		r.rejected++
+		delete(r.held, k)
+	}
+}
+
+// staleReport is the last contribution a trainer was read to report on a lease another
+// validator is known to have granted it (grantLog), and the round open here when it was
+// read.
+type staleReport struct {
+	round  uint64
+	lease  cid.Cid
+	readIn uint64
+}
+
+// noteReport takes in a contribution read while round open is open here, in any loop
+// (leading, following or standing aside): the leader of a round tells by it a trainer that
+// missed its lease because it was still training a lease of the round before, granted by a
+// validator whose leases that round's head could not merge (staleForeign). Only leases in
+// the grant log are kept, so the reports are bounded like the grant log.
+func (v *validator) noteReport(from string, c *gossip.Contribution, open uint64) {
+	id, err := cid.Cast(c.Lease)
+	base, berr := cid.Cast(c.Base)
+	if c.Peer != from || err != nil || berr != nil || v.grants.issuer(c.Round, base, id, from) == "" {
+		return
+	}
+	v.reports[from] = staleReport{round: c.Round, lease: id, readIn: open}
+}
+
+// forgetClosed drops what this validator remembers of the rounds before closed, the round
+// whose head is now canonical here: the grants of closed itself are kept for one more
+// round, to tell a trainer busy with a lease of it (staleForeign).
+func (v *validator) forgetClosed(closed uint64) {
+	if closed > 0 {
+		v.grants.prune(closed - 1)
+	}
+	for p, rep := range v.reports {
+		if rep.readIn <= closed {
+			delete(v.reports, p)
+		}
+	}
+}
+
+// staleForeign says whether trainer p, whose lease of round r expired, was busy with a
+// lease of the round before that a validator other than that round's proposer granted it:
+// it reported on that lease while round r was open here. Two validators led the round
+// before; the proposal of one lists only its own leases, so the other's could never be
+// merged, and the trainer only did what a validator asked. A lease of the proposer itself
+// does not count (a slow trainer's report that missed the merge), nor a lease nobody is
+// known to have granted, nor a report read before round r opened here.
+func (v *validator) staleForeign(r *openRound, p string) bool {
+	rep, ok := v.reports[p]
+	if !ok || rep.readIn != r.round || rep.round+1 != r.round || r.base == nil || r.base.Round != rep.round {
+		return false
+	}
+	parent, err := cid.Cast(r.base.Parent)
+	if err != nil {
+		return false
+	}
+	issuer := v.grants.issuer(rep.round, parent, rep.lease, p)
+	proposer := v.proposerOf(r.base, parent)
+	return issuer != "" && proposer != "" && issuer != proposer
+}
+
+// proposerOf returns the validator that proposed h, on parent, as the grant log tells it:
+// the issuer of the leases it merged (a proposal lists only its proposer's), or "" when the
+// grant log names none of them.
+func (v *validator) proposerOf(h *chain.Head, parent cid.Cid) string {
+	for _, c := range h.Contributions {
+		if id, err := cid.Cast(c.Lease); err == nil {
+			if p := v.grants.issuer(h.Round, parent, id, c.Peer); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }

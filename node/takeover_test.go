@@ -178,7 +178,8 @@ func (b *lateLeaderBus) Subscribe() *Inbox {
 // TestGrantLogTellsForeignLeases: a contribution's lease is another validator's when that
 // validator granted it, to that trainer, for the same round on the same base; anything
 // else (a lease of another round, base or trainer, a lease in a grant whose record names
-// another issuer, an id nobody granted, this validator's own grant) is not, and strikes.
+// another issuer, an id nobody granted) is not, and strikes. A validator's own grants are
+// recorded too (accept tells them apart: late, from before it stepped aside).
 func TestGrantLogTellsForeignLeases(t *testing.T) {
 	base := cids.Record([]byte("base"))
 	other := cids.Record([]byte("other base"))
@@ -192,10 +193,10 @@ func TestGrantLogTellsForeignLeases(t *testing.T) {
 	unknown := mk("B", "t9", 5, base)      // never granted
 	otherBase := mk("B", "t4", 5, other)   // in B's grant on base
 	g := newGrantLog()
-	g.record("A", "B", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B",
+	g.record("B", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B",
 		Leases: []lease.Lease{good, forgedIssuer, wrongRound, otherBase}})
-	g.record("A", "A", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "A", Leases: []lease.Lease{own}})
-	g.record("A", "C", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B", Leases: []lease.Lease{mk("B", "t5", 5, base)}})
+	g.record("A", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "A", Leases: []lease.Lease{own}})
+	g.record("C", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B", Leases: []lease.Lease{mk("B", "t5", 5, base)}})
 	for _, tc := range []struct {
 		name    string
 		round   uint64
@@ -211,7 +212,7 @@ func TestGrantLogTellsForeignLeases(t *testing.T) {
 		{"lease naming another issuer than its grant", 5, base, forgedIssuer, "t2", ""},
 		{"lease of another round than its grant", 6, base, wrongRound, "t3", ""},
 		{"lease on another base than its grant", 5, other, otherBase, "t4", ""},
-		{"own grant", 5, base, own, "t1", ""},
+		{"own grant", 5, base, own, "t1", "A"},
 		{"never granted", 5, base, unknown, "t9", ""},
 		{"grant published by another than its issuer", 5, base, mk("B", "t5", 5, base), "t5", ""},
 	} {

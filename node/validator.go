@@ -40,9 +40,12 @@ type validator struct {
 	// never signs two heads for one round, so two heads of a round cannot both reach a
 	// majority quorum.
 	locks map[uint64]lockedHead
-	// grants remembers the leases other validators granted for open rounds: a contribution
-	// made under one is not a trainer's fault (stepaside.go).
+	// grants remembers the leases granted for the open round and the one closed last: a
+	// contribution made under another validator's is not a trainer's fault (stepaside.go).
 	grants *grantLog
+	// reports are the last contribution, by trainer, read on a lease another validator
+	// granted it (staleForeign).
+	reports map[string]staleReport
 	// mergeTook is how long this validator's last merge took, its own (proposing) or a
 	// recomputation (verifying a proposal): the next round's leader must verify the base
 	// before it can lead, and a follower gives it that long (follow).
@@ -71,7 +74,7 @@ func newValidator(e *env, merger *round.Merger) *validator {
 	}
 	return &validator{env: e, merger: merger, trainers: newTrainerSet(),
 		quarantine: lease.NewQuarantine(2, 10, uint64(e.cfg.Lease.QuarantineRounds)),
-		paces:      pc, locks: map[uint64]lockedHead{}, grants: newGrantLog(), rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
+		paces:      pc, locks: map[uint64]lockedHead{}, grants: newGrantLog(), reports: map[string]staleReport{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
 			e.log.Warn("contribution rejections not logged (rate limit)", "count", n)
 		}),
 		nonFinite: newRateLog(100*365*24*time.Hour, 0, nil), started: time.Now()}
@@ -150,7 +153,7 @@ func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
 // the order, and follows (verifying, attesting, ready to take over) otherwise.
 func (v *validator) round(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head) error {
 	v.pruneLocks(base.Round)
-	v.grants.prune(base.Round)
+	v.forgetClosed(base.Round)
 	order := lease.Leaders(v.validators, baseID)
 	rank := slices.Index(order, v.self)
 	if rank == 0 {
