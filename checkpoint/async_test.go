@@ -30,9 +30,7 @@ func waitQueue(t *testing.T, c *Checkpointer, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c.q.mu.Lock()
-		got := len(c.q.items)
-		c.q.mu.Unlock()
+		got := c.w.Waiting()
 		if got == n {
 			return
 		}

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/internal/latest"
 )
 
 // Sentinel errors callers branch on.
@@ -65,7 +67,7 @@ type Checkpointer struct {
 	diskMu  sync.Mutex
 	lastSeq uint64 // highest sequence number on disk; guarded by diskMu
 
-	q queue
+	w *latest.Writer[job, *State] // see queue.go
 }
 
 // Open opens (creating if needed) the checkpoint directory dir and starts its background
@@ -101,8 +103,7 @@ func Open(dir string, shared *artifact.Store, log *slog.Logger, opts ...Option) 
 		c.lastSeq = seqs[0]
 	}
 	c.removeTemps()
-	c.q.init()
-	go c.run()
+	c.w = c.newWriter()
 	return c, nil
 }
 
@@ -258,7 +259,7 @@ func (c *Checkpointer) locate(st *State, name string) (*artifact.Store, cid.Cid,
 // Close waits for queued snapshots to be written, stops the writer and releases the
 // directory. It returns the last write's error, like Flush. Calling it again is harmless.
 func (c *Checkpointer) Close() error {
-	err := c.q.close()
+	err := c.w.Close(context.Background())
 	c.diskMu.Lock()
 	defer c.diskMu.Unlock()
 	if c.lock != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/internal/latest"
 )
 
 // ErrClosed is returned by Flush after Close.
@@ -40,26 +40,14 @@ type Writer struct {
 	o   WriterOptions
 	log *slog.Logger
 	m   *metrics
+	w   *latest.Writer[*job, *Report]
 
-	mu      sync.Mutex
-	pending *job
-	issued  uint64 // tickets handed out
-	done    uint64 // every ticket ≤ done is written, failed or superseded
-	lastErr error
-	last    cid.Cid // head the directory holds after the last successful export
-	closed  bool
-	changed chan struct{} // closed and replaced whenever done moves
-	wake    chan struct{} // capacity 1
-
-	ctx     context.Context // lives until Close gives up waiting
-	cancel  context.CancelFunc
-	stopped chan struct{}
+	last cid.Cid // head the directory holds after the last successful export; writer goroutine only
 }
 
 type job struct {
-	ticket uint64
-	head   cid.Cid
-	src    *Source // nil: open head from the stores when the job runs
+	head cid.Cid
+	src  *Source // nil: open head from the stores when the job runs
 }
 
 // NewWriter starts a background writer.
@@ -71,12 +59,28 @@ func NewWriter(o WriterOptions) (*Writer, error) {
 	if o.Export, err = o.Export.normalized(); err != nil {
 		return nil, err
 	}
-	w := &Writer{
-		o: o, log: o.Export.Log.With("dir", o.Dir), m: newMetrics(o.Registerer),
-		changed: make(chan struct{}), wake: make(chan struct{}, 1), stopped: make(chan struct{}),
-	}
-	w.ctx, w.cancel = context.WithCancel(context.Background())
-	go w.run()
+	w := &Writer{o: o, log: o.Export.Log.With("dir", o.Dir), m: newMetrics(o.Registerer)}
+	w.w = latest.New(latest.Options[*job, *Report]{
+		Write: func(ctx context.Context, j *job) (*Report, error) {
+			rep, err := w.export(ctx, j)
+			if w.o.OnDone != nil {
+				w.o.OnDone(rep, err)
+			}
+			return rep, err
+		},
+		Drop: func(j *job, why error) {
+			j.src.Close()
+			switch {
+			case errors.Is(why, latest.ErrSuperseded):
+				w.m.superseded.Inc()
+			case errors.Is(why, latest.ErrClosed):
+			case w.o.OnDone != nil: // left over when Close gave up: a failed export
+				w.o.OnDone(nil, why)
+			}
+		},
+		Name: func(j *job) string { return fmt.Sprintf("export head %s", j.head) },
+		What: "export",
+	})
 	return w, nil
 }
 
@@ -97,136 +101,30 @@ func (w *Writer) Submit(src *Source) {
 }
 
 func (w *Writer) submit(j *job) {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		j.src.Close()
+	if err := w.w.Submit(j); err != nil {
 		w.log.Warn("export dropped: writer closed", "head", j.head)
-		return
-	}
-	w.issued++
-	j.ticket = w.issued
-	old := w.pending
-	w.pending = j
-	w.mu.Unlock()
-	if old != nil {
-		old.src.Close()
-		w.m.superseded.Inc()
-	}
-	select {
-	case w.wake <- struct{}{}:
-	default:
 	}
 }
 
 // Flush waits until everything submitted before the call is exported or superseded by a
 // later export, and returns the last export's error.
 func (w *Writer) Flush(ctx context.Context) error {
-	w.mu.Lock()
-	target := w.issued
-	for w.done < target {
-		ch := w.changed
-		w.mu.Unlock()
-		select {
-		case <-ch:
-		case <-w.stopped:
-			w.mu.Lock()
-			if w.done < target {
-				w.mu.Unlock()
-				return ErrClosed
-			}
-			continue
-		case <-ctx.Done():
-			return fmt.Errorf("flush export: %w", ctx.Err())
-		}
-		w.mu.Lock()
+	err := w.w.Flush(ctx)
+	if errors.Is(err, latest.ErrClosed) {
+		return ErrClosed
 	}
-	err := w.lastErr
-	w.mu.Unlock()
 	return err
 }
 
 // Close stops accepting submissions and writes the pending one, unless ctx ends first: then
 // the export in progress is abandoned (before its commit, so the directory keeps the model
 // it had; after it, the journal completes it next time). It returns the last export's error.
-func (w *Writer) Close(ctx context.Context) error {
-	w.mu.Lock()
-	w.closed = true
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-	select {
-	case <-w.stopped:
-	case <-ctx.Done():
-		w.cancel()
-		<-w.stopped
-	}
-	w.cancel()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.lastErr
-}
+func (w *Writer) Close(ctx context.Context) error { return w.w.Close(ctx) }
 
-func (w *Writer) run() {
-	defer close(w.stopped)
-	for {
-		w.mu.Lock()
-		j := w.pending
-		w.pending = nil
-		closed := w.closed
-		w.mu.Unlock()
-		if j == nil {
-			if closed {
-				return
-			}
-			select {
-			case <-w.wake:
-			case <-w.ctx.Done():
-				w.drop()
-				return
-			}
-			continue
-		}
-		rep, err := w.export(j)
-		w.mu.Lock()
-		w.done = max(w.done, j.ticket)
-		w.lastErr = err
-		if err == nil && j.head.Defined() {
-			w.last = j.head
-		}
-		close(w.changed)
-		w.changed = make(chan struct{})
-		w.mu.Unlock()
-		if w.o.OnDone != nil {
-			w.o.OnDone(rep, err)
-		}
-	}
-}
-
-// drop discards a pending job when the writer stops early.
-func (w *Writer) drop() {
-	w.mu.Lock()
-	j := w.pending
-	w.pending = nil
-	w.mu.Unlock()
-	if j != nil {
-		j.src.Close()
-	}
-}
-
-func (w *Writer) export(j *job) (*Report, error) {
-	w.mu.Lock()
-	same := j.head.Defined() && j.head.Equals(w.last)
-	w.mu.Unlock()
-	if same {
+func (w *Writer) export(ctx context.Context, j *job) (*Report, error) {
+	if j.head.Defined() && j.head.Equals(w.last) {
 		j.src.Close()
 		return nil, nil // the directory already holds this head
-	}
-	if err := w.ctx.Err(); err != nil {
-		j.src.Close()
-		return nil, fmt.Errorf("export head %s: %w", j.head, err)
 	}
 	start := time.Now()
 	src := j.src
@@ -242,11 +140,14 @@ func (w *Writer) export(j *job) (*Report, error) {
 		}
 	}
 	defer src.Close()
-	rep, err := Export(w.ctx, src, w.o.Dir, w.o.Export)
+	rep, err := Export(ctx, src, w.o.Dir, w.o.Export)
 	if err != nil {
 		w.m.runs.WithLabelValues("error").Inc()
 		w.log.Error("background export failed", "head", j.head, "round", src.Meta.Round, "err", err)
 		return nil, err
+	}
+	if j.head.Defined() {
+		w.last = j.head
 	}
 	w.m.runs.WithLabelValues("ok").Inc()
 	w.m.written.Add(float64(rep.Written))

@@ -251,15 +251,7 @@ func busModule(cfg *config.Config) fx.Option {
 			},
 			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
 				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				lc.Append(fx.Hook{
-					OnStart: func(context.Context) error {
-						go func() { defer close(done); b.run(ctx) }()
-						return nil
-					},
-					OnStop: func(context.Context) error { cancel(); <-done; return nil },
-				})
+				runInBackground(lc, b.run, nil)
 				return b
 			},
 		),

@@ -26,12 +26,7 @@ func attackBusOption(kind string) fx.Option {
 	return fx.Decorate(func(lc fx.Lifecycle, b Bus) Bus {
 		a := &attackBus{Bus: b, kind: kind, in: b.Subscribe(), bases: map[uint64][]byte{}, deadlines: map[uint64]int64{},
 			deltas: map[uint64][]seenDelta{}}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		lc.Append(fx.Hook{
-			OnStart: func(context.Context) error { go func() { defer close(done); a.watch(ctx) }(); return nil },
-			OnStop:  func(context.Context) error { cancel(); <-done; a.in.Close(); return nil },
-		})
+		runInBackground(lc, a.watch, func() error { a.in.Close(); return nil })
 		return a
 	})
 }

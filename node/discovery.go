@@ -77,18 +77,8 @@ func bootstrapModule(cfg *config.Config) fx.Option {
 		// Watch connections from now on, before anything dials: the addresses a
 		// validator was reached at are remembered from its first connection.
 		w := watchKept(h, peers)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		lc.Append(fx.Hook{
-			OnStart: func(context.Context) error {
-				go func() {
-					defer close(done)
-					w.keep(ctx, log.With("pkg", "bootstrap"))
-				}()
-				return nil
-			},
-			OnStop: func(context.Context) error { cancel(); <-done; w.close(); return nil },
-		})
+		runInBackground(lc, func(ctx context.Context) { w.keep(ctx, log.With("pkg", "bootstrap")) },
+			func() error { w.close(); return nil })
 		return nil
 	})
 }
@@ -286,21 +276,9 @@ func dhtModule(cfg *config.Config) fx.Option {
 			cancel()
 			return fmt.Errorf("node.dht: %w", err)
 		}
-		done := make(chan struct{})
-		lc.Append(fx.Hook{
-			OnStart: func(context.Context) error {
-				go func() {
-					defer close(done)
-					rendezvousLoop(ctx, h, d, rendezvous, log)
-				}()
-				return nil
-			},
-			OnStop: func(context.Context) error {
-				cancel()
-				<-done
-				return d.Close()
-			},
-		})
+		// The loop stops on the hook's context; the DHT's own context ends after it.
+		runInBackground(lc, func(loop context.Context) { rendezvousLoop(loop, h, d, rendezvous, log) },
+			func() error { cancel(); return d.Close() })
 		return nil
 	})
 }

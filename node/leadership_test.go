@@ -110,8 +110,10 @@ func (b *dropAttestationsBus) Subscribe() *Inbox {
 // inboxFilter is what relayInbox does with leases and attestations; nil passes them on.
 // The filters run on the relay's goroutine, one message at a time.
 type inboxFilter struct {
-	leases       func(m Received[gossip.Leases], out *Inbox)
-	attestations func(m Received[gossip.Attestation], out *Inbox)
+	leases        func(m Received[gossip.Leases], out *Inbox)
+	attestations  func(m Received[gossip.Attestation], out *Inbox)
+	contributions func(m Received[gossip.Contribution], out *Inbox)
+	heads         func(m Received[gossip.Head], out *Inbox)
 }
 
 // relayInbox relays src into a new inbox, through f, until the new inbox is closed (which
@@ -134,9 +136,17 @@ func relayInbox(src *Inbox, f inboxFilter) *Inbox {
 					offer(out.Leases, m)
 				}
 			case m := <-src.Contributions:
-				offer(out.Contributions, m)
+				if f.contributions != nil {
+					f.contributions(m, out)
+				} else {
+					offer(out.Contributions, m)
+				}
 			case m := <-src.Heads:
-				offer(out.Heads, m)
+				if f.heads != nil {
+					f.heads(m, out)
+				} else {
+					offer(out.Heads, m)
+				}
 			case m := <-src.Releases:
 				offer(out.Releases, m)
 			case m := <-src.Attestations:

@@ -1,9 +1,13 @@
 package node
 
 import (
+	"crypto/rand"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
@@ -70,4 +74,42 @@ func joinRoles(roles []string) string {
 		s += r
 	}
 	return s
+}
+
+// The hooks that run a loop in the background (roles, bus, kept peers, DHT rendezvous)
+// stop promptly: each cancels its loop and waits for it, none waits out a loop's timer.
+// The kept peer listens nowhere, so its redial loop is busy when the app stops.
+func TestBackgroundLoopsStopPromptly(t *testing.T) {
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	absent, err := peer.IDFromPrivateKey(key)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	synthDataset(t, filepath.Join(dir, "data"), 4)
+	tests := []struct {
+		name string
+		dht  bool
+		keep bool
+	}{
+		{"no discovery", false, false},
+		{"dht", true, false},
+		{"kept peer", false, true},
+		{"dht and kept peer", true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := soloConfig(t, dir, 1)
+			cfg.Node.StoreDir = t.TempDir()
+			cfg.Node.DHT = tt.dht
+			if tt.keep {
+				cfg.Node.Bootstrap = []string{"/ip4/127.0.0.1/tcp/1/p2p/" + absent.String()}
+			}
+			app := fxtest.New(t, Module(cfg, Options{Runtime: synth.New(t.TempDir()), Logger: testLogger(t, "fx")}), fx.NopLogger)
+			app.RequireStart()
+			time.Sleep(300 * time.Millisecond) // the loops are running
+			start := time.Now()
+			app.RequireStop()
+			require.Less(t, time.Since(start), 5*time.Second, "stop waited for a loop's timer")
+		})
+	}
 }

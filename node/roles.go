@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -114,28 +113,14 @@ func rebuildsHeads(cfg *config.Config) bool {
 // startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
 // background, on a context that lives as long as the app.
 func startLoops(lc fx.Lifecycle, sd fx.Shutdowner, e *env, errs *loopErrors) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	lc.Append(fx.Hook{
-		OnStart: func(context.Context) error {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
-					// Run returns err to the caller, which reports it once.
-					e.log.Debug("node failed", "err", err)
-					errs.set(err)
-					_ = sd.Shutdown(fx.ExitCode(1))
-				}
-			}()
-			return nil
-		},
-		OnStop: func(context.Context) error {
-			cancel()
-			wg.Wait()
-			return nil
-		},
-	})
+	runInBackground(lc, func(ctx context.Context) {
+		if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
+			// Run returns err to the caller, which reports it once.
+			e.log.Debug("node failed", "err", err)
+			errs.set(err)
+			_ = sd.Shutdown(fx.ExitCode(1))
+		}
+	}, nil)
 }
 
 // runRoles does the long start-up work and runs the loops until one fails or the run ends.

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +93,104 @@ func TestTakeoverFromALiveLeader(t *testing.T) {
 	require.Positive(t, foreign, "the first leader's leases were trained and reached the new leader")
 }
 
+// TestSteppedAsideLeaderLeadsAgain: as in TestTakeoverFromALiveLeader the next validator
+// takes round 2 over from a live leader, which steps aside; then the new leader is cut off
+// from the first leader and from the trainers (it still reaches the third validator, which
+// therefore waits for it). To the first leader every validator after it in the order is
+// silent: it leads the round again with fresh attempts, the round closes with its head at
+// a quorum (the third validator's signature and its own), and no validator signs two
+// heads of one round. The new leader, which collected nothing, proposed nothing.
+func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
+	const rounds, stalled = 4, 2
+	c := newCluster(t, 3, 3, rounds, 40)
+	validators := c.nodes[:3]
+	var vids []string
+	for _, v := range validators {
+		vids = append(vids, v.host.ID().String())
+	}
+	hook := &lateLeader{round: stalled, validators: vids, partition: true, steppedAside: func() bool {
+		for _, v := range validators {
+			if hasEvent(v, "stepaside") {
+				return true
+			}
+		}
+		return false
+	}}
+	ledAgain := func(v *clusterNode) bool {
+		for _, e := range v.n.Status().Events {
+			if e.Kind == "takeover" && strings.Contains(e.Text, "leading the round again") {
+				return true
+			}
+		}
+		return false
+	}
+	// The trainers report on the leases of the round's first two leaders only once the
+	// first leads it again: those contributions reach it as it leads.
+	hook.release = func() bool { return slices.ContainsFunc(validators, ledAgain) }
+	for _, n := range c.nodes {
+		n.cfg.Lease.MinGroup = 3
+		n.logs = &syncBuffer{}
+		if strings.HasPrefix(n.name, "validator") {
+			n.extra = append(n.extra, hook.validatorOption(n.host.ID().String()))
+		} else {
+			n.extra = append(n.extra, hook.trainerOption())
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.nodes {
+				t.Logf("%s:\n%s", n.name, nodeLines(n.logs.String()))
+			}
+		}
+	})
+	start := time.Now()
+	c.startAll()
+	c.waitDone(3 * time.Minute)
+	c.requireOneChain(c.nodes, rounds)
+	require.Empty(t, c.requireNoConflictingQuorums(2), "every head signed reached a quorum, and no validator signed two heads of a round")
+
+	proposed := func(n *clusterNode, round uint64) bool {
+		for _, l := range strings.Split(n.logs.String(), "\n") {
+			if strings.Contains(l, `msg="proposed head"`) && strings.Contains(l, fmt.Sprintf(" round=%d ", round)) {
+				return true
+			}
+		}
+		return false
+	}
+	var first, taker *clusterNode
+	for _, v := range validators {
+		if hasEvent(v, "stepaside") {
+			require.Nil(t, first, "one validator stepped aside")
+			first = v
+		}
+	}
+	require.NotNil(t, first, "the first leader of round %d stepped aside", stalled)
+	require.True(t, ledAgain(first), "%s led round %d again once the validators after it fell silent", first.name, stalled)
+	require.True(t, proposed(first, stalled), "%s proposed round %d's head", first.name, stalled)
+	for _, v := range validators {
+		if v != first && hasEvent(v, "takeover") {
+			require.Nil(t, taker, "one validator took round %d over", stalled)
+			taker = v
+		}
+	}
+	require.NotNil(t, taker, "a validator took round %d over from the live leader", stalled)
+	require.False(t, proposed(taker, stalled), "%s collected nothing in round %d and proposed nothing", taker.name, stalled)
+	for _, v := range validators {
+		if v == taker {
+			continue // cut off, it let its trainers' leases expire: misses it counts, not the others'
+		}
+		if st := v.n.Status().Validator; st != nil {
+			require.Zero(t, st.Rejections["no_lease"], "%s struck an honest trainer: %v", v.name, st.Rejections)
+			require.Empty(t, st.Quarantined, v.name)
+		}
+	}
+	// The contributions under its own leases from before it stepped aside reached it as it
+	// led again: late, no strike.
+	require.Positive(t, first.n.Status().Validator.Rejections["late"], "%s read contributions under its earlier leases", first.name)
+	t.Logf("%d rounds in %s; %s stepped aside in round %d and led it again (rejections %v), %s took it over", rounds,
+		time.Since(start).Round(100*time.Millisecond), first.name, stalled, first.n.Status().Validator.Rejections, taker.name)
+}
+
 func hasEvent(n *clusterNode, kind string) bool {
 	for _, e := range n.n.Status().Events {
 		if e.Kind == kind {
@@ -106,10 +206,40 @@ func hasEvent(n *clusterNode, kind string) bool {
 // round). The trainers hold their contributions of the round until a validator stepped
 // aside, so the first leader's leases are reported only to the new leader, and the first
 // leader cannot have closed the round before it heard the takeover.
+//
+// With partition, once the first leader stepped aside the new leader is cut off from it
+// and from the trainers for the rest of the round (its grants and proposals of the round
+// no longer reach them, and no contribution reaches it), while the third validator still
+// hears it: to the first leader every validator after it is silent, and the third, which
+// hears the new leader's heartbeats, does not take the round over.
 type lateLeader struct {
 	round        uint64
 	validators   []string
 	steppedAside func() bool
+	partition    bool
+	// release says when the trainers may publish their contributions of the round (nil:
+	// once a validator stepped aside).
+	release func() bool
+}
+
+// order is the validators' order of the round on base (nil: not a CID).
+func (h *lateLeader) order(base []byte) []string {
+	id, err := cid.Cast(base)
+	if err != nil {
+		return nil
+	}
+	return lease.Leaders(h.validators, id)
+}
+
+// cut says whether a message of round from the validator from is lost at self, a node that
+// is not the new leader: from is the new leader of the hook's round (second in its order
+// on base) and the first leader stepped aside.
+func (h *lateLeader) cut(round uint64, base []byte, from string) bool {
+	if !h.partition || round != h.round {
+		return false
+	}
+	order := h.order(base)
+	return len(order) > 1 && order[1] == from && h.steppedAside()
 }
 
 func (h *lateLeader) validatorOption(self string) fx.Option {
@@ -125,11 +255,25 @@ type gatedTrainerBus struct {
 	h *lateLeader
 }
 
+func (b *gatedTrainerBus) Subscribe() *Inbox {
+	return relayInbox(b.Bus.Subscribe(), inboxFilter{
+		leases: func(m Received[gossip.Leases], out *Inbox) {
+			if !b.h.cut(m.Msg.Round, m.Msg.Base, m.From) {
+				offer(out.Leases, m)
+			}
+		},
+	})
+}
+
 func (b *gatedTrainerBus) Publish(ctx context.Context, msg any) error {
 	if c, ok := msg.(*gossip.Contribution); ok && c.Round == b.h.round {
 		// Polled, not signalled: the validators' status is the only view of them here. The
 		// bound keeps a regression from hanging the test; it then fails on its assertions.
-		for end := time.Now().Add(time.Minute); !b.h.steppedAside() && time.Now().Before(end); {
+		release := b.h.steppedAside
+		if b.h.release != nil {
+			release = b.h.release
+		}
+		for end := time.Now().Add(time.Minute); !release() && time.Now().Before(end); {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -151,11 +295,11 @@ func (b *lateLeaderBus) Subscribe() *Inbox {
 	released := false
 	return relayInbox(b.Bus.Subscribe(), inboxFilter{
 		leases: func(m Received[gossip.Leases], out *Inbox) {
+			if b.h.cut(m.Msg.Round, m.Msg.Base, m.From) && m.From != b.self && b.h.order(m.Msg.Base)[0] == b.self {
+				return // the new leader is cut off from the first
+			}
 			if !released && m.Msg.Round == b.h.round {
-				order := []string{}
-				if base, err := cid.Cast(m.Msg.Base); err == nil {
-					order = lease.Leaders(b.h.validators, base)
-				}
+				order := b.h.order(m.Msg.Base)
 				if len(order) > 1 && order[1] == b.self {
 					switch m.From {
 					case order[0]:
@@ -171,6 +315,21 @@ func (b *lateLeaderBus) Subscribe() *Inbox {
 				}
 			}
 			offer(out.Leases, m)
+		},
+		heads: func(m Received[gossip.Head], out *Inbox) {
+			if h, err := m.Msg.Signed.Decode(); err == nil && m.From != b.self && b.h.cut(h.Round, h.Parent, m.From) &&
+				b.h.order(h.Parent)[0] == b.self {
+				return // the new leader's proposal does not reach the first leader either
+			}
+			offer(out.Heads, m)
+		},
+		contributions: func(m Received[gossip.Contribution], out *Inbox) {
+			if b.h.partition && m.Msg.Round == b.h.round {
+				if order := b.h.order(m.Msg.Base); len(order) > 1 && order[1] == b.self {
+					return // the new leader collects nothing in the round
+				}
+			}
+			offer(out.Contributions, m)
 		},
 	})
 }

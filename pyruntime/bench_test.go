@@ -147,8 +147,8 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 		in := filepath.Join(dir, fmt.Sprintf("legacy-in-%d", i))
 		out := filepath.Join(dir, fmt.Sprintf("legacy-out-%d", i))
 		must(writeLegacy(in, p))
-		must(w.LegacyImport(ctx, in))
-		must(w.LegacyExport(ctx, out))
+		must(legacyImport(ctx, w, in))
+		must(legacyExport(ctx, w, out))
 		got, err := readLegacy(out, layout.Hash())
 		must(err)
 		os.RemoveAll(in)
@@ -229,6 +229,25 @@ type legacyManifest struct {
 	LayoutHash     string `json:"layout_hash"`
 	ParameterCount int64  `json:"parameter_count"`
 	Values         string `json:"values_f32_le"`
+}
+
+// legacyExport has the worker write its model seed-style (JSON manifest + per-element
+// packed floats) into dir: the benchmark's baseline, kept out of Worker because only tests
+// use it.
+func legacyExport(ctx context.Context, w *Worker, dir string) error {
+	if err := w.require("legacy_export", "legacy_pack"); err != nil {
+		return err
+	}
+	return w.call(ctx, "legacy_export", map[string]any{"dir": dir}, nil, w.opts.TrainTimeout)
+}
+
+// legacyImport has the worker read a seed-style pack directory into its model (benchmark
+// baseline).
+func legacyImport(ctx context.Context, w *Worker, dir string) error {
+	if err := w.require("legacy_import", "legacy_pack"); err != nil {
+		return err
+	}
+	return w.call(ctx, "legacy_import", map[string]any{"dir": dir}, nil, w.opts.TrainTimeout)
 }
 
 func writeLegacy(dir string, p *pack.Pack) error {

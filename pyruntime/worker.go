@@ -640,23 +640,6 @@ func (w *Worker) Export(ctx context.Context, out string) (string, error) {
 	return r.LayoutHash, nil
 }
 
-// LegacyExport writes the model seed-style (JSON manifest + per-element packed floats) into
-// dir. It exists only as the benchmark's baseline.
-func (w *Worker) LegacyExport(ctx context.Context, dir string) error {
-	if err := w.require("legacy_export", "legacy_pack"); err != nil {
-		return err
-	}
-	return w.call(ctx, "legacy_export", map[string]any{"dir": dir}, nil, w.opts.TrainTimeout)
-}
-
-// LegacyImport reads a seed-style pack directory into the model (benchmark baseline).
-func (w *Worker) LegacyImport(ctx context.Context, dir string) error {
-	if err := w.require("legacy_import", "legacy_pack"); err != nil {
-		return err
-	}
-	return w.call(ctx, "legacy_import", map[string]any{"dir": dir}, nil, w.opts.TrainTimeout)
-}
-
 // Info is the last hello's result.
 func (w *Worker) Info() Info {
 	w.mu.Lock()

@@ -471,11 +471,11 @@ func TestWorkerLoadExportRoundTrip(t *testing.T) {
 	if err := writeLegacy(ld, q); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.LegacyImport(ctx, ld); err != nil {
+	if err := legacyImport(ctx, w, ld); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "legacy-out")
-	if err := w.LegacyExport(ctx, out); err != nil {
+	if err := legacyExport(ctx, w, out); err != nil {
 		t.Fatal(err)
 	}
 	got, err := readLegacy(out, q.Layout.Hash())
