@@ -28,17 +28,25 @@ import (
 
 // The head CIDs of a short synthetic run are pinned here so that moving the role loops out
 // of node/ (issue 14) can show it changed nothing: same config, same dataset, same keys,
-// same lease expiries give the same heads, bit for bit. A cluster run cannot be pinned —
-// which trainer gets which lease, and every lease's wall-clock expiry (part of the lease
-// id each head records), depend on timing — so this run plays one leader and three
-// trainers by hand, in a fixed order, through the functions the role loops call: the
-// config's merge policy (mergePolicy), the dataset plan (loadData), round.Genesis, the
-// grant's lease plan (lease.AssignWithin, Steps, TailSteps, with workCandidates and the
-// seed from the base's parameters), the trainer's seed (trainerSeed) and round.Trainer,
-// probation from the chain (recentMerges, onProbation) and round.Merger.
+// same clock give the same heads, bit for bit. One validator and three fixed-key trainers
+// train the synthetic workload for pinRounds rounds, and two tests must both make these
+// heads:
 //
-// A deliberate change of a record's format, of the merge arithmetic or of a seed changes
-// these CIDs: update them in a commit of their own that says why.
+//   - TestPinnedLoopsRunHeads (pin_loops_test.go) runs the role loops themselves (runRoles)
+//     on a fake clock (testing/synctest), so every lease expiry, which each head records
+//     through its lease ids, is the same in every run. A mocknet cluster cannot be pinned:
+//     who gets which lease, and when, depend on timing.
+//   - TestPinnedRunHeads (below) plays the leader and the trainers by hand, in a fixed
+//     order, through the functions the loops call: mergePolicy, loadData, round.Genesis,
+//     the grant's lease plan (workCandidates, lease.AssignWithin, Steps, TailSteps, seeded
+//     by the base's parameters), trainerSeed, round.Trainer, recentMerges and onProbation,
+//     round.Merger. It needs neither the loops nor the fake clock, and names what the
+//     loops must do to make these heads; after the move it should still compile with
+//     small renames.
+//
+// A deliberate change of a record's format, of the merge arithmetic, of a seed or of the
+// leader's timing (its first grant, lease.first_deadline) changes these CIDs: update them
+// in a commit of its own that says why.
 var pinnedRuns = []struct {
 	name, policy, codec string
 	// heads are the CIDs of rounds 0 (genesis) to pinRounds; params their parameter
@@ -48,10 +56,10 @@ var pinnedRuns = []struct {
 	{name: "diloco-fp32", policy: "diloco", codec: "fp32",
 		heads: []string{
 			"bafireidfek3tmdbs7jgi5s4v4ehmma4r725xr3huxl7zxh7xmhznm33fz4",
-			"bafireiaxqdstan6ki7bkld7uiomsy5mrl7bziuaehyk44sjlziraet5tkm",
-			"bafireibozlcl7xh3y5qsus7eeymexdofzuna5h5j3uwmyafd6p4giwdzwy",
-			"bafireiagaxaq2sgmqeelb4fzb3ufgnqleli2hxmxj3hndnwcnovdlahk34",
-			"bafireiasmzek4ikq225xskbsdpzknlnkwhev5cvuahkeo4ajyvmhobsjyy",
+			"bafireicfcjtigcgeullvze54knlomvwjsvytjl7tfpcibsapjclxbkwpim",
+			"bafireieieikiw3dl3s23mie3x6fko75er266tnxdugmec7jmjgauntkzoy",
+			"bafireibzumxtgmaniqidv7y7awdhimn7w7wsqt5vz36itwmhzbj646jfda",
+			"bafireid7a665qgmgrvfhsni275a3gprb6tgzbdu46vjw45fewoymv5hxnq",
 		},
 		params: []string{
 			"bafireibc24op3chpht2iaycfdj4sg2ac5i2ddiv3xhri7lfvffr5jcleve",
@@ -63,10 +71,10 @@ var pinnedRuns = []struct {
 	{name: "ema-int8", policy: "ema", codec: "int8",
 		heads: []string{
 			"bafireih6qdvplzexxegw3aflmsvjkcni3pqg72ubajlprqk4mwj4d6omy4",
-			"bafireie7vvnudedz4yymkfvmcxut24a3wiqintvedsmvgj36u6gmookruy",
-			"bafireiadxpm754wv2xblpurlwy3krhlijiix7a2rciif3bj6e75pzvrhwa",
-			"bafireicswwmonx2siqc2ifp6ukybutfit6gsobqctuhqixl5qstxwkpnqq",
-			"bafireiefcwzuoduvqzfsw6cch33oswfpwhym57if3w7lgjfl6gkokewpny",
+			"bafireibsmnmywqqxnnloeg5wlphgt5sx3zjv5hh5pscvtioujtub5lxsdm",
+			"bafireietvsvpwxaqmfkafkqbc7qrgb5nak5uy25zb6b7rbzeek4g3zjqxa",
+			"bafireifvp4bclhbj2zla74o6wkswtstzlt4a55tsfzxlryd26j6qnn5nsu",
+			"bafireidiuksog2352bjt2ndmu3nageym43m4rn4vgnrqmvwa7vbfiexbia",
 		},
 		params: []string{
 			"bafireibc24op3chpht2iaycfdj4sg2ac5i2ddiv3xhri7lfvffr5jcleve",
@@ -78,10 +86,10 @@ var pinnedRuns = []struct {
 	{name: "diloco-sparse", policy: "diloco", codec: "sparse",
 		heads: []string{
 			"bafireibyhbk43rfsim74j6ew7rhk4hh6atosma3fgrkhlofsjl5474xhq4",
-			"bafireie5zmmpcxi7mrg62gfvzyiyijk566n5oumjcu4fjwpfgbfaurppaa",
-			"bafireifnrhqpluiyksmabdivkxjsa2il6hso3e4w3ir54g72b33eihh3u4",
-			"bafireicc3eav4ar37vw7slibqasssqe5gqzizmchewz2x22ewzyzdrjnou",
-			"bafireih2zb6piavidvbvxpaeealyztzdnc6mfr7lkq3cmnckhw6ru3breu",
+			"bafireif5qvbcrjx73chbp3t7kjwbaopfklkjx3mjxlgp2zb77si27cmmqe",
+			"bafireid6vjhobwhloc6hnk7whex7mknysklo2t2ha3tjdehlngjgywlhqy",
+			"bafireibb56ohpodczgfq6lydwwfbz4ts5ctbc722zw6jrhvfk7hchrzcjm",
+			"bafireiayfvyxilr4wsqa5jysm7kqxv6f3zm3l2bxkzx4sju2xiqroum4ga",
 		},
 		params: []string{
 			"bafireibc24op3chpht2iaycfdj4sg2ac5i2ddiv3xhri7lfvffr5jcleve",
@@ -98,8 +106,12 @@ const (
 	pinTrainers = 3
 )
 
-// pinExpiry is every lease's expiry in the pinned run (a fixed instant, not the clock).
-var pinExpiry = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+// pinExpiry is every lease's expiry in the pinned run: the instant the role loops choose
+// in runPinnedLoops, whose fake clock starts at synctest's epoch (2000-01-01 UTC). Its
+// leader grants every round at 2.5 s (the first 250 ms tick after it has heard the fleet
+// announce for announceEvery + 250 ms; the rounds take no fake time), with the deadline
+// lease.first_deadline (30 s) as no trainer's pace is known yet.
+var pinExpiry = time.Date(2000, 1, 1, 0, 0, 32, 500*int(time.Millisecond), time.UTC).UnixMilli()
 
 // pinKey is a fixed Ed25519 key made from a name.
 func pinKey(t *testing.T, name string) (crypto.PrivKey, string) {
@@ -112,16 +124,9 @@ func pinKey(t *testing.T, name string) (crypto.PrivKey, string) {
 	return k, id.String()
 }
 
-// pinnedRun is the outcome of one run: head and params CIDs by round.
-type pinnedRun struct {
-	heads, params, outer []string
-	merged               [][]string // peers merged per round
-}
-
-func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
+// pinConfig writes the pinned run's dataset under dir and returns its config.
+func pinConfig(t *testing.T, dir, policyKind, codec string) *config.Config {
 	t.Helper()
-	ctx := context.Background()
-	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	require.NoError(t, synth.WriteDataset(data, pinShards, 1))
 	m, err := dataset.Build(data, "synth", 1<<20)
@@ -146,6 +151,20 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 	}
 	cfg.Lease.MicroshardsPerTrainer = 2
 	require.NoError(t, cfg.Validate())
+	return cfg
+}
+
+// pinnedRun is the outcome of one run: head and params CIDs by round.
+type pinnedRun struct {
+	heads, params, outer []string
+	merged               [][]string // peers merged per round
+}
+
+func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := pinConfig(t, dir, policyKind, codec)
 
 	log := slog.New(slog.DiscardHandler)
 	store, err := artifact.OpenStore(filepath.Join(dir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
