@@ -39,7 +39,8 @@ import (
 // afterwards, capped at half that mean and raised to the floor max(*MinCosine, noise bar)
 // while the accepted cosines clear the floor by FloorZ spreads (see bar). Deltas on
 // probation (SetProbation: senders the chain has not merged often enough recently) are
-// held to at least the floor once the history is warm, whatever the calibrated bar.
+// held to at least the floor once the history is warm, whatever the calibrated bar, where
+// honest updates clear the floor by far.
 //
 // Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
 // end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
@@ -226,8 +227,10 @@ func (s *Screening) decideNorms() {
 // SetProbation marks the deltas (one flag per delta, in input order) whose senders are on
 // probation: peers the chain has not merged often enough recently to trust (new ones, and
 // ones back from quarantine). Once the history is warm, the cosine bar a delta on probation
-// is held to is never below the floor max(*MinCosine, noise bar), whatever the calibrated
-// bar says: a delta of a peer that has not earned trust must point along the others (or,
+// is never below the floor max(*MinCosine, noise bar), whatever the calibrated bar says,
+// wherever honest updates clear that floor by far (this round's median cohort cosine, or
+// for a small cohort the history's mean cosine to the momentum, at least twice the
+// floor): a delta of a peer that has not earned trust must point along the others (or,
 // in a small cohort, along the momentum) better than a random direction does. The
 // calibrated bar of a converging run can fall far below zero (the digits process rows:
 // −0.45 at round 11, when three attackers came back from quarantine and their sign flips
@@ -343,9 +346,18 @@ func (s *Screening) decideCosines() {
 			s.verdicts[k].Cosine = s.cohortCosine(k)
 		}
 	}
-	cohortBar := s.bar(s.hist.Cohort, s.roundMedian())
+	median := s.roundMedian()
+	cohortBar := s.bar(s.hist.Cohort, median)
 	refBar := s.bar(s.hist.Ref, math.NaN())
+	// Probation holds a delta to the floor only where honest updates clear it by far: this
+	// round's median cohort cosine (an honest update's, with fewer than half of the cohort
+	// odd), or for a small cohort the accepted cosines to the momentum of recent rounds, at
+	// least twice the floor (as for the cold bar). Where honest updates look like noise
+	// (digits with nine trainers, once converged: each round's lowest accepted cosine to the
+	// others −0.16 to −0.43 from round 49 on), a floor would lock honest newcomers out.
 	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
+	cohortProbation := s.hist.Cohort.N >= HistoryWarmup && median/2 >= floor
+	refProbation := s.hist.Ref.Mean/2 >= floor
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
 		if s.hasRef {
@@ -357,16 +369,26 @@ func (s *Screening) decideCosines() {
 		switch {
 		case s.cohort:
 			v.Bar, v.cohortRan = cohortBar, true
-			if s.onProbation(k) && s.hist.Cohort.N >= HistoryWarmup {
-				v.Bar = max(v.Bar, floor)
+			rb := refBar
+			if s.onProbation(k) {
+				// Both checks: three sign flips agree with each other, and where honest
+				// updates agree weakly a flip's cosine to the others can clear the floor
+				// (the digits process row at round 11: a merged flip at 0.02 to the others,
+				// −0.29 to the momentum).
+				if cohortProbation {
+					v.Bar = max(v.Bar, floor)
+				}
+				if refProbation {
+					rb = max(rb, floor)
+				}
 			}
-			if v.Cosine >= v.Bar && refCheck && v.RefCosine < refBar {
-				v.Bar = refBar
+			if v.Cosine >= v.Bar && refCheck && v.RefCosine < rb {
+				v.Bar = rb
 				v.reject(ReasonLowCosine)
 			}
 		case refCheck:
 			v.Bar = refBar
-			if s.onProbation(k) {
+			if s.onProbation(k) && refProbation {
 				v.Bar = max(v.Bar, floor)
 			}
 		case pairCheck:

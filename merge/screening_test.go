@@ -559,3 +559,90 @@ func TestSetProbationErrors(t *testing.T) {
 		t.Errorf("after the cosine pass: %v, want ErrBadOption", err)
 	}
 }
+
+// TestProbationStandsAsideWhereHonestUpdatesLookLikeNoise: once converged, digits with nine
+// trainers merged updates whose cosines to the others were negative round after round
+// (each round's lowest −0.16 to −0.43 from round 49 on); an honest newcomer's cosine is no
+// better, so a floor would reject it at every attempt and it could never earn trust. With
+// the round's median cosine below twice the floor, probation changes nothing: the same
+// verdicts with and without it.
+func TestProbationStandsAsideWhereHonestUpdatesLookLikeNoise(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	hist := History{Rounds: 60, Norm: 128, Cohort: Moments{N: 60, Mean: -0.2, Var: 0.03}, Ref: Moments{N: 59, Mean: 0.0, Var: 0.04}}
+	for seed := uint64(1); seed <= 5; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 21))
+		deltas := noisyCohort(rng, make([]float32, n), 9, 1) // independent: cosines about 0
+		ref := gauss(rng, n, 1)
+		everyone := []bool{true, true, true, true, true, true, true, true, true}
+		without, err := ScreenOnProbation(deltas, ref, hist, nil, cfg, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		with, err := ScreenOnProbation(deltas, ref, hist, everyone, cfg, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range with {
+			if !with[j].Accepted || with[j] != without[j] {
+				t.Errorf("seed %d, delta %d: on probation %+v, trusted %+v", seed, j, with[j], without[j])
+			}
+		}
+		lone, err := ScreenOnProbation(deltas[:1], ref, hist, everyone[:1], cfg, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lone[0].Accepted {
+			t.Errorf("seed %d: a lone newcomer rejected: %+v", seed, lone[0])
+		}
+	}
+}
+
+// TestProbationHoldsACohortToTheMomentumToo: a delta that agrees with the others (its
+// cohort cosine clears the floor) but points against the momentum (the digits process row
+// at round 11: a flip merged at 0.02 to the others and −0.29 to the momentum, where three
+// flips agreed with each other and honest updates agreed weakly) passes a calibrated bar
+// that has fallen far below zero when trusted, and is rejected on probation.
+func TestProbationHoldsACohortToTheMomentumToo(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	hist := History{Rounds: 10, Norm: 128, Cohort: Moments{N: 10, Mean: 0.4, Var: 0.06}, Ref: Moments{N: 9, Mean: 0.3, Var: 0.08}}
+	for seed := uint64(1); seed <= 5; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 31))
+		g, r := gauss(rng, n, 1), gauss(rng, n, 0.3)
+		deltas := make([][]float32, 7)
+		for j := range deltas {
+			w := float32(1) // honest: along the others and the momentum
+			if j == 6 {
+				w = -1.5 // along the others, against the momentum
+			}
+			d := make([]float32, n)
+			for i := range d {
+				d[i] = g[i] + w*r[i] + float32(rng.NormFloat64())
+			}
+			deltas[j] = d
+		}
+		for _, tc := range []struct {
+			name      string
+			probation []bool
+			want      Reason
+		}{
+			{"trusted", nil, ReasonNone},
+			{"on probation", []bool{false, false, false, false, false, false, true}, ReasonLowCosine},
+		} {
+			v, err := ScreenOnProbation(deltas, r, hist, tc.probation, cfg, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				want := ReasonNone
+				if j == 6 {
+					want = tc.want
+				}
+				if v[j].Reason != want {
+					t.Errorf("seed %d, %s, delta %d: %q, want %q (%+v)", seed, tc.name, j, v[j].Reason, want, v[j])
+				}
+			}
+		}
+	}
+}
