@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/freeport"
 	"github.com/p2pnode/p2pnode/node"
 )
 
@@ -219,7 +219,7 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freeport.TCP()
 	if err != nil {
 		return nil, err
 	}
@@ -307,15 +307,6 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		out[i] = loaded
 	}
 	return out, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // proc is one node process of the demo.

@@ -46,22 +46,7 @@ func TestTakeoverFromALiveLeader(t *testing.T) {
 		}
 		return false
 	}}
-	for _, n := range c.nodes {
-		n.cfg.Lease.MinGroup = 3
-		n.logs = &syncBuffer{}
-		if strings.HasPrefix(n.name, "validator") {
-			n.extra = append(n.extra, hook.validatorOption(n.host.ID().String()))
-		} else {
-			n.extra = append(n.extra, hook.trainerOption())
-		}
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, n := range c.nodes {
-				t.Logf("%s:\n%s", n.name, nodeLines(n.logs.String()))
-			}
-		}
-	})
+	withLateLeader(t, c, hook)
 	c.startAll()
 	c.waitDone(3 * time.Minute)
 	c.requireOneChain(c.nodes, rounds)
@@ -127,22 +112,7 @@ func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
 	// The trainers report on the leases of the round's first two leaders only once the
 	// first leads it again: those contributions reach it as it leads.
 	hook.release = func() bool { return slices.ContainsFunc(validators, ledAgain) }
-	for _, n := range c.nodes {
-		n.cfg.Lease.MinGroup = 3
-		n.logs = &syncBuffer{}
-		if strings.HasPrefix(n.name, "validator") {
-			n.extra = append(n.extra, hook.validatorOption(n.host.ID().String()))
-		} else {
-			n.extra = append(n.extra, hook.trainerOption())
-		}
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, n := range c.nodes {
-				t.Logf("%s:\n%s", n.name, nodeLines(n.logs.String()))
-			}
-		}
-	})
+	withLateLeader(t, c, hook)
 	start := time.Now()
 	c.startAll()
 	c.waitDone(3 * time.Minute)
@@ -381,4 +351,26 @@ func TestGrantLogTellsForeignLeases(t *testing.T) {
 	}
 	g.prune(5)
 	require.Empty(t, g.issuer(5, base, good.ID(), "t1"), "closed rounds are forgotten")
+}
+
+// withLateLeader puts hook on every node of c (min_group 3), and logs every node's log if
+// the test fails.
+func withLateLeader(t *testing.T, c *cluster, hook *lateLeader) {
+	t.Helper()
+	for _, n := range c.nodes {
+		n.cfg.Lease.MinGroup = 3
+		n.logs = &syncBuffer{}
+		if strings.HasPrefix(n.name, "validator") {
+			n.extra = append(n.extra, hook.validatorOption(n.host.ID().String()))
+		} else {
+			n.extra = append(n.extra, hook.trainerOption())
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.nodes {
+				t.Logf("%s:\n%s", n.name, nodeLines(n.logs.String()))
+			}
+		}
+	})
 }

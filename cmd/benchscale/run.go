@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/internal/freeport"
 	"github.com/p2pnode/p2pnode/synth"
 )
 
@@ -203,7 +203,7 @@ func runRow(s settings, params int64, trainers int) (*rowResult, error) {
 		if err := os.WriteFile(ids[i].key, raw, 0o600); err != nil {
 			return nil, err
 		}
-		if ids[i].port, err = freePort(); err != nil {
+		if ids[i].port, err = freeport.TCP(); err != nil {
 			return nil, err
 		}
 		if i < s.validators {
@@ -308,15 +308,6 @@ func nodeName(i, validators int) string {
 		return fmt.Sprintf("validator-%d", i)
 	}
 	return fmt.Sprintf("trainer-%d", i-validators)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func lastLine(s string) string {
