@@ -191,9 +191,15 @@ type Screen struct {
 
 // Lease is how data is handed out.
 type Lease struct {
-	MicroshardsPerTrainer int           `yaml:"microshards_per_trainer"`
-	MinGroup              int           `yaml:"min_group"`
-	RoundTimeout          time.Duration `yaml:"round_timeout"`
+	MicroshardsPerTrainer int `yaml:"microshards_per_trainer"`
+	// SamplesPerStep is the samples one inner step reads (the workload's batch size), so
+	// that the leader can lease a window's worth: at least ceil(inner_steps ×
+	// samples_per_step / examples per microshard) microshards a trainer, where the epoch
+	// holds that many for every trainer (lease.WindowShare). 0 takes
+	// workload.config.batch_size; with neither, leases are microshards_per_trainer.
+	SamplesPerStep int           `yaml:"samples_per_step"`
+	MinGroup       int           `yaml:"min_group"`
+	RoundTimeout   time.Duration `yaml:"round_timeout"`
 	// MinDeadline is the least time an attempt's leases get: the deadline adapts to the
 	// trainers' measured paces but never goes below this (nor above round_timeout).
 	MinDeadline time.Duration `yaml:"min_deadline"`

@@ -64,6 +64,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"bootstrap needs peer id", "node:\n  bootstrap: [/ip4/127.0.0.1/tcp/4001]", []string{"node.bootstrap[0]", "/p2p/<peer id>"}},
 		{"list element unknown", "merge:\n  screen:\n    max_norm_ration: 3", []string{"merge.screen.max_norm_ration: unknown field", `did you mean "max_norm_ratio"`}},
 		{"several at once", "protocol:\n  inner_steps: 0\nlease:\n  min_group: 0", []string{"protocol.inner_steps: must be >= 1", "lease.min_group: must be >= 1"}},
+		{"samples per step", "lease:\n  samples_per_step: -1", []string{"lease.samples_per_step: must be >= 0 (0 = workload.config.batch_size), got -1"}},
 		{"export dir", "export:\n  every_rounds: 5", []string{"export.dir: must be set"}},
 		{"not yaml", "node: [unclosed", []string{"invalid config"}},
 		{"quorum not a majority", "experiment:\n  validators: [12D3KooWJndsDidjsE4N4W9MaRtLQ8iPPLXypd7k2W1Pb4qTP46D, 12D3KooWKRkDv7Qtc3XarfLsiD2Cr8Hfx2Ly5DgCaR7HQMht5Epi]\n  quorum: 1", []string{"experiment.quorum: 1 of 2 validators is not a majority", "use at least 2"}},

@@ -252,6 +252,7 @@ func (c *Config) validateLease(v *validator) {
 	l := c.Lease
 	v.check(l.MicroshardsPerTrainer >= 1 && l.MicroshardsPerTrainer <= MaxMicroshardsPerTrainer, "lease.microshards_per_trainer",
 		"must be in [1, %d] (the most one lease may grant), got %d", MaxMicroshardsPerTrainer, l.MicroshardsPerTrainer)
+	v.check(l.SamplesPerStep >= 0, "lease.samples_per_step", "must be >= 0 (0 = workload.config.batch_size), got %d", l.SamplesPerStep)
 	v.check(l.MinGroup >= 1, "lease.min_group", "must be >= 1, got %d", l.MinGroup)
 	v.check(l.RoundTimeout > 0, "lease.round_timeout", "must be > 0")
 	v.check(l.MinDeadline > 0 && l.MinDeadline <= l.RoundTimeout, "lease.min_deadline", "must be > 0 and <= lease.round_timeout (%s), got %s", l.RoundTimeout, l.MinDeadline)

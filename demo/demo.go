@@ -235,7 +235,15 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		c.Dataset.Root = "data"
 		c.Dataset.Manifest = "manifest.json"
 		c.Dataset.MicroshardBytes = 16384
-		c.Workload.Config = map[string]any{"hidden": 128, "batch_size": 32, "lr": 0.001}
+		// A window of 20 steps of 12 reads 240 examples, 4 of the 23 microshards (62.5
+		// examples each), so three trainers' windows fit the epoch without repeating an
+		// example (lease.WindowShare raises microshards_per_trainer to 4) and an epoch is
+		// two rounds of 12 and 11 microshards: the tail round's windows are 20, 20 and 15
+		// steps. At batch 32 they would need 11 each, 33 > 23, and each window would loop
+		// over its 3 microshards 3.4 times; at batch 16 (6 each) every other round was a
+		// tail of 7, 7 and 3 steps, whose small updates the calibrated cosine screen
+		// rejected (a demo stalled at round 8).
+		c.Workload.Config = map[string]any{"hidden": 128, "batch_size": 12, "lr": 0.001}
 		c.Protocol.InnerSteps = 20
 		c.Protocol.DiLoCo = config.DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true}
 		c.Lease.MicroshardsPerTrainer = 3

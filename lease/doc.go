@@ -37,6 +37,18 @@
 // pace known at all it is lease.first_deadline, doubled after each attempt of the round
 // that expired with nothing known and nothing received.
 //
+// # A window's worth of data
+//
+// A trainer's share is lease.microshards_per_trainer, raised to the microshards one window
+// (inner_steps × samples per step) reads without repeating an example (WindowShare), as
+// long as the epoch's plan holds that many for every trainer. Where it does not, the share
+// stays as configured and windows repeat their examples: an even split of a small epoch
+// among a small fleet gives each trainer half the data a round, and their updates on a
+// converged model point apart (the cohort screen rejects them). At an epoch's tail,
+// AssignWithin leases what is left (fewer or smaller leases) and TailSteps shrinks each
+// short lease's steps against the share, so a tail window neither repeats its data nor
+// outweighs a full one.
+//
 // Misses (expired or released leases) count toward Quarantine like soft rejections, and at
 // an epoch's tail, when microshards are fewer than trainers, trainers whose contributions
 // were merged recently are served before those that merely announce a high capacity.

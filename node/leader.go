@@ -320,10 +320,13 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, rc := range r.received {
 		budget -= len(rc.msg.Microshards)
 	}
-	plan := lease.AssignWithin(avail, work, v.cfg.Lease.MicroshardsPerTrainer, budget, seed)
+	// A trainer's share holds a window's samples where the epoch allows it, so a window does
+	// not loop over its examples (window.go).
+	share := v.windowShare(len(work))
+	plan := lease.AssignWithin(avail, work, share, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
-	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, v.cfg.Lease.MicroshardsPerTrainer)
+	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, share)
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)
@@ -779,7 +782,7 @@ func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l 
 
 // workCandidates are the trainers as lease sizing sees them: with speed-proportional work
 // their measured capacities, otherwise all alike (capacity unknown counts as average), so
-// every trainer gets inner_steps and microshards_per_trainer.
+// every trainer gets inner_steps and the same share of microshards (windowShare).
 func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 	if proportional {
 		return cands

@@ -58,6 +58,8 @@ type validator struct {
 	// announce interval to hear from the fleet, so a (re)started leader does not hand the
 	// whole round to the first trainers it happens to hear.
 	started time.Time
+	// window is what the lease sizing last logged (windowShare).
+	window windowNote
 }
 
 type lockedHead struct {
