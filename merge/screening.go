@@ -226,12 +226,13 @@ func (s *Screening) decideNorms() {
 
 // SetProbation marks the deltas (one flag per delta, in input order) whose senders are on
 // probation: peers the chain has not merged often enough recently to trust (new ones, and
-// ones back from quarantine). Once the history is warm, the cosine bar a delta on probation
-// is never below the floor max(*MinCosine, noise bar), whatever the calibrated bar says,
-// wherever honest updates clear that floor by far (this round's median cohort cosine, or
-// for a small cohort the history's mean cosine to the momentum, at least twice the
-// floor): a delta of a peer that has not earned trust must point along the others (or,
-// in a small cohort, along the momentum) better than a random direction does. The
+// ones back from quarantine). Once the history is warm, the cosine bars a delta on
+// probation is held to, to the others and to the momentum, are never below the floor
+// max(*MinCosine, noise bar), whatever the calibrated bars say, wherever honest updates
+// clear that floor by far (this round's median cohort cosine for the bar to the others,
+// the history's mean cosine to the momentum for the bar to the momentum, at least twice
+// the floor): a delta of a peer that has not earned trust must point along the others and
+// the momentum better than a random direction does. The
 // calibrated bar of a converging run can fall far below zero (the digits process rows:
 // −0.45 at round 11, when three attackers came back from quarantine and their sign flips
 // and noise were merged). Call it before the cosine pass completes; nil clears it.
@@ -349,10 +350,10 @@ func (s *Screening) decideCosines() {
 	median := s.roundMedian()
 	cohortBar := s.bar(s.hist.Cohort, median)
 	refBar := s.bar(s.hist.Ref, math.NaN())
-	// Probation holds a delta to the floor only where honest updates clear it by far: this
-	// round's median cohort cosine (an honest update's, with fewer than half of the cohort
-	// odd), or for a small cohort the accepted cosines to the momentum of recent rounds, at
-	// least twice the floor (as for the cold bar). Where honest updates look like noise
+	// Probation holds a delta to the floor only where honest updates clear it by far, at
+	// least twice (as for the cold bar): for the bar to the others, this round's median
+	// cohort cosine (an honest update's, with fewer than half of the cohort odd); for the
+	// bar to the momentum, the mean accepted cosine to the momentum of recent rounds. Where honest updates look like noise
 	// (digits with nine trainers, once converged: each round's lowest accepted cosine to the
 	// others −0.16 to −0.43 from round 49 on), a floor would lock honest newcomers out.
 	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
