@@ -32,12 +32,7 @@ import (
 // without a strike: no trainer is quarantined and no contribution is rejected as no_lease.
 func TestTakeoverFromALiveLeader(t *testing.T) {
 	const rounds, stalled = 4, 2
-	c := newCluster(t, 3, 3, rounds, 40)
-	validators := c.nodes[:3]
-	var vids []string
-	for _, v := range validators {
-		vids = append(vids, v.host.ID().String())
-	}
+	c, validators, vids := takeoverCluster(t, rounds)
 	hook := &lateLeader{round: stalled, validators: vids, steppedAside: func() bool {
 		for _, v := range validators {
 			if hasEvent(v, "stepaside") {
@@ -87,12 +82,7 @@ func TestTakeoverFromALiveLeader(t *testing.T) {
 // heads of one round. The new leader, which collected nothing, proposed nothing.
 func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
 	const rounds, stalled = 4, 2
-	c := newCluster(t, 3, 3, rounds, 40)
-	validators := c.nodes[:3]
-	var vids []string
-	for _, v := range validators {
-		vids = append(vids, v.host.ID().String())
-	}
+	c, validators, vids := takeoverCluster(t, rounds)
 	hook := &lateLeader{round: stalled, validators: vids, partition: true, steppedAside: func() bool {
 		for _, v := range validators {
 			if hasEvent(v, "stepaside") {
@@ -373,4 +363,17 @@ func withLateLeader(t *testing.T, c *cluster, hook *lateLeader) {
 			}
 		}
 	})
+}
+
+// takeoverCluster is 3 validators and 3 trainers for rounds rounds, with the validators
+// and their peer ids.
+func takeoverCluster(t *testing.T, rounds int) (*cluster, []*clusterNode, []string) {
+	t.Helper()
+	c := newCluster(t, 3, 3, rounds, 40)
+	validators := c.nodes[:3]
+	var vids []string
+	for _, v := range validators {
+		vids = append(vids, v.host.ID().String())
+	}
+	return c, validators, vids
 }
