@@ -558,19 +558,20 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 	}
 	l, ok := r.leases[leaseID]
 	if !ok || l.Trainer != from || !r.book.Holds(from, leaseID) {
+		issuer := v.grants.issuer(r.round, r.baseID, leaseID, from)
 		switch {
 		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
 			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
-		case v.grants.issuer(r.round, r.baseID, leaseID, from) == v.self:
+		case issuer == v.self:
 			// This validator granted it when it led the round before it stepped aside.
 			reject(false, "late", "lease %s was granted by this validator before it stepped aside in round %d", leaseID, r.round)
-		case v.grants.issuer(r.round, r.baseID, leaseID, from) != "":
+		case issuer != "":
 			// Another validator leads (or led) this round too, and the trainer worked for it:
 			// no strike, and it may still report on its lease of this validator. Its update
 			// cannot be merged here: a proposal lists only the proposer's leases.
 			r.foreign[from] = true
 			reject(false, reasonForeignLease, "lease %s was granted by %s, another validator leading round %d",
-				leaseID, v.grants.issuer(r.round, r.baseID, leaseID, from), r.round)
+				leaseID, issuer, r.round)
 		default:
 			// Maybe another validator's lease whose grant has not reached this one yet.
 			art := ""
