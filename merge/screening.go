@@ -27,7 +27,8 @@ import (
 //     sign flip, which pulls U, cannot pull it. With fewer survivors
 //     the cohort says nothing about who is odd, so each survivor is held to the reference
 //     vector instead (the recent merged updates every validator holds, e.g. the outer
-//     momentum; the fixed bar until the history is warm). With no reference (or a zero
+//     momentum; the fixed bar until the history is warm, then a bar never above the floor,
+//     see decideCosines). With no reference (or a zero
 //     one) a pair is held to each other: when they disagree both are rejected. A lone
 //     update with nothing to compare to is not judged by direction. Cosines to the
 //     reference are computed whenever one is given, so the history learns what honest
@@ -389,7 +390,16 @@ func (s *Screening) decideCosines() {
 				v.reject(ReasonLowCosine)
 			}
 		case refCheck:
-			v.Bar = refBar
+			// A round of one or two updates is never held above the floor. The cosine of
+			// a lone update to the momentum is mostly its base's: rejected once, it is
+			// rejected on every retry on that base, and a calibrated bar learns from
+			// merged updates only, so when honest cosines fall faster than it follows, it
+			// locks a lone trainer out for good (digits, one node: a history mean of 0.48,
+			// then cosines of 0.08–0.17 from round 8 on, bar 0.208, 14 retries
+			// rejected). Above the floor an update points along the momentum better than
+			// noise does, so the floor still rejects noise and sign flips where honest
+			// updates clear it.
+			v.Bar = min(refBar, floor)
 			if s.onProbation(k) && refProbation {
 				v.Bar = max(v.Bar, floor)
 			}
