@@ -173,9 +173,13 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	}
 	if cfg.Experiment.HasRole(config.RoleValidator) {
 		mlog := e.log.With("component", "merge")
-		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
+		v := newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
 			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
-		}}).run
+		}})
+		if err := v.restoreLocks(); err != nil {
+			return err
+		}
+		loops["validator"] = v.run
 	}
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
 		loops["trainer"] = (&trainer{env: e, work: work, capacity: capac}).run
