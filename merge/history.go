@@ -18,6 +18,15 @@ const (
 	// MinSpread is the smallest spread a calibrated cosine bar assumes, so that a run of
 	// nearly identical updates does not make the bar so tight that honest noise fails it.
 	MinSpread = 0.02
+	// PriorSpread and PriorRounds: a calibrated bar assumes the spread of the history's
+	// cosines pulled toward PriorSpread as if PriorRounds rounds of that spread came first
+	// (Moments.calSpread). Five or six rounds say little about how far honest cosines can
+	// stray: a lone digits trainer's first six cosines to the momentum lay within −0.10 and
+	// −0.035 (spread 0.023, bar −0.152), its seventh was −0.205, and every retry on that
+	// base failed the same way, so the round never closed (TestLateJoinerCatchesUp in CI).
+	// Over 60-round solo runs the cosines ranged from −0.26 to 0.02 (spread about 0.06).
+	PriorSpread = 0.1
+	PriorRounds = HistoryWarmup
 	// NoiseZ sets the noise bar: a delta of n values whose cosine to its reference is below
 	// NoiseZ/√n points no more along it than a random direction does by chance (the cosine
 	// of an independent Gaussian vector is about N(0, 1/n); NoiseZ = 4 lets one in 30 000
@@ -91,6 +100,15 @@ func appendIf(xs []float64, x float64, ok bool) []float64 {
 
 // rate is the weight of the next round after n rounds: 1/(n+1), at least HistoryRate.
 func rate(n uint64) float64 { return max(1/float64(n+1), HistoryRate) }
+
+// calSpread is the spread a calibrated bar is set by: the history's, pulled toward
+// PriorSpread as if PriorRounds rounds of it had been folded in first, and at least
+// MinSpread. The pull fades as rounds accumulate (under 10 % of the variance after 50).
+func (m Moments) calSpread() float64 {
+	n := float64(m.N)
+	v := float64(n*m.Var) + float64(PriorRounds*PriorSpread*PriorSpread)
+	return max(math.Sqrt(v/(n+PriorRounds)), MinSpread)
+}
 
 // fold adds one round's values: the mean moves toward the round's mean and the spread
 // toward the round's mean squared deviation from the old mean (from the round's own mean

@@ -42,8 +42,8 @@ type ScreenConfig struct {
 	MinCosine *float64
 	// CosineTolerance, when > 0, calibrates the cosine bar from history: once the history
 	// holds HistoryWarmup rounds, a delta is rejected when its cosine is below
-	// mean − CosineTolerance × max(spread, MinSpread) of the cosines accepted in recent
-	// rounds (History), or below half that mean if lower, instead of below the fixed
+	// mean − CosineTolerance × spread of the cosines accepted in recent rounds (History;
+	// the spread is pulled toward PriorSpread while the history is young), or below half that mean if lower, instead of below the fixed
 	// *MinCosine. 0 keeps the fixed bar. The
 	// cosine checks run only when MinCosine is set.
 	CosineTolerance float64

@@ -35,8 +35,9 @@ import (
 //
 // The cosine bar is the fixed *MinCosine (or the noise bar NoiseZ/√n if higher) until the
 // history holds HistoryWarmup rounds and, when CosineTolerance > 0, mean −
-// CosineTolerance × max(spread, MinSpread) of the cosines accepted in recent rounds
-// afterwards, capped at half that mean and raised to the floor max(*MinCosine, noise bar)
+// CosineTolerance × spread of the cosines accepted in recent rounds afterwards (the
+// spread pulled toward PriorSpread while the history is young, and at least MinSpread:
+// Moments.calSpread), capped at half that mean and raised to the floor max(*MinCosine, noise bar)
 // while the accepted cosines clear the floor by FloorZ spreads (see bar). Deltas on
 // probation (SetProbation: senders the chain has not merged often enough recently) are
 // held to at least the floor once the history is warm, whatever the calibrated bar, where
@@ -448,8 +449,13 @@ func (s *Screening) roundMedian() float64 {
 // otherwise merge noise or a sign flip at an honest norm, since nothing else judges its
 // direction.
 //
-// Once warm, the calibrated bar is mean − CosineTolerance × max(spread, MinSpread) of
-// the cosines accepted in recent rounds, and never above half the mean: when honest
+// Once warm, the calibrated bar is mean − CosineTolerance × spread of the cosines
+// accepted in recent rounds, and never above half the mean. The spread is the history's
+// pulled toward PriorSpread, as if PriorRounds rounds of it came first, and at least
+// MinSpread (Moments.calSpread): a history of five or six rounds can be far tighter than
+// the honest updates are over a run, and a lone update rejected on a base is rejected on
+// every retry on it, so the round never closes. The floor test below uses the history's
+// spread as it stands (at least MinSpread). The bar is never above half the mean: when honest
 // updates agree closely the spread is tiny, and a bar just below the mean would reject
 // honest updates as soon as training moves on faster than the history follows. While the
 // accepted cosines clear the floor max(*MinCosine, noise bar) by FloorZ spreads (mean −
@@ -464,7 +470,7 @@ func (s *Screening) roundMedian() float64 {
 func (s *Screening) bar(m Moments, round float64) float64 {
 	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
 	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
-		cal := min(m.Mean-float64(s.cfg.CosineTolerance*max(math.Sqrt(m.Var), MinSpread)), m.Mean/2)
+		cal := min(m.Mean-float64(s.cfg.CosineTolerance*m.calSpread()), m.Mean/2)
 		if m.Mean-float64(FloorZ*max(math.Sqrt(m.Var), MinSpread)) >= floor {
 			return max(cal, floor)
 		}

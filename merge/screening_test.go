@@ -646,3 +646,67 @@ func TestProbationHoldsACohortToTheMomentumToo(t *testing.T) {
 		}
 	}
 }
+
+// TestLoneUpdateAfterAYoungTightHistory: CI's TestLateJoinerCatchesUp stalled at round 8.
+// A lone digits trainer's first six cosines to the momentum lay between −0.101 and −0.035;
+// the bar calibrated from them was −0.152, its seventh update's cosine was −0.205, and
+// every retry on that base failed the same way. A young history's spread is pulled toward
+// PriorSpread, so that update passes, while an update against the momentum is still
+// rejected.
+func TestLoneUpdateAfterAYoungTightHistory(t *testing.T) {
+	const n = 26122 // the digits model
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	var ref Moments
+	for _, c := range []float64{-0.035, -0.058, -0.057, -0.057, -0.101, -0.052} {
+		ref = ref.fold([]float64{c})
+	}
+	hist := History{Rounds: ref.N, Norm: 1.8, Ref: ref}
+	rng := rand.New(rand.NewPCG(8, 8))
+	momentum := gauss(rng, n, 0.01)
+	for _, tc := range []struct {
+		name   string
+		cosine float64
+		want   Reason
+	}{
+		{"typical", -0.06, ""},
+		{"round 8 in CI", -0.205, ""},
+		{"along the momentum", 0.3, ""},
+		{"against the momentum", -0.9, ReasonLowCosine},
+		{"the momentum reversed", -1, ReasonLowCosine},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := withCosine(rng, momentum, tc.cosine, 1.8)
+			v, err := ScreenWith([][]float32{d}, momentum, hist, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(v[0].RefCosine-tc.cosine) > 0.01 {
+				t.Fatalf("built a delta at cosine %.3f, want %.3f", v[0].RefCosine, tc.cosine)
+			}
+			if v[0].Reason != tc.want {
+				t.Errorf("cosine %.3f, bar %.3f: %q, want %q (history %+v)", v[0].RefCosine, v[0].Bar, v[0].Reason, tc.want, hist)
+			}
+		})
+	}
+}
+
+// withCosine returns a delta of norm norm whose cosine to ref is c.
+func withCosine(rng *rand.Rand, ref []float32, c, norm float64) []float32 {
+	o := gauss(rng, len(ref), 1)
+	rr, ro := 0.0, 0.0
+	for i := range ref {
+		rr += float64(ref[i]) * float64(ref[i])
+		ro += float64(ref[i]) * float64(o[i])
+	}
+	oo := 0.0
+	for i := range o {
+		o[i] -= float32(ro / rr * float64(ref[i]))
+		oo += float64(o[i]) * float64(o[i])
+	}
+	a, b := c*norm/math.Sqrt(rr), math.Sqrt(1-c*c)*norm/math.Sqrt(oo)
+	d := make([]float32, len(ref))
+	for i := range d {
+		d[i] = float32(a*float64(ref[i]) + b*float64(o[i]))
+	}
+	return d
+}

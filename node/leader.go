@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -238,8 +239,15 @@ func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed 
 			}
 			return false, v.grant(ctx, r, avail, cands)
 		case lease.NewPass:
+			why := barredReasons(barred)
 			v.log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
-				"barred", nBarred, "pass", r.book.Passes()+1)
+				"barred", nBarred, "reasons", why, "pass", r.book.Passes()+1)
+			if r.book.Passes() > 0 && why == string(merge.ReasonLowCosine) {
+				// Retries on one base tend to fail the same way: honest updates that the
+				// cosine bar rejects pass after pass stall the run here.
+				v.log.Warn("every update of this round failed the cosine screen again: if these trainers are honest, "+
+					"merge.screen.cosine_tolerance (or min_cosine) is too tight for this workload", "round", r.round, "pass", r.book.Passes()+1)
+			}
 			v.status.event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
 			r.book.StartPass()
 			continue
@@ -795,4 +803,17 @@ func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 		out[i].Capacity = 0
 	}
 	return out
+}
+
+// barredReasons lists the distinct reasons the round's trainers are barred for, sorted,
+// comma-separated, for the log.
+func barredReasons(barred map[string]string) string {
+	var rs []string
+	for _, r := range barred {
+		if !slices.Contains(rs, r) {
+			rs = append(rs, r)
+		}
+	}
+	slices.Sort(rs)
+	return strings.Join(rs, ",")
 }
