@@ -12,7 +12,8 @@
 # Environment:
 #   FLEET_DIR       configs (default .p2pnode/fleet), mounted read-only at /config
 #   FLEET_PROJECT   compose project name (default p2pnode-fleet)
-#   FLEET_OVERLAYS  space-separated overlays: scale, poison, public
+#   FLEET_OVERLAYS  space-separated overlays: scale, poison, public (poison needs an image
+#                   of the attack build, `make image TAGS=attack`: its trainer runs --poison)
 #   FLEET_ROUNDS    experiment.rounds when writing configs (default 0: train until stopped)
 #   P2PNODE_IMAGE   image (default p2pnode:latest, built by `make image`)
 #

@@ -10,13 +10,15 @@ import (
 
 	"github.com/ipfs/go-cid"
 
+	"github.com/p2pnode/p2pnode/adversary"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/node"
 )
 
 // TestSwarmOneThirdAttackersDigits is the process-level row set of the one-third-attackers
 // matrix (docs/security.md): real p2pnode processes with the Python digits workload, six
-// honest trainers and three attackers (`p2pnode run --poison MODE`) per row, against a run
+// honest trainers and three attackers (`p2pnode run --poison MODE`, which the harness's
+// attack build has) per row, against a run
 // of the six honest trainers alone. Ten processes per run make it too slow for `make test`
 // on a small machine, so it runs only when asked:
 //
@@ -29,7 +31,7 @@ func TestSwarmOneThirdAttackersDigits(t *testing.T) {
 	if env == "" {
 		t.Skip("slow (ten processes per run): set P2PNODE_E2E_ATTACKS=1 or a list of --poison modes")
 	}
-	kinds := []string{node.PoisonScale, node.PoisonFlip, node.PoisonNoise, node.PoisonNoLease}
+	kinds := []string{string(adversary.Scale), string(adversary.Flip), string(adversary.Noise), string(adversary.NoLease)}
 	if env != "1" {
 		kinds = strings.Split(env, ",")
 	}

@@ -169,7 +169,7 @@ var poisonModes = []string{"nan", "scale", "replay", "nolease"}
 func TestComposePoison(t *testing.T) {
 	requireDocker(t)
 	if out, err := exec.Command("docker", "run", "--rm", "--network", "none", image(), "run", "--poison", "scale", "--help").CombinedOutput(); err != nil {
-		t.Fatalf("the image's p2pnode has no --poison flag: rebuild it with `make image` (`p2pnode run --poison scale --help`: %v: %s)", err, strings.TrimSpace(string(out)))
+		t.Fatalf("the image's p2pnode has no --poison flag: rebuild it from the attack build: `make image TAGS=attack` (`p2pnode run --poison scale --help`: %v: %s)", err, strings.TrimSpace(string(out)))
 	}
 	modes := poisonModes
 	if s := os.Getenv("P2PNODE_POISON_MODES"); s != "" {

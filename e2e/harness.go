@@ -26,8 +26,10 @@ import (
 	"github.com/p2pnode/p2pnode/node"
 )
 
-// Binary builds bin/p2pnode for the tests once per test binary and returns its path;
-// $P2PNODE_E2E_BINARY names a prebuilt one instead (a machine without Go).
+// Binary builds p2pnode for the tests once per test binary and returns its path;
+// $P2PNODE_E2E_BINARY names a prebuilt one instead (a machine without Go). It is the attack
+// build (-tags attack, `make build TAGS=attack`): the tests' attackers run `p2pnode run
+// --poison MODE`, and a node given no --poison runs exactly as the default build's.
 var Binary = sync.OnceValues(func() (string, error) {
 	if b := os.Getenv("P2PNODE_E2E_BINARY"); b != "" {
 		return filepath.Abs(b)
@@ -35,7 +37,7 @@ var Binary = sync.OnceValues(func() (string, error) {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Dir(filepath.Dir(file))
 	out := filepath.Join(os.TempDir(), fmt.Sprintf("p2pnode-e2e-%d", os.Getpid()))
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/p2pnode")
+	cmd := exec.Command("go", "build", "-tags", "attack", "-o", out, "./cmd/p2pnode")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

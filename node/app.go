@@ -41,9 +41,6 @@ type Options struct {
 	// Host replaces the libp2p host built from node.listen (tests use mocknet hosts); the
 	// caller owns it. Discovery (bootstrap, DHT, mDNS) is off with a given host.
 	Host host.Host
-	// Poison makes the trainer misbehave on purpose (one of PoisonModes): fault injection
-	// for tests of screening and quarantine.
-	Poison string
 }
 
 // Node is a running p2pnode: build it with New, then Run it.
@@ -65,9 +62,6 @@ func New(cfg *config.Config, opts Options) (*Node, error) { return newNode(cfg, 
 func newNode(cfg *config.Config, opts Options, extra ...fx.Option) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
-	}
-	if _, err := poisonDelta(opts.Poison, 0); err != nil {
-		return nil, err
 	}
 	if err := ensureWritableDir(cfg.Node.StoreDir); err != nil {
 		return nil, fmt.Errorf("node.store_dir: %w", err)

@@ -1,3 +1,5 @@
+//go:build attack
+
 package node
 
 import (
@@ -15,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/adversary"
 	"github.com/p2pnode/p2pnode/synth"
 )
 
@@ -74,20 +77,20 @@ const (
 )
 
 type attackKind struct {
-	name   string // the row's label
-	poison string // the attackers' Options.Poison
-	bus    string // or the attackers' bus attack (attackbus_test.go)
+	name   string         // the row's label
+	poison adversary.Mode // the attackers' mode (attackOption, attack.go)
+	bus    string         // or the attackers' bus attack (attackbus_test.go)
 }
 
 var attackKinds = []attackKind{
-	{name: "nan", poison: PoisonNaN},
-	{name: "x1000", poison: PoisonScale},
-	{name: "sign-flip", poison: PoisonFlip},
-	{name: "noise", poison: PoisonNoise},
-	{name: "replay", poison: PoisonReplay},
+	{name: "nan", poison: adversary.NaN},
+	{name: "x1000", poison: adversary.Scale},
+	{name: "sign-flip", poison: adversary.Flip},
+	{name: "noise", poison: adversary.Noise},
+	{name: "replay", poison: adversary.Replay},
 	{name: "copy", bus: busCopy},
 	{name: "stale-base", bus: busStale},
-	{name: "unleased", poison: PoisonNoLease},
+	{name: "unleased", poison: adversary.NoLease},
 	{name: "never-report", bus: busSilent},
 	{name: "late", bus: busLate},
 }
@@ -335,7 +338,9 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 		n.rt.Delay = 50 * time.Millisecond
 		if i > matrixHonest {
 			n.name = fmt.Sprintf("attacker-%s-%d", k.name, i-matrixHonest)
-			n.poison = k.poison
+			if k.poison != "" {
+				n.extra = append(n.extra, attackOption(k.poison))
+			}
 			if k.bus != "" {
 				n.extra = append(n.extra, attackBusOption(k.bus))
 			}

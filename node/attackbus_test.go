@@ -1,3 +1,5 @@
+//go:build attack
+
 package node
 
 import (
@@ -13,7 +15,7 @@ import (
 
 // Attacks a test trainer makes on the wire, after it trained honestly: the bus of an
 // attacker rewrites, holds back or drops what its trainer publishes. They live in test
-// code (not in Options.Poison) because only the in-process matrix uses them.
+// code (not in adversary, attack.go) because only the in-process matrix uses them.
 const (
 	busCopy   = "copy"   // announce another trainer's delta of this round as its own
 	busStale  = "stale"  // name the head before the lease's base as the base

@@ -37,15 +37,14 @@ type cluster struct {
 }
 
 type clusterNode struct {
-	name   string
-	poison string
-	cfg    *config.Config
-	host   host.Host
-	rt     *synth.Runtime
-	n      *Node
-	err    chan error
-	out    *syncBuffer
-	stop   context.CancelFunc
+	name string
+	cfg  *config.Config
+	host host.Host
+	rt   *synth.Runtime
+	n    *Node
+	err  chan error
+	out  *syncBuffer
+	stop context.CancelFunc
 	// logs, when set, receives the node's log lines (text, info and up).
 	logs *syncBuffer
 	// extra options join the node's fx graph (a test attacker decorates its bus).
@@ -133,7 +132,7 @@ func (c *cluster) start(n *clusterNode) {
 	if n.logs != nil {
 		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
 	}
-	node, err := newNode(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Poison: n.poison}, n.extra...)
+	node, err := newNode(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log}, n.extra...)
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)

@@ -40,7 +40,7 @@ type env struct {
 	metrics    *nodeMetrics
 	peers      *peerRounds    // rounds announced by peers
 	bytes      *byteMeter     // libp2p bytes moved, per round
-	poison     string         // fault injection mode (tests); "" for an honest node
+	wrapWork   wrapWindows    // what the trainer loop trains with, made of its round.Trainer
 	exporter   *export.Writer // keeps export.dir current; nil when export is off
 	rebuild    *round.Merger  // rebuilds heads from their contributions (see rebuildsHeads); nil if not
 	pruner     *pruner        // deletes old artifacts after checkpoints; nil with node.archive

@@ -338,7 +338,11 @@ func (v *validator) signAndAttest(ctx context.Context, from string, m *gossip.He
 	}
 	signed := chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
 	signed.Add(sig)
-	v.locks[h.Round] = lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Notes: m.Notes, Proposal: m.Proposal}}
+	if err := v.lock(h.Round, lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Notes: m.Notes, Proposal: m.Proposal}}); err != nil {
+		v.log.Error("not attesting: the signing lock cannot be recorded", "round", h.Round, "proposer", from, "err", err)
+		v.status.event("verify", "round %d: not attesting %s: %v", h.Round, shortCID(id.String()), err)
+		return
+	}
 	if err := v.tips.SetNotes(id, h.Round, m.Notes); err != nil {
 		v.log.Warn("store round notes", "round", h.Round, "err", err)
 	}

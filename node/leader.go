@@ -719,7 +719,9 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	msg := &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes,
 		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire}}
 	lk := lockedHead{id: out.ID, msg: msg}
-	v.locks[r.round] = lk
+	if err := v.lock(r.round, lk); err != nil {
+		return nil, err
+	}
 	if _, err := v.tips.Offer(sh); err != nil {
 		return nil, err
 	}

@@ -124,7 +124,7 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 			require.NoError(t, err)
 			cks = append(cks, ck)
 			e := newEnv(envParams{Cfg: &ncfg, Log: log, Self: pid, Key: key, Host: hosts[i], Bus: hub.join(id, store),
-				Tips: newTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads,
+				Tips: newTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads, Wrap: honestWindows,
 				Runtime: synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &statusBoard{},
 				Keeper: newKeeper(ck, i == 0 || rebuildsHeads(&ncfg)), Metrics: newNodeMetrics(prometheus.NewRegistry())})
 			envs = append(envs, e)

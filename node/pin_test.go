@@ -114,7 +114,7 @@ const (
 var pinExpiry = time.Date(2000, 1, 1, 0, 0, 32, 500*int(time.Millisecond), time.UTC).UnixMilli()
 
 // pinKey is a fixed Ed25519 key made from a name.
-func pinKey(t *testing.T, name string) (crypto.PrivKey, string) {
+func pinKey(t testing.TB, name string) (crypto.PrivKey, string) {
 	t.Helper()
 	seed := sha256.Sum256([]byte("p2pnode pin " + name))
 	k, _, err := crypto.GenerateEd25519Key(bytes.NewReader(append(seed[:], seed[:]...)))

@@ -38,6 +38,7 @@ func rolesModule(cfg *config.Config) fx.Option {
 			func(ck *checkpoint.Checkpointer) *keeper {
 				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
 			},
+			func() wrapWindows { return honestWindows },
 			newEnv,
 		),
 		fx.Invoke(startLoops),
@@ -71,6 +72,7 @@ type envParams struct {
 	Metrics *nodeMetrics
 	Export  *export.Writer
 	Pruner  *pruner
+	Wrap    wrapWindows
 	BW      *metrics.BandwidthCounter `optional:"true"`
 }
 
@@ -89,7 +91,7 @@ func newEnv(p envParams) *env {
 	}
 	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
-		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, poison: p.Opts.Poison, exporter: p.Export,
+		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
 		bytes: &byteMeter{bw: p.BW}, pruner: p.Pruner}
 	p.Status.peers = func(round uint64) []PeerStatus {
 		return peerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
@@ -155,12 +157,6 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	}
 	// After restore set the residual, before any loop can checkpoint.
 	e.keeper.trackResidual(work.ReadResidual)
-	if e.poison != "" {
-		e.log.Warn("POISONED TRAINER: this node sends corrupted updates on purpose", "mode", e.poison)
-		// Each attacker draws its own noise: with the experiment's seed alone, every noisy
-		// attacker sent the same vector, and colluding copies agree with each other.
-		work.Poison, _ = poisonDelta(e.poison, uint64(trainerSeed(cfg.Experiment.Seed, 0, 0, e.self)))
-	}
 
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
 		probeSpeed(ctx, e, capac)
@@ -173,12 +169,16 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 	}
 	if cfg.Experiment.HasRole(config.RoleValidator) {
 		mlog := e.log.With("component", "merge")
-		loops["validator"] = newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
+		v := newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
 			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
-		}}).run
+		}})
+		if err := v.restoreLocks(); err != nil {
+			return err
+		}
+		loops["validator"] = v.run
 	}
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
-		loops["trainer"] = (&trainer{env: e, work: work, capacity: capac}).run
+		loops["trainer"] = (&trainer{env: e, work: e.wrapWork(work), capacity: capac}).run
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -12,17 +12,15 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/chain"
-	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
-	"github.com/p2pnode/p2pnode/round"
 )
 
 // trainer is the trainer role: it trains the leases granted to it and announces the
 // contributions.
 type trainer struct {
 	*env
-	work *round.Trainer
+	work windowTrainer
 	// capacity is the measured training speed (samples per second), announced to validators.
 	capacity *capacity
 }
@@ -120,17 +118,6 @@ func (t *trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	c := &gossip.Contribution{Experiment: t.cfg.Experiment.ID, Round: l.Round, Base: l.Base, Lease: leaseID.Bytes(),
 		Peer: t.self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds,
 		TrainSeconds: res.TrainSeconds, FetchSeconds: fetched.Seconds() + res.FetchSeconds}
-	switch t.poison {
-	case PoisonReplay:
-		// Announce an update that was already merged (the base head's first) as this round's.
-		if len(base.Contributions) == 0 {
-			return nil
-		}
-		c.Delta = base.Contributions[0].Artifact
-	case PoisonNoLease:
-		c.Lease = cids.Record([]byte(fmt.Sprintf("no such lease %d", l.Round))).Bytes()
-	}
-
 	t.status.update(func(s *Status) {
 		s.Last = &ContributionInfo{Round: l.Round, Delta: res.Delta.String(), Samples: res.Samples, Loss: res.Loss, Seconds: res.Seconds, At: time.Now()}
 	})

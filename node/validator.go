@@ -38,7 +38,8 @@ type validator struct {
 	paces      *paces
 	// locks records, per round, the head this validator signed (proposed or attested): it
 	// never signs two heads for one round, so two heads of a round cannot both reach a
-	// majority quorum.
+	// majority quorum. Each lock is written to LocksFile (lock) before its signature leaves
+	// the process, and read back at start-up (restoreLocks): a restart forgets none.
 	locks map[uint64]lockedHead
 	// grants remembers the leases granted for the open round and the one closed last: a
 	// contribution made under another validator's is not a trainer's fault (stepaside.go).
@@ -178,6 +179,9 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 	if id, _ := v.tips.Current(); id.Defined() {
 		return nil
 	}
+	if _, locked := v.locks[0]; locked {
+		return nil // made before a restart: run sees it to its quorum
+	}
 	vs := slices.Clone(v.validators)
 	slices.Sort(vs)
 	if vs[0] != v.self {
@@ -207,12 +211,15 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 	if err := v.signNotes(id, 0, notes); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
+	lk := lockedHead{id: id, msg: &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes, Proposal: &gossip.Proposal{}}}
+	if err := v.lock(0, lk); err != nil {
+		return fmt.Errorf("genesis: %w", err)
+	}
 	if _, err := v.tips.Offer(sh); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
 	v.log.Info("made genesis", "head", id.String(), "layout", h.LayoutHash[:12])
-	v.locks[0] = lockedHead{id: id, msg: &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes, Proposal: &gossip.Proposal{}}}
-	return v.bus.Publish(ctx, v.locks[0].msg)
+	return v.bus.Publish(ctx, lk.msg)
 }
 
 // signNotes signs the round notes of head id and keeps them beside the head.

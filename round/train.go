@@ -50,12 +50,6 @@ type Trainer struct {
 	// by ReadResidual (the checkpoint writer streaming it to disk), so that neither sees
 	// the residual half-updated and the residual is never copied to be saved.
 	residualMu sync.RWMutex
-
-	// Poison, when set, corrupts the pseudo-gradient before it is encoded: fault injection
-	// for end-to-end tests of screening (p2pnode run --poison). A poisoned delta that is
-	// no longer finite is stored as raw fp32, bypassing the codecs' checks as an attacker
-	// would.
-	Poison func(delta []float32)
 }
 
 // residualTag is ResidualTag for this trainer's codec on a pack of the given layout, ""
@@ -92,8 +86,35 @@ type Result struct {
 
 // Train runs one window of steps inner steps on base's parameters over the given
 // microshards and stores the encoded pseudo-gradient. seed makes the worker's batch order
-// reproducible.
+// reproducible. It is RunWindow, then Encode.
 func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*Result, error) {
+	w, err := t.RunWindow(ctx, base, microshards, steps, seed)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	return w.Encode()
+}
+
+// Window is one trained window whose pseudo-gradient is not stored yet: the worker's
+// output next to the base parameters. Encode stores it as Train does; a caller that needs
+// the pseudo-gradient itself takes it with Delta and stores it with EncodeDelta. Close
+// removes the worker's output.
+type Window struct {
+	t           *Trainer
+	round       uint64 // the round the window trains for
+	paramsID    cid.Cid
+	out, optOut string // the worker's output parameters and optimizer state
+	res         pyruntime.TrainResult
+	start       time.Time
+	fetched     float64 // seconds spent getting the microshards
+	microshards []uint32
+	layoutHash  string // the base's layout hash, set by Delta
+}
+
+// RunWindow runs the worker for one window (see Train) and returns its output, not yet
+// encoded.
+func (t *Trainer) RunWindow(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*Window, error) {
 	start := time.Now()
 	paramsID, err := base.ParamsID()
 	if err != nil {
@@ -111,73 +132,80 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	scratch := t.Runtime.ScratchDir()
 	out := filepath.Join(scratch, fmt.Sprintf("local-%d.safetensors", base.Round+1))
 	optOut := filepath.Join(scratch, fmt.Sprintf("opt-%d.safetensors", base.Round+1))
-	defer os.Remove(out)
 	res, err := t.Runtime.Train(ctx, pyruntime.TrainJob{
 		Base: t.Store.BlobPath(paramsID), Out: out, OptIn: t.OptState, OptOut: optOut,
 		Shards: shards, Steps: steps, Seed: seed,
 	})
 	if err != nil {
+		os.Remove(out)
 		os.Remove(optOut)
 		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
 	}
-	// done keeps the optimizer state for the next window and reports the stored delta.
-	done := func(id cid.Cid, norm float64) *Result {
-		t.keepOptState(scratch, optOut)
-		return &Result{
-			Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
-			Steps: res.Steps, Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut,
-			DeltaNorm: norm,
-		}
-	}
-	if t.Codec != diloco.Sparse && t.Poison == nil {
-		id, norm, err := t.encodeDense(paramsID, out)
+	return &Window{t: t, round: base.Round + 1, paramsID: paramsID, out: out, optOut: optOut, res: res,
+		start: start, fetched: fetched, microshards: microshards}, nil
+}
+
+// Close removes the worker's output parameters.
+func (w *Window) Close() { os.Remove(w.out) }
+
+// Encode encodes and stores the window's pseudo-gradient with the trainer's codec. The
+// dense codecs stream it from the two packs (encodeDense); the sparse one needs it whole.
+func (w *Window) Encode() (*Result, error) {
+	if w.t.Codec != diloco.Sparse {
+		id, norm, err := w.t.encodeDense(w.paramsID, w.out)
 		if err != nil {
-			return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+			return nil, fmt.Errorf("train round %d: %w", w.round, err)
 		}
-		return done(id, norm), nil
+		return w.done(id, norm), nil
 	}
-	basePack, err := pack.Load(t.Store.BlobPath(paramsID))
+	delta, err := w.Delta()
 	if err != nil {
-		return nil, fmt.Errorf("train round %d: base params %s: %w", base.Round+1, paramsID, err)
+		return nil, err
+	}
+	return w.EncodeDelta(delta)
+}
+
+// Delta returns the window's pseudo-gradient (base − local), after checking that the
+// worker's output has the base's layout and only finite values.
+func (w *Window) Delta() ([]float32, error) {
+	basePack, err := pack.Load(w.t.Store.BlobPath(w.paramsID))
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: base params %s: %w", w.round, w.paramsID, err)
 	}
 	defer basePack.Close()
-	local, err := pack.Load(out)
+	local, err := pack.Load(w.out)
 	if err != nil {
-		return nil, fmt.Errorf("train round %d: worker output: %w", base.Round+1, err)
+		return nil, fmt.Errorf("train round %d: worker output: %w", w.round, err)
 	}
 	defer local.Close()
 	if err := local.CheckLayout(basePack.Layout); err != nil {
-		return nil, fmt.Errorf("train round %d: worker output: %w", base.Round+1, err)
+		return nil, fmt.Errorf("train round %d: worker output: %w", w.round, err)
 	}
 	if name := local.Finite(); name != "" {
-		return nil, fmt.Errorf("train round %d: %w: worker returned NaN/Inf in tensor %q", base.Round+1, ErrNonFinite, name)
+		return nil, fmt.Errorf("train round %d: %w: worker returned NaN/Inf in tensor %q", w.round, ErrNonFinite, name)
 	}
 	delta := make([]float32, len(basePack.Values))
-	if err := diloco.PseudoGradient(delta, basePack.Values, local.Values, t.Workers); err != nil {
-		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+	if err := diloco.PseudoGradient(delta, basePack.Values, local.Values, w.t.Workers); err != nil {
+		return nil, fmt.Errorf("train round %d: %w", w.round, err)
 	}
-	if t.Poison != nil {
-		t.Poison(delta)
-		if merge.FirstNonFinite(delta, t.Workers) >= 0 {
-			raw := diloco.Encoded{Codec: diloco.FP32, N: len(delta), Data: pack.Float32Bytes(delta)}
-			id, err := StoreDelta(t.Store, raw, basePack.Layout.Hash())
-			if err != nil {
-				return nil, err
-			}
-			t.OptState = optOut
-			return &Result{Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, Steps: res.Steps,
-				Seconds: time.Since(start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: fetched, Microshards: microshards, OptState: optOut}, nil
-		}
-	}
+	w.layoutHash = basePack.Layout.Hash()
+	return delta, nil
+}
+
+// EncodeDelta encodes delta, the window's pseudo-gradient from Delta, with the trainer's
+// codec and error feedback, and stores it.
+func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
+	t := w.t
 	var residual []float32
 	t.residualMu.Lock()
-	if tag := t.residualTag(basePack.Layout.Hash()); tag != "" {
+	if tag := t.residualTag(w.layoutHash); tag != "" {
 		if len(t.Residual) != len(delta) || t.ResidualTag != tag {
 			t.Residual, t.ResidualTag = make([]float32, len(delta)), tag
 		}
 		residual = t.Residual
 	}
 	var enc diloco.Encoded
+	var err error
 	if t.Codec == diloco.Sparse {
 		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, t.Workers)
 	} else {
@@ -185,13 +213,36 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 	}
 	t.residualMu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("train round %d: encode delta: %w", base.Round+1, err)
+		return nil, fmt.Errorf("train round %d: encode delta: %w", w.round, err)
 	}
-	id, err := StoreDelta(t.Store, enc, basePack.Layout.Hash())
+	id, err := StoreDelta(t.Store, enc, w.layoutHash)
 	if err != nil {
-		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+		return nil, fmt.Errorf("train round %d: %w", w.round, err)
 	}
-	return done(id, merge.Norm(delta, t.Workers)), nil
+	return w.done(id, merge.Norm(delta, t.Workers)), nil
+}
+
+// StoreRaw stores delta, the window's pseudo-gradient from Delta, as raw fp32: no codec,
+// no error feedback, none of the codecs' checks (a delta that is not finite is stored as
+// it is, as an attacker would send it).
+func (w *Window) StoreRaw(delta []float32) (*Result, error) {
+	raw := diloco.Encoded{Codec: diloco.FP32, N: len(delta), Data: pack.Float32Bytes(delta)}
+	id, err := StoreDelta(w.t.Store, raw, w.layoutHash)
+	if err != nil {
+		return nil, fmt.Errorf("train round %d: %w", w.round, err)
+	}
+	return w.done(id, merge.Norm(delta, w.t.Workers)), nil
+}
+
+// done keeps the window's optimizer state for the next window and reports the stored delta.
+func (w *Window) done(id cid.Cid, norm float64) *Result {
+	w.t.keepOptState(w.t.Runtime.ScratchDir(), w.optOut)
+	res := w.res
+	return &Result{
+		Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
+		Steps: res.Steps, Seconds: time.Since(w.start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: w.fetched,
+		Microshards: w.microshards, OptState: w.optOut, DeltaNorm: norm,
+	}
 }
 
 // ReadResidual calls f with the error-feedback residual and its tag (nil and "" when there

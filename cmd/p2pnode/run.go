@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -10,8 +9,16 @@ import (
 	"github.com/p2pnode/p2pnode/node"
 )
 
+// nodeBuilder makes the node `p2pnode run` runs.
+type nodeBuilder func(cfg *config.Config, opts node.Options) (*node.Node, error)
+
+// runHooks add flags to `p2pnode run` and may replace how it builds its node. Empty in the
+// default build; a build with the attack tag adds --poison (attack.go).
+var runHooks []func(cmd *cobra.Command, build *nodeBuilder)
+
 func newRunCmd(g *globalFlags) *cobra.Command {
-	var path, poison string
+	var path string
+	build := nodeBuilder(node.New)
 	cmd := &cobra.Command{
 		Use:   "run --config FILE",
 		Short: "Run a node from an experiment config",
@@ -29,7 +36,7 @@ stops after experiment.rounds rounds (0 = until interrupted).`,
 			if err != nil {
 				return err
 			}
-			n, err := node.New(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log, Poison: poison})
+			n, err := build(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log})
 			if err != nil {
 				return err
 			}
@@ -38,8 +45,8 @@ stops after experiment.rounds rounds (0 = until interrupted).`,
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "p2pnode.yaml", "experiment config file")
-	// Fault injection for end-to-end tests: a trainer that sends corrupted updates.
-	cmd.Flags().StringVar(&poison, "poison", "", "misbehave on purpose (tests only): "+strings.Join(node.PoisonModes, ", "))
-	_ = cmd.Flags().MarkHidden("poison")
+	for _, hook := range runHooks {
+		hook(cmd, &build)
+	}
 	return cmd
 }

@@ -194,7 +194,7 @@ func Write(o Options) (*Fleet, error) {
 			what = "a trainer"
 		}
 		if f.Names[i] == Attacker {
-			what = "the poisoning trainer (run with --poison)"
+			what = "the poisoning trainer (run with --poison: needs an image of the attack build, make image TAGS=attack)"
 		}
 		if err := write(f.Names[i], c, what); err != nil {
 			return nil, err
