@@ -751,3 +751,58 @@ func TestLoneUpdateAfterTheCosinesFell(t *testing.T) {
 		})
 	}
 }
+
+// TestCohortAfterTheCosinesFell: the cohort's analogue of TestLoneUpdateAfterTheCosinesFell.
+// The history says updates point along the momentum at about 0.48; this round's nine honest
+// updates come in at about 0.12 (and agree with each other at about 0.4). The calibrated bar
+// to the momentum (0.19) would reject all nine on every retry on this base; capped at half
+// this round's median, it passes them and still rejects sign flips and noise.
+func TestCohortAfterTheCosinesFell(t *testing.T) {
+	const n = 9610
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	var ref, coh Moments
+	for _, c := range []float64{0.55, 0.5, 0.47, 0.5, 0.45, 0.46, 0.43} {
+		ref = ref.fold([]float64{c})
+		coh = coh.fold([]float64{c - 0.05, c, c + 0.05})
+	}
+	hist := History{Rounds: ref.N, Norm: 0.68, Cohort: coh, Ref: ref}
+	rng := rand.New(rand.NewPCG(10, 10))
+	momentum := gauss(rng, n, 0.01)
+	shared := withCosine(rng, momentum, 0.25, 1)
+	honest := func() []float32 { return withCosine(rng, shared, 0.5, 0.68) }
+	cohort := func(attack func([]float32) []float32) [][]float32 {
+		out := make([][]float32, 9)
+		for j := range out {
+			out[j] = honest()
+			if j >= 6 && attack != nil {
+				out[j] = attack(out[j])
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		odd    int // the last odd deltas must be rejected, the others accepted
+	}{
+		{"nine honest", cohort(nil), 0},
+		{"three sign flips", cohort(func(d []float32) []float32 { return scaled(d, -1) }), 3},
+		{"three noise", cohort(func(d []float32) []float32 { return gauss(rng, n, 0.68/math.Sqrt(n)) }), 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := ScreenWith(tc.deltas, momentum, hist, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				want := Reason("")
+				if j >= len(v)-tc.odd {
+					want = ReasonLowCosine
+				}
+				if v[j].Reason != want {
+					t.Errorf("delta %d: cosine %.3f, to momentum %.3f, bar %.3f: %q, want %q", j, v[j].Cosine, v[j].RefCosine, v[j].Bar, v[j].Reason, want)
+				}
+			}
+		})
+	}
+}
