@@ -215,7 +215,11 @@ func TestHistorySurvivesARestart(t *testing.T) {
 		require.NotNil(t, p.Time, "round %d has no time split", i)
 		require.Positive(t, p.Time.Training, "round %d", i)
 		require.Positive(t, p.Time.Merge, "round %d", i)
-		require.LessOrEqual(t, p.Time.Training+p.Time.Merge, p.Time.Seconds, "round %d", i)
+		// The merge is timed by the leader's clock within the round; the synthetic
+		// workload's training time is modelled (steps × synth's step cost, no sleeping),
+		// so a round can take less wall time than its training and merge together (CI:
+		// 0.0203 s against a round of 0.0191 s).
+		require.LessOrEqual(t, p.Time.Merge, p.Time.Seconds, "round %d", i)
 	}
 	require.Len(t, st.Peers, 1)
 	require.True(t, st.Peers[0].Self)
