@@ -27,7 +27,8 @@ import (
 //     sign flip, which pulls U, cannot pull it. With fewer survivors
 //     the cohort says nothing about who is odd, so each survivor is held to the reference
 //     vector instead (the recent merged updates every validator holds, e.g. the outer
-//     momentum; the fixed bar until the history is warm). With no reference (or a zero
+//     momentum; the fixed bar until the history is warm, then a bar never above the floor,
+//     see decideCosines). With no reference (or a zero
 //     one) a pair is held to each other: when they disagree both are rejected. A lone
 //     update with nothing to compare to is not judged by direction. Cosines to the
 //     reference are computed whenever one is given, so the history learns what honest
@@ -38,7 +39,12 @@ import (
 // CosineTolerance × spread of the cosines accepted in recent rounds afterwards (the
 // spread pulled toward PriorSpread while the history is young, and at least MinSpread:
 // Moments.calSpread), capped at half that mean and raised to the floor max(*MinCosine, noise bar)
-// while the accepted cosines clear the floor by FloorZ spreads (see bar). Deltas on
+// while the accepted cosines clear the floor by FloorZ spreads (see bar). A cohort's bars
+// are never above half of the round's median cosine unless that is below the floor, and a
+// round of one or two updates is never held to the momentum above the floor: the
+// calibrated bars learn from merged updates only, so they cannot follow honest cosines
+// that fall while nothing is merged, and a round whose every update fails them fails on
+// every retry on its base (decideCosines). Deltas on
 // probation (SetProbation: senders the chain has not merged often enough recently) are
 // held to at least the floor once the history is warm, whatever the calibrated bar, where
 // honest updates clear the floor by far.
@@ -348,23 +354,33 @@ func (s *Screening) decideCosines() {
 			s.verdicts[k].Cosine = s.cohortCosine(k)
 		}
 	}
+	if s.hasRef {
+		for _, k := range s.alive {
+			v := &s.verdicts[k]
+			v.RefCosine, v.refRan = cosineOf(s.dotR[k], s.sumsq[k], s.rr), true
+		}
+	}
 	median := s.roundMedian()
-	cohortBar := s.bar(s.hist.Cohort, median)
+	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
+	// A cohort's bars are never above half of this round's median cosine (an honest
+	// update's, with fewer than half of the cohort odd), unless that is below the floor: the
+	// calibrated bars learn from merged updates only, so when honest cosines fall faster
+	// than they follow, every update of the round fails them on every retry on its base.
+	cohortBar := atMostHalf(s.bar(s.hist.Cohort, median), median, floor)
 	refBar := s.bar(s.hist.Ref, math.NaN())
+	if s.cohort {
+		refBar = atMostHalf(refBar, s.refMedian(), floor)
+	}
 	// Probation holds a delta to the floor only where honest updates clear it by far, at
 	// least twice (as for the cold bar): for the bar to the others, this round's median
 	// cohort cosine (an honest update's, with fewer than half of the cohort odd); for the
 	// bar to the momentum, the mean accepted cosine to the momentum of recent rounds. Where honest updates look like noise
 	// (digits with nine trainers, once converged: each round's lowest accepted cosine to the
 	// others −0.16 to −0.43 from round 49 on), a floor would lock honest newcomers out.
-	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
 	cohortProbation := s.hist.Cohort.N >= HistoryWarmup && median/2 >= floor
 	refProbation := s.hist.Ref.Mean/2 >= floor
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
-		if s.hasRef {
-			v.RefCosine, v.refRan = cosineOf(s.dotR[k], s.sumsq[k], s.rr), true
-		}
 		if pairCheck {
 			v.Cosine = s.cohortCosine(k)
 		}
@@ -389,7 +405,16 @@ func (s *Screening) decideCosines() {
 				v.reject(ReasonLowCosine)
 			}
 		case refCheck:
-			v.Bar = refBar
+			// A round of one or two updates is never held above the floor. The cosine of
+			// a lone update to the momentum is mostly its base's: rejected once, it is
+			// rejected on every retry on that base, and a calibrated bar learns from
+			// merged updates only, so when honest cosines fall faster than it follows, it
+			// locks a lone trainer out for good (digits, one node: a history mean of 0.48,
+			// then cosines of 0.08–0.17 from round 8 on, bar 0.208, 14 retries
+			// rejected). Above the floor an update points along the momentum better than
+			// noise does, so the floor still rejects noise and sign flips where honest
+			// updates clear it.
+			v.Bar = min(refBar, floor)
 			if s.onProbation(k) && refProbation {
 				v.Bar = max(v.Bar, floor)
 			}
@@ -409,6 +434,29 @@ func (s *Screening) decideCosines() {
 			v.reject(ReasonLowCosine)
 		}
 	}
+}
+
+// atMostHalf lowers bar to half of median, or to floor if that is higher; a NaN median
+// (no cohort) leaves it.
+func atMostHalf(bar, median, floor float64) float64 {
+	if math.IsNaN(median) {
+		return bar
+	}
+	return min(bar, max(median/2, floor))
+}
+
+// refMedian is the median cosine to the reference of this round's survivors (NaN without
+// a reference).
+func (s *Screening) refMedian() float64 {
+	if !s.hasRef || len(s.alive) == 0 {
+		return math.NaN()
+	}
+	cs := make([]float64, 0, len(s.alive))
+	for _, k := range s.alive {
+		cs = append(cs, s.verdicts[k].RefCosine)
+	}
+	slices.Sort(cs)
+	return medianSorted(cs)
 }
 
 // cohortCosine is u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine of

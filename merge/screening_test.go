@@ -710,3 +710,99 @@ func withCosine(rng *rand.Rand, ref []float32, c, norm float64) []float32 {
 	}
 	return d
 }
+
+// TestLoneUpdateAfterTheCosinesFell: a lone digits node (outer lr 1, no momentum) merged
+// updates at cosines near 0.5 to the momentum for seven rounds; from round 8 its updates
+// came in at 0.08–0.17, the calibrated bar was 0.208, and 14 retries on that base were
+// rejected. A round of one or two updates is held to the floor at most: such an update
+// passes, while a sign flip of it and noise are rejected.
+func TestLoneUpdateAfterTheCosinesFell(t *testing.T) {
+	const n = 9610 // the digits model with 128 hidden units
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	var ref Moments
+	for _, c := range []float64{0.55, 0.5, 0.47, 0.5, 0.45, 0.46, 0.43} {
+		ref = ref.fold([]float64{c})
+	}
+	hist := History{Rounds: ref.N, Norm: 0.68, Ref: ref}
+	rng := rand.New(rand.NewPCG(9, 9))
+	momentum := gauss(rng, n, 0.01)
+	honest := withCosine(rng, momentum, 0.12, 0.68)
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		want   []Reason
+	}{
+		{"lone, at 0.12", [][]float32{honest}, []Reason{""}},
+		{"lone, at 0.08", [][]float32{withCosine(rng, momentum, 0.08, 0.68)}, []Reason{""}},
+		{"lone sign flip", [][]float32{scaled(honest, -1)}, []Reason{ReasonLowCosine}},
+		{"lone noise", [][]float32{gauss(rng, n, 0.68/math.Sqrt(n))}, []Reason{ReasonLowCosine}},
+		{"a pair, one flipped", [][]float32{withCosine(rng, momentum, 0.15, 0.68), scaled(honest, -1)}, []Reason{"", ReasonLowCosine}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := ScreenWith(tc.deltas, momentum, hist, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, want := range tc.want {
+				if v[j].Reason != want {
+					t.Errorf("delta %d at cosine %.3f, bar %.3f: %q, want %q (history %+v)", j, v[j].RefCosine, v[j].Bar, v[j].Reason, want, hist)
+				}
+			}
+		})
+	}
+}
+
+// TestCohortAfterTheCosinesFell: the cohort's analogue of TestLoneUpdateAfterTheCosinesFell.
+// The history says updates point along the momentum at about 0.48; this round's nine honest
+// updates come in at about 0.12 (and agree with each other at about 0.4). The calibrated bar
+// to the momentum (0.19) would reject all nine on every retry on this base; capped at half
+// this round's median, it passes them and still rejects sign flips and noise.
+func TestCohortAfterTheCosinesFell(t *testing.T) {
+	const n = 9610
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	var ref, coh Moments
+	for _, c := range []float64{0.55, 0.5, 0.47, 0.5, 0.45, 0.46, 0.43} {
+		ref = ref.fold([]float64{c})
+		coh = coh.fold([]float64{c - 0.05, c, c + 0.05})
+	}
+	hist := History{Rounds: ref.N, Norm: 0.68, Cohort: coh, Ref: ref}
+	rng := rand.New(rand.NewPCG(10, 10))
+	momentum := gauss(rng, n, 0.01)
+	shared := withCosine(rng, momentum, 0.25, 1)
+	honest := func() []float32 { return withCosine(rng, shared, 0.5, 0.68) }
+	cohort := func(attack func([]float32) []float32) [][]float32 {
+		out := make([][]float32, 9)
+		for j := range out {
+			out[j] = honest()
+			if j >= 6 && attack != nil {
+				out[j] = attack(out[j])
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		odd    int // the last odd deltas must be rejected, the others accepted
+	}{
+		{"nine honest", cohort(nil), 0},
+		{"three sign flips", cohort(func(d []float32) []float32 { return scaled(d, -1) }), 3},
+		{"three noise", cohort(func(d []float32) []float32 { return gauss(rng, n, 0.68/math.Sqrt(n)) }), 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := ScreenWith(tc.deltas, momentum, hist, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				want := Reason("")
+				if j >= len(v)-tc.odd {
+					want = ReasonLowCosine
+				}
+				if v[j].Reason != want {
+					t.Errorf("delta %d: cosine %.3f, to momentum %.3f, bar %.3f: %q, want %q", j, v[j].Cosine, v[j].RefCosine, v[j].Bar, v[j].Reason, want)
+				}
+			}
+		})
+	}
+}
