@@ -451,12 +451,7 @@ func (s *Screening) refMedian() float64 {
 	if !s.hasRef || len(s.alive) == 0 {
 		return math.NaN()
 	}
-	cs := make([]float64, 0, len(s.alive))
-	for _, k := range s.alive {
-		cs = append(cs, s.verdicts[k].RefCosine)
-	}
-	slices.Sort(cs)
-	return medianSorted(cs)
+	return s.survivorsMedian(func(v *Verdict) float64 { return v.RefCosine })
 }
 
 // cohortCosine is u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine of
@@ -478,9 +473,14 @@ func (s *Screening) roundMedian() float64 {
 	if !s.cohort {
 		return math.NaN()
 	}
+	return s.survivorsMedian(func(v *Verdict) float64 { return v.Cosine })
+}
+
+// survivorsMedian is the median of one cosine of the survivors' verdicts (at least one).
+func (s *Screening) survivorsMedian(cosine func(*Verdict) float64) float64 {
 	cs := make([]float64, 0, len(s.alive))
 	for _, k := range s.alive {
-		cs = append(cs, s.verdicts[k].Cosine)
+		cs = append(cs, cosine(&s.verdicts[k]))
 	}
 	slices.Sort(cs)
 	return medianSorted(cs)
