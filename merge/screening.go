@@ -368,8 +368,8 @@ func (s *Screening) decideCosines() {
 	// than they follow, every update of the round fails them on every retry on its base.
 	cohortBar := atMostHalf(s.bar(s.hist.Cohort, median), median, floor)
 	refBar := s.bar(s.hist.Ref, math.NaN())
-	if s.cohort {
-		refBar = atMostHalf(refBar, s.refMedian(), floor)
+	if s.cohort && s.hasRef {
+		refBar = atMostHalf(refBar, s.survivorsMedian(func(v *Verdict) float64 { return v.RefCosine }), floor)
 	}
 	// Probation holds a delta to the floor only where honest updates clear it by far, at
 	// least twice (as for the cold bar): for the bar to the others, this round's median
@@ -443,15 +443,6 @@ func atMostHalf(bar, median, floor float64) float64 {
 		return bar
 	}
 	return min(bar, max(median/2, floor))
-}
-
-// refMedian is the median cosine to the reference of this round's survivors (NaN without
-// a reference).
-func (s *Screening) refMedian() float64 {
-	if !s.hasRef || len(s.alive) == 0 {
-		return math.NaN()
-	}
-	return s.survivorsMedian(func(v *Verdict) float64 { return v.RefCosine })
 }
 
 // cohortCosine is u_k·(U − u_k) / ‖U − u_k‖ with u_k·u_k taken as 1: the cosine of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -808,12 +809,5 @@ func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 // barredReasons lists the distinct reasons the round's trainers are barred for, sorted,
 // comma-separated, for the log.
 func barredReasons(barred map[string]string) string {
-	var rs []string
-	for _, r := range barred {
-		if !slices.Contains(rs, r) {
-			rs = append(rs, r)
-		}
-	}
-	slices.Sort(rs)
-	return strings.Join(rs, ",")
+	return strings.Join(slices.Compact(slices.Sorted(maps.Values(barred))), ",")
 }
