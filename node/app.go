@@ -19,6 +19,7 @@ import (
 	"go.uber.org/fx/fxevent"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
@@ -243,7 +244,7 @@ func busModule(cfg *config.Config) fx.Option {
 				lc.Append(fx.StopHook(func() error { cancel(); return g.Close() }))
 				return g, nil
 			},
-			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) Bus {
+			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) bus.Bus {
 				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
 				runInBackground(lc, b.run, nil)
 				return b

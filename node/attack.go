@@ -12,6 +12,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/adversary"
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
@@ -37,7 +38,7 @@ func attackOption(mode adversary.Mode) fx.Option {
 		log.Warn("POISONED TRAINER: this node sends corrupted updates on purpose", "pkg", "node", "mode", mode)
 	})
 	if !mode.CorruptsDelta() {
-		return fx.Options(warn, fx.Decorate(func(b Bus, heads *chain.Store) Bus {
+		return fx.Options(warn, fx.Decorate(func(b bus.Bus, heads *chain.Store) bus.Bus {
 			return &lyingBus{Bus: b, heads: heads, mode: mode}
 		}))
 	}
@@ -79,7 +80,7 @@ func (c corruptingTrainer) Train(ctx context.Context, base *chain.Head, microsha
 // lyingBus publishes what its node publishes, except that each contribution is first
 // rewritten as the mode says (adversary.Mode.Rewrite), or not sent at all.
 type lyingBus struct {
-	Bus
+	bus.Bus
 	heads *chain.Store
 	mode  adversary.Mode
 }

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/fx"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
@@ -25,7 +26,7 @@ const (
 
 // attackBusOption decorates a node's Bus with the attack kind.
 func attackBusOption(kind string) fx.Option {
-	return fx.Decorate(func(lc fx.Lifecycle, b Bus) Bus {
+	return fx.Decorate(func(lc fx.Lifecycle, b bus.Bus) bus.Bus {
 		a := &attackBus{Bus: b, kind: kind, in: b.Subscribe(), bases: map[uint64][]byte{}, deadlines: map[uint64]int64{},
 			deltas: map[uint64][]seenDelta{}}
 		runInBackground(lc, a.watch, func() error { a.in.Close(); return nil })
@@ -40,9 +41,9 @@ type seenDelta struct {
 
 // attackBus is a Bus that misbehaves on the contributions its node publishes.
 type attackBus struct {
-	Bus
+	bus.Bus
 	kind string
-	in   *Inbox
+	in   *bus.Inbox
 
 	mu        sync.Mutex
 	changed   chan struct{}          // closed and replaced when deltas grows

@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/export"
@@ -27,7 +28,7 @@ type env struct {
 	self       string
 	key        crypto.PrivKey
 	host       host.Host
-	bus        Bus
+	bus        bus.Bus
 	tips       *tips
 	store      *artifact.Store
 	heads      *chain.Store

@@ -10,6 +10,7 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
@@ -40,7 +41,7 @@ var errLocked = errors.New("signed another proposal for this round")
 
 // follow is a validator's round when it is not the leader: it verifies and attests
 // proposals, and takes the round over when the validators ahead of it stay silent.
-func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) error {
+func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) error {
 	r := base.Round + 1
 	if l, locked := v.locks[r]; locked {
 		return v.awaitQuorum(ctx, in, r, l)
@@ -83,7 +84,7 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 	// beats that arrived late (a starved process).
 	var lastHeard time.Time
 	// heard takes in a grant or heartbeat of a validator ahead.
-	heard := func(l Received[gossip.Leases]) {
+	heard := func(l bus.Received[gossip.Leases]) {
 		v.recordGrant(l)
 		if l.Msg.Round != r || !slices.Equal(l.Msg.Base, baseID.Bytes()) || !slices.Contains(ahead, l.From) {
 			return
@@ -116,14 +117,14 @@ func (v *validator) follow(ctx context.Context, in *Inbox, baseID cid.Cid, base 
 	}
 	// attested takes in an attestation: one of the base by a validator ahead means it has
 	// verified the base and can lead now.
-	attested := func(a Received[gossip.Attestation]) {
+	attested := func(a bus.Received[gossip.Attestation]) {
 		if slices.Contains(ahead, a.From) && slices.Equal(a.Msg.Head, baseID.Bytes()) {
 			waiting()
 		}
 	}
 	// onHead takes in a head: the base re-published by a validator ahead, or a proposal
 	// for this round to verify and attest; it returns the lock when this validator signed.
-	onHead := func(h Received[gossip.Head]) (lockedHead, bool) {
+	onHead := func(h bus.Received[gossip.Head]) (lockedHead, bool) {
 		if baseStillOpen(h, baseID, ahead) {
 			waiting()
 			return lockedHead{}, false
@@ -235,7 +236,7 @@ func findSig(sigs []chain.Signature, p string) *chain.Signature {
 // that validator has not seen the base reach its quorum yet (awaitQuorum re-publishes it
 // with the signatures gathered so far; head sync sends this validator's attestation again
 // when it is missing).
-func baseStillOpen(h Received[gossip.Head], baseID cid.Cid, ahead []string) bool {
+func baseStillOpen(h bus.Received[gossip.Head], baseID cid.Cid, ahead []string) bool {
 	return slices.Contains(ahead, h.From) && h.Msg.Signed.ID().Equals(baseID)
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
@@ -84,7 +85,7 @@ type received struct {
 
 // lead runs one round as its leader. firstAttempt separates the lease ids of a validator
 // that took the round over from those of the leaders before it.
-func (v *validator) lead(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head, firstAttempt uint64) error {
+func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, firstAttempt uint64) error {
 	if l, locked := v.locks[base.Round+1]; locked {
 		// Already signed a head for this round (as a follower): see it through.
 		return v.awaitQuorum(ctx, in, base.Round+1, l)
@@ -184,7 +185,7 @@ func onProbation(merges map[string]int, peer string) bool { return merges[peer] 
 // issue waits until the round's book says what to do next: it returns true when the round
 // should close with what it received, or false once it has granted the next attempt's
 // leases.
-func (v *validator) issue(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
+func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	waitingSince := time.Now()
@@ -377,7 +378,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 // collect gathers the current attempt's contributions and releases until every lease of it
 // is settled (reported, rejected or released) or its deadline passes, when the trainers
 // that did not report are barred from the round and their microshards return to the pool.
-func (v *validator) collect(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) error {
+func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
 	timer := time.NewTimer(time.Until(r.deadline))
 	defer timer.Stop()
 	tick := time.NewTicker(500 * time.Millisecond)
@@ -454,7 +455,7 @@ func (v *validator) expire(r *openRound) {
 // microshards go back to the pool at once, and readmits it once it is heard from again, if
 // the round's book allows (lease.Book.Back: only after leaving or an expired lease, at
 // most Returns times a round).
-func (v *validator) noticeReturns(r *openRound, in *Inbox) {
+func (v *validator) noticeReturns(r *openRound, in *bus.Inbox) {
 	// Announcements queued while the loop was busy (fetching a delta) come first: a trainer
 	// is silent only if nothing of it arrived, not because nothing was read.
 	for drained := false; !drained; {
@@ -758,7 +759,7 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 // no other. A takeover of the round heard now changes nothing here: this validator is
 // locked, its proposal and the new leader's compete for the validators that signed
 // neither, and whichever reaches quorum ends this wait (stepaside.go).
-func (v *validator) awaitQuorum(ctx context.Context, in *Inbox, round uint64, l lockedHead) error {
+func (v *validator) awaitQuorum(ctx context.Context, in *bus.Inbox, round uint64, l lockedHead) error {
 	// The first re-publish comes after heartbeatEvery, within a follower's silence window
 	// (leaseWait): it tells the followers that already have the quorum that this validator
 	// is still waiting for it (follow, baseStillOpen), and they send their attestations

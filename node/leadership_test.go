@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
@@ -89,18 +90,18 @@ func TestLostAttestationsAreSentAgain(t *testing.T) {
 // dropFirstAttestationsOption decorates a node's Bus so that its inboxes never see the first
 // attestation of each signer for each head.
 func dropFirstAttestationsOption() fx.Option {
-	return fx.Decorate(func(b Bus) Bus { return &dropAttestationsBus{Bus: b} })
+	return fx.Decorate(func(b bus.Bus) bus.Bus { return &dropAttestationsBus{Bus: b} })
 }
 
-type dropAttestationsBus struct{ Bus }
+type dropAttestationsBus struct{ bus.Bus }
 
-func (b *dropAttestationsBus) Subscribe() *Inbox {
+func (b *dropAttestationsBus) Subscribe() *bus.Inbox {
 	seen := map[string]bool{}
 	return relayInbox(b.Bus.Subscribe(), inboxFilter{
-		attestations: func(m Received[gossip.Attestation], out *Inbox) {
+		attestations: func(m bus.Received[gossip.Attestation], out *bus.Inbox) {
 			key := m.From + string(m.Msg.Head)
 			if seen[key] {
-				offer(out.Attestations, m)
+				out.Deliver(m.From, m.Msg)
 			}
 			seen[key] = true
 		},
@@ -110,50 +111,50 @@ func (b *dropAttestationsBus) Subscribe() *Inbox {
 // inboxFilter is what relayInbox does with leases and attestations; nil passes them on.
 // The filters run on the relay's goroutine, one message at a time.
 type inboxFilter struct {
-	leases        func(m Received[gossip.Leases], out *Inbox)
-	attestations  func(m Received[gossip.Attestation], out *Inbox)
-	contributions func(m Received[gossip.Contribution], out *Inbox)
-	heads         func(m Received[gossip.Head], out *Inbox)
+	leases        func(m bus.Received[gossip.Leases], out *bus.Inbox)
+	attestations  func(m bus.Received[gossip.Attestation], out *bus.Inbox)
+	contributions func(m bus.Received[gossip.Contribution], out *bus.Inbox)
+	heads         func(m bus.Received[gossip.Head], out *bus.Inbox)
 }
 
 // relayInbox relays src into a new inbox, through f, until the new inbox is closed (which
 // closes src): test buses hold back or drop some messages this way.
-func relayInbox(src *Inbox, f inboxFilter) *Inbox {
+func relayInbox(src *bus.Inbox, f inboxFilter) *bus.Inbox {
 	done := make(chan struct{})
 	var once sync.Once
-	out := newInbox(func() { once.Do(func() { close(done); src.Close() }) })
+	out := bus.NewInbox(func() { once.Do(func() { close(done); src.Close() }) })
 	go func() {
 		for {
 			select {
 			case <-done:
 				return
 			case m := <-src.Announces:
-				offer(out.Announces, m)
+				out.Deliver(m.From, m.Msg)
 			case m := <-src.Leases:
 				if f.leases != nil {
 					f.leases(m, out)
 				} else {
-					offer(out.Leases, m)
+					out.Deliver(m.From, m.Msg)
 				}
 			case m := <-src.Contributions:
 				if f.contributions != nil {
 					f.contributions(m, out)
 				} else {
-					offer(out.Contributions, m)
+					out.Deliver(m.From, m.Msg)
 				}
 			case m := <-src.Heads:
 				if f.heads != nil {
 					f.heads(m, out)
 				} else {
-					offer(out.Heads, m)
+					out.Deliver(m.From, m.Msg)
 				}
 			case m := <-src.Releases:
-				offer(out.Releases, m)
+				out.Deliver(m.From, m.Msg)
 			case m := <-src.Attestations:
 				if f.attestations != nil {
 					f.attestations(m, out)
 				} else {
-					offer(out.Attestations, m)
+					out.Deliver(m.From, m.Msg)
 				}
 			}
 		}

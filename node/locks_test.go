@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
@@ -280,11 +281,11 @@ func (s *signLog) record(signer string, round uint64, head cid.Cid) {
 // option decorates validator self's bus; each start of the node makes a new one, which
 // only the first start's can be muted.
 func (s *signLog) option(self string) fx.Option {
-	return fx.Decorate(func(b Bus) Bus { return &signLogBus{Bus: b, log: s, self: self} })
+	return fx.Decorate(func(b bus.Bus) bus.Bus { return &signLogBus{Bus: b, log: s, self: self} })
 }
 
 type signLogBus struct {
-	Bus
+	bus.Bus
 	log   *signLog
 	self  string
 	muted bool

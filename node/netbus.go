@@ -9,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
@@ -21,7 +22,7 @@ type netBus struct {
 	log *slog.Logger
 	// tags marks the trainers holding a lease in the connection manager (nil: no tagging).
 	tags *leaseTags
-	fanout
+	bus.Fanout
 }
 
 func newNetBus(g *gossip.Gossip, x *artifact.Exchange, cm connmgr.ConnManager, log *slog.Logger) *netBus {
@@ -43,7 +44,7 @@ func (b *netBus) run(ctx context.Context) {
 			if l, ok := m.Msg.(*gossip.Leases); ok {
 				b.tags.observe(l)
 			}
-			b.deliver(m.From.String(), m.Msg)
+			b.Deliver(m.From.String(), m.Msg)
 		}
 	}
 }
@@ -74,8 +75,6 @@ func (b *netBus) learnHolders(from peer.ID, msg any) {
 func (b *netBus) Rejections() map[string]uint64 { return b.g.Rejections() }
 
 func (b *netBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
-
-func (b *netBus) Subscribe() *Inbox { return b.subscribe() }
 
 func (b *netBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
 	return b.x.Fetch(ctx, id, hints...)

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
@@ -30,7 +31,7 @@ import (
 // (the sender too, as on GossipSub), and all nodes share one artifact store, so a fetch
 // finds what any node stored.
 type hubBus struct {
-	fanout
+	bus.Fanout
 	hub   *busHub
 	self  string
 	store *artifact.Store
@@ -54,12 +55,10 @@ func (b *hubBus) Publish(_ context.Context, msg any) error {
 	buses := slices.Clone(b.hub.buses)
 	b.hub.mu.Unlock()
 	for _, o := range buses {
-		o.deliver(b.self, msg)
+		o.Deliver(b.self, msg)
 	}
 	return nil
 }
-
-func (b *hubBus) Subscribe() *Inbox { return b.subscribe() }
 
 func (b *hubBus) Fetch(_ context.Context, id cid.Cid, _ ...peer.ID) error {
 	if b.store.Has(id) {

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
@@ -62,7 +63,7 @@ type envParams struct {
 	Self    peer.ID
 	Key     crypto.PrivKey
 	Host    host.Host
-	Bus     Bus
+	Bus     bus.Bus
 	Tips    *tips
 	Store   *artifact.Store
 	Heads   *chain.Store
@@ -264,6 +265,6 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 }
 
 // busFetcher lets the dataset's shard store get files through the bus.
-type busFetcher struct{ bus Bus }
+type busFetcher struct{ bus bus.Bus }
 
 func (f busFetcher) Fetch(ctx context.Context, id cid.Cid) error { return f.bus.Fetch(ctx, id) }

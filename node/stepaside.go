@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 )
@@ -116,7 +117,7 @@ func (g *grantLog) prune(below uint64) {
 // grantHeard takes in a grant or heartbeat read while this validator leads round r: it
 // remembers the leases of other validators (accept), and notes a validator after this one
 // in the round's order that leads the same round: it took the round over.
-func (v *validator) grantHeard(r *openRound, l Received[gossip.Leases]) {
+func (v *validator) grantHeard(r *openRound, l bus.Received[gossip.Leases]) {
 	if !v.recordGrant(l) {
 		return
 	}
@@ -134,7 +135,7 @@ func (v *validator) grantHeard(r *openRound, l Received[gossip.Leases]) {
 // recordGrant remembers the leases of a grant or heartbeat from another validator (accept
 // reads them, should this validator lead the round), and says whether it came from a
 // validator at all.
-func (v *validator) recordGrant(l Received[gossip.Leases]) bool {
+func (v *validator) recordGrant(l bus.Received[gossip.Leases]) bool {
 	if !v.isValidator(l.From) {
 		return false
 	}
@@ -145,7 +146,7 @@ func (v *validator) recordGrant(l Received[gossip.Leases]) bool {
 // drainGrants reads the grants queued in the inbox: before a contribution is judged (its
 // lease may be another validator's) and before a proposal is made (a takeover heard only
 // now still comes first).
-func (v *validator) drainGrants(r *openRound, in *Inbox) {
+func (v *validator) drainGrants(r *openRound, in *bus.Inbox) {
 	for {
 		select {
 		case l := <-in.Leases:
@@ -163,7 +164,7 @@ func (v *validator) drainGrants(r *openRound, in *Inbox) {
 // the new leader, which rejects them without a strike (foreign_lease). Should every
 // validator after it fall silent, as a follower would judge it, it leads the round again
 // with fresh attempts.
-func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, changed <-chan struct{}) error {
+func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
 	v.log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
 		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
 	v.status.event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)
@@ -184,7 +185,7 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 			reset()
 		}
 	}
-	heard := func(l Received[gossip.Leases]) {
+	heard := func(l bus.Received[gossip.Leases]) {
 		if !v.recordGrant(l) {
 			return
 		}
@@ -192,7 +193,7 @@ func (v *validator) standAside(ctx context.Context, in *Inbox, r *openRound, cha
 			alive(time.UnixMilli(l.Msg.Deadline).Add(leaseGrace))
 		}
 	}
-	onHead := func(h Received[gossip.Head]) (lockedHead, bool) {
+	onHead := func(h bus.Received[gossip.Head]) (lockedHead, bool) {
 		// A later validator's proposal of the round, re-published while it gathers its
 		// quorum, says it is alive (it sends no heartbeats once it has proposed).
 		if hd, err := h.Msg.Signed.Decode(); err == nil && h.Msg.Proposal != nil && hd.Round == r.round && slices.Contains(later, h.From) {

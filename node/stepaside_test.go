@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
@@ -53,8 +54,8 @@ func TestForeignLeaseHeardAfterItsContribution(t *testing.T) {
 	base := cids.Record([]byte("base of round 7"))
 	vs := []string{"A", "B", "C"}
 	bLease := lease.Lease{Round: round, Base: base.Bytes(), Trainer: "t1", Microshards: []uint32{3, 4}, Expiry: 1, Issuer: "B"}
-	grant := func(from string, ls ...lease.Lease) Received[gossip.Leases] {
-		return Received[gossip.Leases]{From: from, Msg: &gossip.Leases{Round: round, Base: base.Bytes(), Issuer: from, Leases: ls}}
+	grant := func(from string, ls ...lease.Lease) bus.Received[gossip.Leases] {
+		return bus.Received[gossip.Leases]{From: from, Msg: &gossip.Leases{Round: round, Base: base.Bytes(), Issuer: from, Leases: ls}}
 	}
 	contribution := func(l lease.Lease) *gossip.Contribution {
 		return &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: l.ID().Bytes(), Peer: "t1",
@@ -66,17 +67,17 @@ func TestForeignLeaseHeardAfterItsContribution(t *testing.T) {
 	byX.Issuer = "X"
 	for _, tc := range []struct {
 		name   string
-		before []Received[gossip.Leases] // grants read before the contribution
-		after  []Received[gossip.Leases] // grants read after it, before the round ends here
-		want   string                    // the verdict
+		before []bus.Received[gossip.Leases] // grants read before the contribution
+		after  []bus.Received[gossip.Leases] // grants read after it, before the round ends here
+		want   string                        // the verdict
 		struck bool
 	}{
-		{"grant read before the contribution", []Received[gossip.Leases]{grant("B", bLease)}, nil, reasonForeignLease, false},
-		{"grant read after the contribution", nil, []Received[gossip.Leases]{grant("B", bLease)}, reasonForeignLease, false},
-		{"grant read after a heartbeat of its issuer", nil, []Received[gossip.Leases]{grant("B"), grant("C"), grant("B", bLease)}, reasonForeignLease, false},
-		{"no grant names the lease", nil, []Received[gossip.Leases]{grant("B")}, "no_lease", true},
-		{"the lease is granted to another trainer", nil, []Received[gossip.Leases]{grant("B", otherTrainer)}, "no_lease", true},
-		{"the lease's grant comes from a peer that is not a validator", nil, []Received[gossip.Leases]{grant("X", byX)}, "no_lease", true},
+		{"grant read before the contribution", []bus.Received[gossip.Leases]{grant("B", bLease)}, nil, reasonForeignLease, false},
+		{"grant read after the contribution", nil, []bus.Received[gossip.Leases]{grant("B", bLease)}, reasonForeignLease, false},
+		{"grant read after a heartbeat of its issuer", nil, []bus.Received[gossip.Leases]{grant("B"), grant("C"), grant("B", bLease)}, reasonForeignLease, false},
+		{"no grant names the lease", nil, []bus.Received[gossip.Leases]{grant("B")}, "no_lease", true},
+		{"the lease is granted to another trainer", nil, []bus.Received[gossip.Leases]{grant("B", otherTrainer)}, "no_lease", true},
+		{"the lease's grant comes from a peer that is not a validator", nil, []bus.Received[gossip.Leases]{grant("X", byX)}, "no_lease", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v, r := leadingValidator(t, "A", vs, round, base, &chain.Head{Round: round - 1})

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
@@ -203,23 +204,23 @@ func (h *lateLeader) cut(round uint64, base []byte, from string) bool {
 }
 
 func (h *lateLeader) validatorOption(self string) fx.Option {
-	return fx.Decorate(func(b Bus) Bus { return &lateLeaderBus{Bus: b, h: h, self: self} })
+	return fx.Decorate(func(b bus.Bus) bus.Bus { return &lateLeaderBus{Bus: b, h: h, self: self} })
 }
 
 func (h *lateLeader) trainerOption() fx.Option {
-	return fx.Decorate(func(b Bus) Bus { return &gatedTrainerBus{Bus: b, h: h} })
+	return fx.Decorate(func(b bus.Bus) bus.Bus { return &gatedTrainerBus{Bus: b, h: h} })
 }
 
 type gatedTrainerBus struct {
-	Bus
+	bus.Bus
 	h *lateLeader
 }
 
-func (b *gatedTrainerBus) Subscribe() *Inbox {
+func (b *gatedTrainerBus) Subscribe() *bus.Inbox {
 	return relayInbox(b.Bus.Subscribe(), inboxFilter{
-		leases: func(m Received[gossip.Leases], out *Inbox) {
+		leases: func(m bus.Received[gossip.Leases], out *bus.Inbox) {
 			if !b.h.cut(m.Msg.Round, m.Msg.Base, m.From) {
-				offer(out.Leases, m)
+				out.Deliver(m.From, m.Msg)
 			}
 		},
 	})
@@ -245,16 +246,16 @@ func (b *gatedTrainerBus) Publish(ctx context.Context, msg any) error {
 }
 
 type lateLeaderBus struct {
-	Bus
+	bus.Bus
 	h    *lateLeader
 	self string
 }
 
-func (b *lateLeaderBus) Subscribe() *Inbox {
-	var held []Received[gossip.Leases]
+func (b *lateLeaderBus) Subscribe() *bus.Inbox {
+	var held []bus.Received[gossip.Leases]
 	released := false
 	return relayInbox(b.Bus.Subscribe(), inboxFilter{
-		leases: func(m Received[gossip.Leases], out *Inbox) {
+		leases: func(m bus.Received[gossip.Leases], out *bus.Inbox) {
 			if b.h.cut(m.Msg.Round, m.Msg.Base, m.From) && m.From != b.self && b.h.order(m.Msg.Base)[0] == b.self {
 				return // the new leader is cut off from the first
 			}
@@ -268,28 +269,28 @@ func (b *lateLeaderBus) Subscribe() *Inbox {
 					case b.self:
 						released = true
 						for _, x := range held {
-							offer(out.Leases, x)
+							out.Deliver(x.From, x.Msg)
 						}
 						held = nil
 					}
 				}
 			}
-			offer(out.Leases, m)
+			out.Deliver(m.From, m.Msg)
 		},
-		heads: func(m Received[gossip.Head], out *Inbox) {
+		heads: func(m bus.Received[gossip.Head], out *bus.Inbox) {
 			if h, err := m.Msg.Signed.Decode(); err == nil && m.From != b.self && b.h.cut(h.Round, h.Parent, m.From) &&
 				b.h.order(h.Parent)[0] == b.self {
 				return // the new leader's proposal does not reach the first leader either
 			}
-			offer(out.Heads, m)
+			out.Deliver(m.From, m.Msg)
 		},
-		contributions: func(m Received[gossip.Contribution], out *Inbox) {
+		contributions: func(m bus.Received[gossip.Contribution], out *bus.Inbox) {
 			if b.h.partition && m.Msg.Round == b.h.round {
 				if order := b.h.order(m.Msg.Base); len(order) > 1 && order[1] == b.self {
 					return // the new leader collects nothing in the round
 				}
 			}
-			offer(out.Contributions, m)
+			out.Deliver(m.From, m.Msg)
 		},
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
@@ -130,7 +131,7 @@ func roundOf(h *chain.Head) uint64 {
 
 // waitForHead processes messages until there is a canonical head (genesis from another
 // validator).
-func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
+func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
 	changed := v.tips.Changed()
 	if id, _ := v.tips.Current(); id.Defined() {
 		return nil // genesis arrived before changed was taken
@@ -154,7 +155,7 @@ func (v *validator) waitForHead(ctx context.Context, in *Inbox) error {
 
 // round runs this validator's part in the round after base: it leads when it is first in
 // the order, and follows (verifying, attesting, ready to take over) otherwise.
-func (v *validator) round(ctx context.Context, in *Inbox, baseID cid.Cid, base *chain.Head) error {
+func (v *validator) round(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head) error {
 	v.pruneLocks(base.Round)
 	v.forgetClosed(base.Round)
 	order := lease.Leaders(v.validators, baseID)

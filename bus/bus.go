@@ -1,4 +1,6 @@
-package node
+// Package bus owns the messaging seam between the role loops and the swarm: the Bus
+// interface and the typed inboxes it delivers gossip to.
+package bus
 
 import (
 	"context"
@@ -43,7 +45,8 @@ type Inbox struct {
 
 const inboxDepth = 1024
 
-func newInbox(close func()) *Inbox {
+// NewInbox returns an empty inbox; close is what its Close does (unsubscribing it).
+func NewInbox(close func()) *Inbox {
 	return &Inbox{
 		Announces:     make(chan Received[gossip.Announce], inboxDepth),
 		Leases:        make(chan Received[gossip.Leases], inboxDepth),
@@ -72,8 +75,8 @@ func offer[T any](ch chan Received[T], r Received[T]) {
 	}
 }
 
-// deliver hands a decoded message to an inbox by its type.
-func (in *Inbox) deliver(from string, msg any) {
+// Deliver hands a decoded message to an inbox by its type; other types are ignored.
+func (in *Inbox) Deliver(from string, msg any) {
 	switch m := msg.(type) {
 	case *gossip.Announce:
 		offer(in.Announces, Received[gossip.Announce]{from, m})
@@ -90,20 +93,22 @@ func (in *Inbox) deliver(from string, msg any) {
 	}
 }
 
-// fanout keeps the set of inboxes and delivers to all of them.
-type fanout struct {
+// Fanout keeps the set of inboxes and delivers to all of them. Its zero value is ready;
+// embedding it gives a Bus its Subscribe.
+type Fanout struct {
 	mu      sync.Mutex
 	inboxes map[*Inbox]struct{}
 }
 
-func (f *fanout) subscribe() *Inbox {
+// Subscribe returns a new inbox that receives everything delivered from now on.
+func (f *Fanout) Subscribe() *Inbox {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.inboxes == nil {
 		f.inboxes = map[*Inbox]struct{}{}
 	}
 	var in *Inbox
-	in = newInbox(func() {
+	in = NewInbox(func() {
 		f.mu.Lock()
 		delete(f.inboxes, in)
 		f.mu.Unlock()
@@ -112,10 +117,11 @@ func (f *fanout) subscribe() *Inbox {
 	return in
 }
 
-func (f *fanout) deliver(from string, msg any) {
+// Deliver hands msg, published by from, to every inbox.
+func (f *Fanout) Deliver(from string, msg any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for in := range f.inboxes {
-		in.deliver(from, msg)
+		in.Deliver(from, msg)
 	}
 }
