@@ -18,6 +18,7 @@ import (
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/trainer"
 )
 
 // NewAttacker is New for a trainer that misbehaves on purpose in the given way: fault
@@ -45,8 +46,8 @@ func attackOption(mode adversary.Mode) fx.Option {
 	return fx.Options(warn, fx.Decorate(func(cfg *config.Config, self peer.ID) wrapWindows {
 		// Each attacker draws its own noise: with the experiment's seed alone, every noisy
 		// attacker sent the same vector, and colluding copies agree with each other.
-		corrupt := mode.CorruptDelta(uint64(trainerSeed(cfg.Experiment.Seed, 0, 0, self.String())))
-		return func(t *round.Trainer) windowTrainer {
+		corrupt := mode.CorruptDelta(uint64(trainer.Seed(cfg.Experiment.Seed, 0, 0, self.String())))
+		return func(t *round.Trainer) trainer.Window {
 			return corruptingTrainer{Trainer: t, corrupt: corrupt}
 		}
 	}))

@@ -16,6 +16,7 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
+	"github.com/p2pnode/p2pnode/trainer"
 )
 
 // headSync accepts heads from the bus: it checks who signed them, fetches what the node is
@@ -236,7 +237,7 @@ func (s *headSync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head)
 // announcer publishes this node's presence, roles, capacity and head every few seconds.
 type announcer struct {
 	*env
-	capacity *capacity
+	capacity *trainer.Capacity
 	// started is when this run started (unix ms), announced so that a round's leader can
 	// tell a restarted trainer from one that kept its lease.
 	started int64
@@ -258,8 +259,8 @@ func (a *announcer) run(ctx context.Context) error {
 func (a *announcer) announce(ctx context.Context) {
 	id, h := a.tips.Current()
 	msg := &gossip.Announce{Experiment: a.cfg.Experiment.ID, Peer: a.self, Roles: a.cfg.Experiment.Roles,
-		Capacity: a.capacity.get(), Version: Version, Time: time.Now().UnixMilli(), Started: a.started,
-		StepSeconds: a.capacity.stepSeconds()}
+		Capacity: a.capacity.SamplesPerSecond(), Version: Version, Time: time.Now().UnixMilli(), Started: a.started,
+		StepSeconds: a.capacity.StepSeconds()}
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
 	}

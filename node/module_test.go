@@ -50,7 +50,7 @@ func TestModuleGraphIsValidForEveryRoleMix(t *testing.T) {
 }
 
 // TestEveryRoleMixStartsAndStops builds each role mix on a real loopback host with the
-// synthetic workload, starts it and stops it again.
+// synthetic workload, starts it and stops it again, and checks the role loops it made.
 func TestEveryRoleMixStartsAndStops(t *testing.T) {
 	dir := t.TempDir()
 	synthDataset(t, filepath.Join(dir, "data"), 4)
@@ -59,8 +59,23 @@ func TestEveryRoleMixStartsAndStops(t *testing.T) {
 			cfg := soloConfig(t, dir, 1)
 			cfg.Node.StoreDir = t.TempDir()
 			cfg.Experiment.Roles = roles
-			app := fxtest.New(t, Module(cfg, Options{Runtime: synth.New(t.TempDir()), Logger: testLogger(t, "fx")}), fx.NopLogger)
+			var got []string
+			app := fxtest.New(t, Module(cfg, Options{Runtime: synth.New(t.TempDir()), Logger: testLogger(t, "fx")}), fx.NopLogger,
+				fx.Invoke(func(p loopParams) {
+					for _, r := range p.Roles {
+						got = append(got, r.name)
+					}
+				}))
 			app.RequireStart().RequireStop()
+			// One module per role: the validator's and the trainer's loops exactly when
+			// experiment.roles names them (bootstrap has no loop of its own).
+			var want []string
+			for _, r := range []string{config.RoleValidator, config.RoleTrainer} {
+				if cfg.Experiment.HasRole(r) {
+					want = append(want, r)
+				}
+			}
+			require.ElementsMatch(t, want, got)
 		})
 	}
 }

@@ -132,7 +132,7 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 		var stopped sync.Map
 		start := func(i int) {
 			go func() {
-				err := runRoles(ctx, envs[i], func() { stopped.Store(names[i], true) })
+				err := runRoles(ctx, envs[i], rolesOf(envs[i].cfg, envs[i]), func() { stopped.Store(names[i], true) })
 				if err != nil {
 					err = fmt.Errorf("%s: %w", names[i], err)
 				}

@@ -24,6 +24,7 @@ import (
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/synth"
+	"github.com/p2pnode/p2pnode/trainer"
 )
 
 // The head CIDs of a short synthetic run are pinned here so that moving the role loops out
@@ -245,7 +246,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 			l := lease.Lease{Round: r, Base: baseID.Bytes(), Trainer: p, Microshards: plan[p],
 				Expiry: pinExpiry, Issuer: vid, Epoch: base.Ledger.Epoch, Steps: uint32(steps[p])}
 			require.NoError(t, l.Check(baseID, base), "round %d lease of %s", r, p)
-			res, err := trainers[p].Train(ctx, base, l.Microshards, int(l.Steps), trainerSeed(cfg.Experiment.Seed, r, attempt, p))
+			res, err := trainers[p].Train(ctx, base, l.Microshards, int(l.Steps), trainer.Seed(cfg.Experiment.Seed, r, attempt, p))
 			require.NoError(t, err, "round %d trainer %s", r, p)
 			cands = append(cands, round.Candidate{Peer: p, Delta: res.Delta, Lease: l.ID(), Samples: res.Samples,
 				Microshards: l.Microshards, Loss: res.Loss, Probation: onProbation(merges, p)})

@@ -24,6 +24,7 @@ import (
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pyruntime"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/trainer"
 )
 
 func rolesModule(cfg *config.Config) fx.Option {
@@ -42,8 +43,78 @@ func rolesModule(cfg *config.Config) fx.Option {
 			func() wrapWindows { return honestWindows },
 			newEnv,
 		),
+		roleModules(cfg),
 		fx.Invoke(startLoops),
 	)
+}
+
+// roleLoop makes one role's loop once start-up has run. Each role's module puts its
+// roleLoop in the "roles" group; the loops every node runs (head sync, announcer, watcher)
+// are not roles and are made by runRoles itself.
+type roleLoop struct {
+	name string
+	make func(s *startup) (func(context.Context) error, error)
+}
+
+// startup is what start-up (runRoles) hands the role loops: the round.Trainer restored from
+// the checkpoint, the trainer's measured speed and the merge policy.
+type startup struct {
+	work     *round.Trainer
+	capacity *trainer.Capacity
+	policy   round.Policy
+}
+
+// roleModules is one fx module per role this node has, as the config's experiment.roles
+// selects them (the celestia-node nodebuilder pattern): each provides its role's loop.
+func roleModules(cfg *config.Config) fx.Option {
+	var mods []fx.Option
+	for _, r := range roleLoopsFor(cfg) {
+		mods = append(mods, fx.Module(r.name, fx.Provide(fx.Annotate(r.make, fx.ResultTags(`group:"roles"`)))))
+	}
+	return fx.Options(mods...)
+}
+
+// roleConstructor names a role and how its loop is made from the node's env.
+type roleConstructor struct {
+	name string
+	make func(e *env) roleLoop
+}
+
+// roleLoopsFor lists the role loops experiment.roles asks for, validator first.
+func roleLoopsFor(cfg *config.Config) []roleConstructor {
+	var out []roleConstructor
+	if cfg.Experiment.HasRole(config.RoleValidator) {
+		out = append(out, roleConstructor{"validator", validatorLoop})
+	}
+	if cfg.Experiment.HasRole(config.RoleTrainer) {
+		out = append(out, roleConstructor{"trainer", trainerLoop})
+	}
+	return out
+}
+
+// rolesOf is the role loops of cfg made for e, as the role modules make them (for tests
+// that run the loops without the fx graph).
+func rolesOf(cfg *config.Config, e *env) []roleLoop {
+	var out []roleLoop
+	for _, r := range roleLoopsFor(cfg) {
+		out = append(out, r.make(e))
+	}
+	return out
+}
+
+// validatorLoop is the validator role wired to this node: its merger logs each stage, and
+// its signing locks are restored before it runs.
+func validatorLoop(e *env) roleLoop {
+	return roleLoop{name: "validator", make: func(s *startup) (func(context.Context) error, error) {
+		mlog := e.log.With("component", "merge")
+		v := newValidator(e, &round.Merger{Store: e.store, Policy: s.policy, Observe: func(stage string, d time.Duration) {
+			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
+		}})
+		if err := v.restoreLocks(); err != nil {
+			return nil, err
+		}
+		return v.run, nil
+	}}
 }
 
 // validatorSet is the configured validators, or this node alone when none are configured
@@ -115,21 +186,31 @@ func rebuildsHeads(cfg *config.Config) bool {
 
 // startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
 // background, on a context that lives as long as the app.
-func startLoops(lc fx.Lifecycle, sd fx.Shutdowner, e *env, errs *loopErrors) {
-	runInBackground(lc, func(ctx context.Context) {
-		if err := runRoles(ctx, e, func() { _ = sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
+func startLoops(p loopParams) {
+	runInBackground(p.Lc, func(ctx context.Context) {
+		if err := runRoles(ctx, p.Env, p.Roles, func() { _ = p.Sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
 			// Run returns err to the caller, which reports it once.
-			e.log.Debug("node failed", "err", err)
-			errs.set(err)
-			_ = sd.Shutdown(fx.ExitCode(1))
+			p.Env.log.Debug("node failed", "err", err)
+			p.Errs.set(err)
+			_ = p.Sd.Shutdown(fx.ExitCode(1))
 		}
 	}, nil)
 }
 
-// runRoles does the long start-up work and runs the loops until one fails or the run ends.
-func runRoles(ctx context.Context, e *env, stop func()) error {
+type loopParams struct {
+	fx.In
+	Lc    fx.Lifecycle
+	Sd    fx.Shutdowner
+	Env   *env
+	Errs  *loopErrors
+	Roles []roleLoop `group:"roles"`
+}
+
+// runRoles does the long start-up work and runs the loops every node runs and its roles'
+// until one fails or the run ends.
+func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error {
 	cfg := e.cfg
-	capac := &capacity{}
+	capac := &trainer.Capacity{}
 	if e.rt != nil {
 		e.log.Info("starting workload", "factory", cfg.Workload.Factory, "interpreter", cfg.Workload.Interpreter)
 		info, err := e.rt.Start(ctx)
@@ -168,18 +249,13 @@ func runRoles(ctx context.Context, e *env, stop func()) error {
 		"announce": (&announcer{env: e, capacity: capac, started: time.Now().UnixMilli()}).run,
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}
-	if cfg.Experiment.HasRole(config.RoleValidator) {
-		mlog := e.log.With("component", "merge")
-		v := newValidator(e, &round.Merger{Store: e.store, Policy: policy, Observe: func(stage string, d time.Duration) {
-			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
-		}})
-		if err := v.restoreLocks(); err != nil {
+	s := &startup{work: work, capacity: capac, policy: policy}
+	for _, r := range roles {
+		loop, err := r.make(s)
+		if err != nil {
 			return err
 		}
-		loops["validator"] = v.run
-	}
-	if cfg.Experiment.HasRole(config.RoleTrainer) {
-		loops["trainer"] = (&trainer{env: e, work: e.wrapWork(work), capacity: capac}).run
+		loops[r.name] = loop
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

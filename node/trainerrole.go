@@ -1,0 +1,65 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/trainer"
+)
+
+// wrapWindows makes what the trainer role trains with out of the node's round.Trainer
+// (which restore and the checkpoint keep using). The graph provides honestWindows; only a
+// build with the attack tag decorates it (attack.go).
+type wrapWindows func(*round.Trainer) trainer.Window
+
+// honestWindows trains with the round.Trainer as it is.
+func honestWindows(t *round.Trainer) trainer.Window { return t }
+
+// trainerLoop is the trainer role (package trainer) wired to this node.
+func trainerLoop(e *env) roleLoop {
+	return roleLoop{name: "trainer", make: func(s *startup) (func(context.Context) error, error) {
+		return trainer.New(trainer.Params{
+			Experiment: e.cfg.Experiment.ID, Seed: e.cfg.Experiment.Seed, InnerSteps: e.cfg.Protocol.InnerSteps,
+			Rounds: e.cfg.Experiment.Rounds, Self: e.self, IsValidator: e.isValidator,
+			Bus: e.bus, Chain: chainView{e}, Work: e.wrapWork(s.work), Capacity: s.capacity,
+			Sink: trainerSink{e}, Log: e.log,
+		}).Run, nil
+	}}
+}
+
+// chainView is the canonical head (tips) and the head store, as the roles read them.
+type chainView struct{ e *env }
+
+func (c chainView) Current() (cid.Cid, *chain.Head) { return c.e.tips.Current() }
+func (c chainView) Changed() <-chan struct{}        { return c.e.tips.Changed() }
+func (c chainView) Head(id cid.Cid) (*chain.Head, error) {
+	_, h, err := c.e.heads.Get(id)
+	return h, err
+}
+
+// trainerSink puts what the trainer role does on the status page and the metrics, and
+// gives the checkpoint keeper the inner optimizer's latest state.
+type trainerSink struct{ e *env }
+
+func (s trainerSink) Holding(l *trainer.Held) {
+	s.e.status.update(func(st *Status) {
+		st.Leases = nil
+		if l != nil {
+			st.Leases = []LeaseStatus{{Round: l.Round, Lease: l.Lease.String(), Microshards: l.Microshards, Expiry: l.Expiry}}
+		}
+	})
+}
+
+func (s trainerSink) Trained(t trainer.Trained) {
+	s.e.keeper.trained(t.OptState)
+	s.e.status.update(func(st *Status) {
+		st.Last = &ContributionInfo{Round: t.Round, Delta: t.Delta.String(), Samples: t.Samples, Loss: t.Loss, Seconds: t.Seconds, At: time.Now()}
+	})
+	s.e.metrics.trained(t.Samples, t.TrainSeconds, t.Loss)
+}
+
+func (s trainerSink) Event(kind, format string, args ...any) { s.e.status.event(kind, format, args...) }
