@@ -81,6 +81,14 @@ func (s *SignedHead) Add(sig Signature) bool {
 	return true
 }
 
+// FindSignature returns peer's signature among sigs, or nil.
+func FindSignature(sigs []Signature, peer string) *Signature {
+	if i := slices.IndexFunc(sigs, func(s Signature) bool { return s.Peer == peer }); i >= 0 {
+		return &sigs[i]
+	}
+	return nil
+}
+
 // ID is the CID of the head inside.
 func (s *SignedHead) ID() cid.Cid { return recordCID(s.Head) }
 

@@ -121,7 +121,7 @@ func storageModule(cfg *config.Config) fx.Option {
 				return artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
 			},
 			func() (*chain.Store, error) { return chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads")) },
-			func(store *artifact.Store, heads *chain.Store, t *tips, m *nodeMetrics, log *slog.Logger) *pruner {
+			func(store *artifact.Store, heads *chain.Store, t *chain.Tips, m *nodeMetrics, log *slog.Logger) *pruner {
 				if cfg.Node.Archive {
 					return nil
 				}
@@ -255,7 +255,7 @@ func busModule(cfg *config.Config) fx.Option {
 				p.setPartials(x.RemoveIdlePartials)
 			}
 		}),
-		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *tips, log *slog.Logger) {
+		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *chain.Tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
 			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
 			lc.Append(fx.StopHook(svc.Close))

@@ -29,7 +29,7 @@ type env struct {
 	key        crypto.PrivKey
 	host       host.Host
 	bus        bus.Bus
-	tips       *tips
+	tips       *chain.Tips
 	store      *artifact.Store
 	heads      *chain.Store
 	rt         pyruntime.Runtime // nil when the node runs no workload

@@ -218,18 +218,11 @@ func (v *validator) signedByAll(id cid.Cid, vs []string) bool {
 		return false
 	}
 	for _, p := range vs {
-		if findSig(sh.Sigs, p) == nil {
+		if chain.FindSignature(sh.Sigs, p) == nil {
 			return false
 		}
 	}
 	return true
-}
-
-func findSig(sigs []chain.Signature, p string) *chain.Signature {
-	if i := slices.IndexFunc(sigs, func(s chain.Signature) bool { return s.Peer == p }); i >= 0 {
-		return &sigs[i]
-	}
-	return nil
 }
 
 // baseStillOpen says whether h is the base's proposal re-published by a validator ahead:

@@ -65,7 +65,7 @@ func decodeLocks(b []byte, self, experiment string) (map[uint64]lockedHead, erro
 			return nil, fmt.Errorf("round %d: %w", rec.Round, err)
 		}
 		id := m.Signed.ID()
-		sig := findSig(m.Signed.Sigs, self)
+		sig := chain.FindSignature(m.Signed.Sigs, self)
 		switch {
 		case h.Round != rec.Round:
 			return nil, fmt.Errorf("round %d: head %s is of round %d", rec.Round, id, h.Round)

@@ -68,7 +68,7 @@ func (f *lockFixture) validator(experiment string, tip int) *validator {
 	require.NoError(f.t, err)
 	e := &env{cfg: cfg, log: slog.New(slog.DiscardHandler), self: f.self, key: f.key, heads: heads, status: &statusBoard{},
 		validators: []string{f.self, "other"}}
-	e.tips = newTips(heads, e.validators, 2)
+	e.tips = chain.NewTips(heads, e.validators, 2)
 	if tip >= 0 {
 		sh := f.heads[tip]
 		_, err := heads.Put(sh)
@@ -296,7 +296,7 @@ func (b *signLogBus) Publish(ctx context.Context, msg any) error {
 	s.mu.Lock()
 	switch m := msg.(type) {
 	case *gossip.Head:
-		if h, err := m.Signed.Decode(); err == nil && findSig(m.Signed.Sigs, b.self) != nil {
+		if h, err := m.Signed.Decode(); err == nil && chain.FindSignature(m.Signed.Sigs, b.self) != nil {
 			s.record(b.self, h.Round, m.Signed.ID())
 			if m.Proposal != nil && h.Round == s.stalled && len(m.Signed.Sigs) == 1 && s.victim == "" {
 				s.victim, b.muted = b.self, true

@@ -123,7 +123,7 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 			require.NoError(t, err)
 			cks = append(cks, ck)
 			e := newEnv(envParams{Cfg: &ncfg, Log: log, Self: pid, Key: key, Host: hosts[i], Bus: hub.join(id, store),
-				Tips: newTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads, Wrap: honestWindows,
+				Tips: chain.NewTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads, Wrap: honestWindows,
 				Runtime: synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &statusBoard{},
 				Keeper: newKeeper(ck, i == 0 || rebuildsHeads(&ncfg)), Metrics: newNodeMetrics(prometheus.NewRegistry())})
 			envs = append(envs, e)
@@ -141,7 +141,7 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 		}
 		// The trainers first, until their loops wait (subscribed), then the validator, at
 		// the same fake instant: a trainer that subscribed after genesis was published
-		// would have to catch up over libp2p (headSync.catchUp), which this bus does not
+		// would have to catch up over libp2p (headsync.Sync.catchUp), which this bus does not
 		// carry, and the run would hang on which goroutine the scheduler ran first.
 		for i := 1; i < len(envs); i++ {
 			start(i)

@@ -67,7 +67,7 @@ const RetentionFile = "retention.json"
 type pruner struct {
 	store *artifact.Store
 	heads *chain.Store
-	tips  *tips
+	tips  *chain.Tips
 	keep  uint64
 	// tipContribs keeps the contributions merged into the tip (the sparse codec's
 	// trainers rebuild heads from them); without it they are kept only until every
@@ -96,7 +96,7 @@ func (p *pruner) setPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
 	p.partials = f
 }
 
-func newPruner(store *artifact.Store, heads *chain.Store, t *tips, keep int, tipContribs bool, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
+func newPruner(store *artifact.Store, heads *chain.Store, t *chain.Tips, keep int, tipContribs bool, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
 	store.TrackCommits()
 	return &pruner{store: store, heads: heads, tips: t, keep: uint64(keep), tipContribs: tipContribs, path: filepath.Join(storeDir, RetentionFile), m: m, log: log}
 }
@@ -330,7 +330,8 @@ func (p *pruner) signedByAll(id cid.Cid) bool {
 	if err != nil {
 		return false
 	}
-	_, err = sh.Quorum(p.tips.validators, len(p.tips.validators))
+	vs := p.tips.Validators()
+	_, err = sh.Quorum(vs, len(vs))
 	return err == nil
 }
 

@@ -345,7 +345,7 @@ type pruneFixture struct {
 	dir     string
 	store   *artifact.Store
 	heads   *chain.Store
-	tips    *tips
+	tips    *chain.Tips
 	p       *pruner
 	data    cid.Cid
 	params  []cid.Cid
@@ -366,7 +366,7 @@ func newPruneFixture(t *testing.T, keep int) *pruneFixture {
 	require.NoError(t, err)
 	f.heads, err = chain.OpenStore(filepath.Join(f.dir, "heads"))
 	require.NoError(t, err)
-	f.tips = newTips(f.heads, nil, 1)
+	f.tips = chain.NewTips(f.heads, nil, 1)
 	f.restart(keep)
 	f.data = f.put("dataset file")
 	f.p.setDataset([]cid.Cid{f.data})
@@ -634,7 +634,8 @@ func TestSweepKeepsContributionsUntilEveryValidatorSigned(t *testing.T) {
 		require.NoError(t, err)
 		keys, ids = append(keys, k), append(ids, id.String())
 	}
-	f.tips.validators = ids
+	f.tips = chain.NewTips(f.heads, ids, 1) // the validators whose signatures the sweep waits for
+	f.restart(2)
 	sign := func(i int) {
 		sh, _, err := f.heads.Get(f.parent)
 		require.NoError(t, err)

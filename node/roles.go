@@ -34,8 +34,8 @@ func rolesModule(cfg *config.Config) fx.Option {
 				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
 					Experiment: cfg.Experiment.ID, Started: time.Now()}}
 			},
-			func(heads *chain.Store, self peer.ID) *tips {
-				return newTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
+			func(heads *chain.Store, self peer.ID) *chain.Tips {
+				return chain.NewTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
 			},
 			func(ck *checkpoint.Checkpointer) *keeper {
 				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
@@ -135,7 +135,7 @@ type envParams struct {
 	Key     crypto.PrivKey
 	Host    host.Host
 	Bus     bus.Bus
-	Tips    *tips
+	Tips    *chain.Tips
 	Store   *artifact.Store
 	Heads   *chain.Store
 	Runtime pyruntime.Runtime
@@ -245,7 +245,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 	}
 
 	loops := map[string]func(context.Context) error{
-		"heads":    (&headSync{env: e}).run,
+		"heads":    newHeadSync(e).Run,
 		"announce": (&announcer{env: e, capacity: capac, started: time.Now().UnixMilli()}).run,
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}

@@ -1,4 +1,4 @@
-package node
+package chain
 
 import (
 	"fmt"
@@ -6,44 +6,47 @@ import (
 	"sync"
 
 	"github.com/ipfs/go-cid"
-
-	"github.com/p2pnode/p2pnode/chain"
 )
 
-// tips tracks this node's canonical head: the newest head, signed by a quorum of the
+// Tips tracks this node's canonical head: the newest head, signed by a quorum of the
 // configured validators, whose parent chain the node holds.
-type tips struct {
-	heads      *chain.Store
+type Tips struct {
+	heads      *Store
 	validators []string // allowed signers; empty = this node alone
 	quorum     int
 
 	mu      sync.Mutex
 	id      cid.Cid
-	head    *chain.Head
-	notes   map[cid.Cid]*chain.Notes // recent round notes (also in the head store)
-	changed chan struct{}            // closed and replaced on every change
+	head    *Head
+	notes   map[cid.Cid]*Notes // recent round notes (also in the head store)
+	changed chan struct{}      // closed and replaced on every change
 }
 
-func newTips(heads *chain.Store, validators []string, quorum int) *tips {
-	return &tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), notes: map[cid.Cid]*chain.Notes{}}
+// NewTips tracks the canonical head among the heads of store that a quorum of validators
+// signed (validators empty: any signer counts).
+func NewTips(heads *Store, validators []string, quorum int) *Tips {
+	return &Tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), notes: map[cid.Cid]*Notes{}}
 }
+
+// Validators returns the signers that count toward a quorum (empty: anyone).
+func (t *Tips) Validators() []string { return slices.Clone(t.validators) }
 
 // Current returns the canonical head (cid.Undef before genesis).
-func (t *tips) Current() (cid.Cid, *chain.Head) {
+func (t *Tips) Current() (cid.Cid, *Head) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.id, t.head
 }
 
 // Changed returns a channel closed at the next change of the canonical head.
-func (t *tips) Changed() <-chan struct{} {
+func (t *Tips) Changed() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.changed
 }
 
 // Metrics returns the held-out metrics its proposer measured for a head, if any.
-func (t *tips) Metrics(id cid.Cid) map[string]float64 {
+func (t *Tips) Metrics(id cid.Cid) map[string]float64 {
 	if n := t.Notes(id); n != nil {
 		return n.HeldOut
 	}
@@ -51,7 +54,7 @@ func (t *tips) Metrics(id cid.Cid) map[string]float64 {
 }
 
 // Notes returns a head's round notes (nil when this node has none).
-func (t *tips) Notes(id cid.Cid) *chain.Notes {
+func (t *Tips) Notes(id cid.Cid) *Notes {
 	t.mu.Lock()
 	n := t.notes[id]
 	t.mu.Unlock()
@@ -68,8 +71,8 @@ func (t *tips) Notes(id cid.Cid) *chain.Notes {
 // SetNotes keeps the round notes announced or fetched with head id: signed (checked by
 // the decoder) by one of the configured validators, for the head's round. Notes from anyone
 // else are dropped. New notes are written beside the head, so that the history outlives the
-// process and is served to peers that sync the chain.
-func (t *tips) SetNotes(id cid.Cid, round uint64, n *chain.Notes) error {
+// process and is served to peers that sync the
+func (t *Tips) SetNotes(id cid.Cid, round uint64, n *Notes) error {
 	if n == nil || n.Round != round || !slices.Contains(t.validators, n.Sig.Peer) {
 		return nil
 	}
@@ -99,7 +102,7 @@ func (t *tips) SetNotes(id cid.Cid, round uint64, n *chain.Notes) error {
 // Offer stores a signed head and makes it canonical if it has quorum, its parent is known
 // (or it is genesis) and it is newer than the current head. It returns whether the head
 // became canonical.
-func (t *tips) Offer(sh *chain.SignedHead) (bool, error) {
+func (t *Tips) Offer(sh *SignedHead) (bool, error) {
 	h, err := sh.Decode()
 	if err != nil {
 		return false, err
@@ -110,7 +113,7 @@ func (t *tips) Offer(sh *chain.SignedHead) (bool, error) {
 		return false, err
 	}
 	if parent.Defined() && !t.heads.Has(parent) {
-		return false, fmt.Errorf("head %s (round %d): parent %s: %w", id, h.Round, parent, chain.ErrNotFound)
+		return false, fmt.Errorf("head %s (round %d): parent %s: %w", id, h.Round, parent, ErrNotFound)
 	}
 	merged, err := t.heads.Put(sh)
 	if err != nil {
@@ -123,9 +126,9 @@ func (t *tips) Offer(sh *chain.SignedHead) (bool, error) {
 }
 
 // Restore sets the canonical head from local state at start-up (already verified).
-func (t *tips) Restore(id cid.Cid, h *chain.Head) { t.set(id, h) }
+func (t *Tips) Restore(id cid.Cid, h *Head) { t.set(id, h) }
 
-func (t *tips) set(id cid.Cid, h *chain.Head) bool {
+func (t *Tips) set(id cid.Cid, h *Head) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.head != nil && h.Round <= t.head.Round {

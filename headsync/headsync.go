@@ -1,0 +1,276 @@
+// Package headsync owns how a node's canonical head follows the swarm: it accepts signed
+// heads and attestations from the bus and catches up from peers that are ahead.
+package headsync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/bus"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+// Tips is the node's canonical head: it takes heads offered with their signatures and
+// keeps each head's round notes.
+type Tips interface {
+	Current() (cid.Cid, *chain.Head)
+	// Offer makes sh canonical when it has a quorum and extends the current head; it
+	// reports whether it did.
+	Offer(sh *chain.SignedHead) (bool, error)
+	SetNotes(id cid.Cid, round uint64, n *chain.Notes) error
+}
+
+// Peers is who this node is connected to, and the chain sync protocol's requests to them.
+type Peers interface {
+	Connected() []peer.ID
+	RequestTip(ctx context.Context, p peer.ID) (*chain.Fetched, error)
+	RequestHead(ctx context.Context, p peer.ID, id cid.Cid) (*chain.Fetched, error)
+}
+
+// Params is what head sync uses.
+type Params struct {
+	Experiment string
+	Self       string // this node's peer ID
+	// IsValidator says whether a peer is a configured validator: only their heads and
+	// signatures count.
+	IsValidator func(peer string) bool
+	Bus         bus.Bus
+	Tips        Tips
+	Heads       *chain.Store
+	Peers       Peers
+	// FetchArtifacts makes sure the artifacts this node needs of h are stored (or rebuilt),
+	// asking hints first.
+	FetchArtifacts func(ctx context.Context, h *chain.Head, hints ...peer.ID) error
+	// Seen, when set, is told of every announce (the node's table of peers' rounds).
+	Seen func(from string, a *gossip.Announce)
+	Log  *slog.Logger
+}
+
+// New returns head sync; Run runs it.
+func New(p Params) *Sync {
+	return &Sync{Params: p, asked: map[peer.ID]time.Time{}, pending: map[cid.Cid][]chain.Signature{}}
+}
+
+// Sync accepts heads from the bus: it checks who signed them, fetches what the node is
+// missing (ancestors from the sender, parameters from holders) and makes them canonical
+// through tips. It also catches up when a peer announces a newer round than ours: late
+// joiners and nodes back from a partition ask that peer for its tip.
+type Sync struct {
+	Params
+	asked map[peer.ID]time.Time
+	// pending holds attestations that arrived before the head they sign.
+	pending map[cid.Cid][]chain.Signature
+}
+
+const maxPending = 256
+
+const catchUpEvery = 5 * time.Second
+
+// Run accepts heads and attestations from the bus, and catches up from peers that announce
+// newer rounds, until ctx ends.
+func (s *Sync) Run(ctx context.Context) error {
+	in := s.Bus.Subscribe()
+	defer in.Close()
+	for _, p := range s.Peers.Connected() {
+		s.catchUp(ctx, p, 0)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case h := <-in.Heads:
+			if err := s.offer(ctx, h.From, h.Msg); err != nil && ctx.Err() == nil {
+				s.Log.Warn("head not accepted", "from", h.From, "err", err)
+			}
+		case a := <-in.Attestations:
+			s.attest(a.From, a.Msg)
+		case a := <-in.Announces:
+			if s.Seen != nil {
+				s.Seen(a.From, a.Msg)
+			}
+			if p, err := peer.Decode(a.From); err == nil && len(a.Msg.Head) > 0 {
+				s.catchUp(ctx, p, a.Msg.Round)
+			}
+		}
+	}
+}
+
+func (s *Sync) offer(ctx context.Context, from string, m *gossip.Head) error {
+	if !s.IsValidator(from) {
+		return fmt.Errorf("head from %s, which is not a configured validator", from)
+	}
+	id := m.Signed.ID()
+	h, err := m.Signed.Decode()
+	if err != nil {
+		return err
+	}
+	if cur, ch := s.Tips.Current(); ch != nil && (cur.Equals(id) || h.Round <= ch.Round) {
+		s.attestAgain(ctx, from, m, id, h.Round)
+		return nil
+	}
+	p, err := peer.Decode(from)
+	if err != nil {
+		return err
+	}
+	fetched, err := s.fetchAncestors(ctx, p, h)
+	if err != nil {
+		return err
+	}
+	if err := s.FetchArtifacts(ctx, h, p); err != nil {
+		return err
+	}
+	if err := s.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
+		s.Log.Warn("store round notes", "round", h.Round, "err", err)
+	}
+	signed := m.Signed
+	if sigs, ok := s.pending[id]; ok {
+		signed = chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
+		for _, sig := range sigs {
+			signed.Add(sig)
+		}
+		delete(s.pending, id)
+	}
+	ok, err := s.Tips.Offer(&signed)
+	if ok && fetched > 0 {
+		s.Log.Info("caught up", "peer", from, "round", h.Round, "head", id.String(), "heads_fetched", fetched)
+	}
+	return err
+}
+
+// attestAgain answers a head that reached this node without its signature although this
+// node signed it: the sender (re-publishing a proposal that waits for quorum) has not seen
+// the attestation, which went out once, by gossip, and arrived late or not at all. With a
+// quorum of two the attester has the quorum at once while the proposer waits for it, and
+// the next round's timing starts from the attester's view (follow). Each re-published
+// proposal is answered once.
+func (s *Sync) attestAgain(ctx context.Context, from string, m *gossip.Head, id cid.Cid, round uint64) {
+	if from == s.Self || !s.IsValidator(s.Self) || chain.FindSignature(m.Signed.Sigs, s.Self) != nil {
+		return
+	}
+	sh, _, err := s.Heads.Get(id)
+	if err != nil {
+		return
+	}
+	own := chain.FindSignature(sh.Sigs, s.Self)
+	if own == nil {
+		return // not signed here (it came by head sync)
+	}
+	s.Log.Info("re-sending attestation: the sender has not seen it", "round", round, "head", id.String(), "sender", from)
+	a := &gossip.Attestation{Experiment: s.Experiment, Head: id.Bytes(), Round: round, Sig: *own, Sent: time.Now().UnixMilli()}
+	if err := s.Bus.Publish(ctx, a); err != nil && ctx.Err() == nil {
+		s.Log.Warn("publish attestation", "round", round, "err", err)
+	}
+}
+
+// attest adds a validator's signature to the head it signs; the head becomes canonical
+// once it has a quorum. Attestations for heads not seen yet wait in pending.
+func (s *Sync) attest(from string, a *gossip.Attestation) {
+	if !s.IsValidator(from) || a.Sig.Peer != from {
+		return
+	}
+	id, err := cid.Cast(a.Head)
+	if err != nil {
+		return
+	}
+	if chain.VerifySignature(id, a.Sig) != nil {
+		return
+	}
+	sh, _, err := s.Heads.Get(id)
+	if err != nil {
+		if len(s.pending) < maxPending {
+			s.pending[id] = append(s.pending[id], a.Sig)
+		}
+		return
+	}
+	sh.Add(a.Sig)
+	if _, err := s.Tips.Offer(sh); err != nil {
+		s.Log.Debug("attested head not accepted", "head", id.String(), "err", err)
+	}
+}
+
+// catchUp asks p for its canonical head when p claims a round newer than ours (round 0:
+// always ask, at start-up), at most once per catchUpEvery per peer.
+func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
+	if p.String() == s.Self {
+		return
+	}
+	_, cur := s.Tips.Current()
+	if cur != nil && round <= cur.Round && round != 0 {
+		return
+	}
+	if time.Since(s.asked[p]) < catchUpEvery {
+		return
+	}
+	s.asked[p] = time.Now()
+	f, err := s.Peers.RequestTip(ctx, p)
+	if err != nil {
+		s.Log.Debug("catch-up: no tip from peer", "peer", p.String(), "err", err)
+		return
+	}
+	sh, h := f.Signed, f.Head
+	if cur != nil && h.Round <= cur.Round {
+		return
+	}
+	if _, err := s.fetchAncestors(ctx, p, h); err != nil {
+		s.Log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
+		return
+	}
+	if err := s.FetchArtifacts(ctx, h, p); err != nil {
+		s.Log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
+		return
+	}
+	if err := s.Tips.SetNotes(sh.ID(), h.Round, f.Notes); err != nil {
+		s.Log.Warn("store round notes", "round", h.Round, "err", err)
+	}
+	ok, err := s.Tips.Offer(sh)
+	if err != nil {
+		s.Log.Warn("catch-up: head refused", "peer", p.String(), "round", h.Round, "err", err)
+		return
+	}
+	if ok {
+		s.Log.Info("caught up", "peer", p.String(), "round", h.Round, "head", sh.ID().String())
+	}
+}
+
+// fetchAncestors gets the heads between h and the newest ancestor this node holds from p
+// (heads are linked by hash, so the tip's signatures vouch for all of them) and says how
+// many it fetched.
+func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (int, error) {
+	var missing []*chain.Fetched
+	for {
+		parent, err := h.ParentID()
+		if err != nil {
+			return 0, err
+		}
+		if !parent.Defined() || s.Heads.Has(parent) {
+			break
+		}
+		f, err := s.Peers.RequestHead(ctx, p, parent)
+		if err != nil {
+			return 0, fmt.Errorf("fetch ancestor %s of round %d: %w", parent, h.Round, err)
+		}
+		if f.Head.Round+1 != h.Round {
+			return 0, fmt.Errorf("ancestor %s claims round %d under round %d", parent, f.Head.Round, h.Round)
+		}
+		missing = append(missing, f)
+		h = f.Head
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		f := missing[i]
+		if _, err := s.Heads.Put(f.Signed); err != nil {
+			return 0, err
+		}
+		// The round notes come with the chain, so a node that synced it has the history.
+		if err := s.Tips.SetNotes(f.Signed.ID(), f.Head.Round, f.Notes); err != nil {
+			s.Log.Warn("store round notes", "round", f.Head.Round, "err", err)
+		}
+	}
+	return len(missing), nil
+}

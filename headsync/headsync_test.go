@@ -1,0 +1,311 @@
+package headsync
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/bus"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+type signer struct {
+	key crypto.PrivKey
+	id  peer.ID
+}
+
+func newSigner(t *testing.T) signer {
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	id, err := peer.IDFromPrivateKey(k)
+	require.NoError(t, err)
+	return signer{k, id}
+}
+
+func head(round uint64, parent cid.Cid) *chain.Head {
+	h := &chain.Head{Version: 1, Network: "net", Experiment: "exp", Round: round,
+		Params:     cids.Record([]byte{byte(round), 'p'}).Bytes(),
+		LayoutHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		Ledger:     chain.Ledger{Plan: "plan", Shards: 8, Consumed: make([]byte, 1)}}
+	if parent.Defined() {
+		h.Parent = parent.Bytes()
+	}
+	return h
+}
+
+// signed is h with the signatures of by.
+func signed(t *testing.T, h *chain.Head, by ...signer) *chain.SignedHead {
+	t.Helper()
+	b, err := h.Encode()
+	require.NoError(t, err)
+	id, err := h.ID()
+	require.NoError(t, err)
+	sh := &chain.SignedHead{Head: b}
+	for _, s := range by {
+		sig, err := chain.Sign(s.key, id)
+		require.NoError(t, err)
+		sh.Add(sig)
+	}
+	return sh
+}
+
+type testBus struct {
+	bus.Fanout
+	published  chan any
+	subscribed chan struct{}
+}
+
+func (b *testBus) Publish(_ context.Context, msg any) error { b.published <- msg; return nil }
+func (b *testBus) Fetch(context.Context, cid.Cid, ...peer.ID) error {
+	return errors.New("head sync fetches through FetchArtifacts")
+}
+func (b *testBus) Subscribe() *bus.Inbox {
+	in := b.Fanout.Subscribe()
+	b.subscribed <- struct{}{}
+	return in
+}
+
+// testPeers serves one chain, the same whichever peer is asked: its tip and every head it
+// holds. It records who was asked for a tip.
+type testPeers struct {
+	mu        sync.Mutex
+	connected peer.ID
+	tip       *chain.SignedHead
+	heads     map[cid.Cid]*chain.SignedHead
+	askedTip  []peer.ID
+}
+
+func (p *testPeers) Connected() []peer.ID { return []peer.ID{p.connected} }
+
+func (p *testPeers) fetched(sh *chain.SignedHead) (*chain.Fetched, error) {
+	h, err := sh.Decode()
+	if err != nil {
+		return nil, err
+	}
+	return &chain.Fetched{Signed: sh, Head: h}, nil
+}
+
+func (p *testPeers) RequestTip(_ context.Context, who peer.ID) (*chain.Fetched, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.askedTip = append(p.askedTip, who)
+	if p.tip == nil {
+		return nil, chain.ErrNotFound
+	}
+	return p.fetched(p.tip)
+}
+
+func (p *testPeers) RequestHead(_ context.Context, who peer.ID, id cid.Cid) (*chain.Fetched, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sh, ok := p.heads[id]
+	if !ok {
+		return nil, chain.ErrNotFound
+	}
+	return p.fetched(sh)
+}
+
+type harness struct {
+	v1, v2, stranger signer
+	bus              *testBus
+	tips             *chain.Tips
+	heads            *chain.Store
+	peers            *testPeers
+	fetchedArtifacts chan uint64 // rounds whose artifacts were fetched
+	genesis          *chain.SignedHead
+	genesisID        cid.Cid
+}
+
+// newHarness runs head sync for a node that is validator v1 (when selfIsValidator) of two,
+// v1 and v2, with quorum 2, holding genesis signed by both.
+func newHarness(t *testing.T, selfIsValidator bool) *harness {
+	t.Helper()
+	h := &harness{v1: newSigner(t), v2: newSigner(t), stranger: newSigner(t),
+		bus: &testBus{published: make(chan any, 16), subscribed: make(chan struct{}, 1)}, fetchedArtifacts: make(chan uint64, 16)}
+	var err error
+	h.heads, err = chain.OpenStore(filepath.Join(t.TempDir(), "heads"))
+	require.NoError(t, err)
+	vals := []string{h.v1.id.String(), h.v2.id.String()}
+	h.tips = chain.NewTips(h.heads, vals, 2)
+	h.genesis = signed(t, head(0, cid.Undef), h.v1, h.v2)
+	h.genesisID = h.genesis.ID()
+	ok, err := h.tips.Offer(h.genesis)
+	require.NoError(t, err)
+	require.True(t, ok)
+	h.peers = &testPeers{connected: h.v2.id, heads: map[cid.Cid]*chain.SignedHead{}}
+	self := h.stranger.id.String()
+	if selfIsValidator {
+		self = h.v1.id.String()
+	}
+	s := New(Params{Experiment: "exp", Self: self, IsValidator: func(p string) bool { return p == vals[0] || p == vals[1] },
+		Bus: h.bus, Tips: h.tips, Heads: h.heads, Peers: h.peers,
+		FetchArtifacts: func(_ context.Context, hd *chain.Head, _ ...peer.ID) error {
+			h.fetchedArtifacts <- hd.Round
+			return nil
+		},
+		Log: slog.New(slog.DiscardHandler)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+	select {
+	case <-h.bus.subscribed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("head sync never subscribed")
+	}
+	return h
+}
+
+func (h *harness) waitRound(t *testing.T, round uint64) cid.Cid {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, cur := h.tips.Current()
+		return cur.Round == round
+	}, 5*time.Second, time.Millisecond, "the canonical head never reached round %d", round)
+	id, _ := h.tips.Current()
+	return id
+}
+
+func TestHeadWithQuorumBecomesCanonical(t *testing.T) {
+	h := newHarness(t, false)
+	r1 := signed(t, head(1, h.genesisID), h.v1, h.v2)
+	h.bus.Deliver(h.v2.id.String(), &gossip.Head{Experiment: "exp", Signed: *r1})
+	require.Equal(t, r1.ID(), h.waitRound(t, 1))
+	require.Equal(t, uint64(1), <-h.fetchedArtifacts, "the head's artifacts are fetched before it becomes canonical")
+}
+
+// TestHeadsThatMustNotCount: a head from a peer that is not a validator, and one without
+// quorum, leave the canonical head where it is; the head that follows them is taken.
+func TestHeadsThatMustNotCount(t *testing.T) {
+	cases := map[string]func(h *harness) (string, *chain.SignedHead){
+		"published by a stranger": func(h *harness) (string, *chain.SignedHead) {
+			return h.stranger.id.String(), signed(t, head(1, h.genesisID), h.v1, h.v2)
+		},
+		"one signature of two": func(h *harness) (string, *chain.SignedHead) {
+			return h.v2.id.String(), signed(t, head(1, h.genesisID), h.v2)
+		},
+		"signed by a stranger as well": func(h *harness) (string, *chain.SignedHead) {
+			return h.v2.id.String(), signed(t, head(1, h.genesisID), h.v2, h.stranger)
+		},
+	}
+	for name, bad := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, false)
+			from, sh := bad(h)
+			h.bus.Deliver(from, &gossip.Head{Experiment: "exp", Signed: *sh})
+			// A good head of another round 1 comes next; it must be the one taken.
+			good := head(1, h.genesisID)
+			good.Params = cids.Record([]byte("other params")).Bytes()
+			gs := signed(t, good, h.v1, h.v2)
+			h.bus.Deliver(h.v1.id.String(), &gossip.Head{Experiment: "exp", Signed: *gs})
+			require.Equal(t, gs.ID(), h.waitRound(t, 1))
+		})
+	}
+}
+
+// TestAttestationBeforeItsHead: the second signature arrives before the head it signs;
+// it waits, and the head reaches its quorum when it arrives with the first.
+func TestAttestationBeforeItsHead(t *testing.T) {
+	h := newHarness(t, false)
+	r1 := head(1, h.genesisID)
+	id, err := r1.ID()
+	require.NoError(t, err)
+	sig, err := chain.Sign(h.v1.key, id)
+	require.NoError(t, err)
+	h.bus.Deliver(h.v1.id.String(), &gossip.Attestation{Experiment: "exp", Head: id.Bytes(), Round: 1, Sig: sig})
+	// A forged attestation (v2's signature claimed to be from v1) is dropped.
+	forged, err := chain.Sign(h.v2.key, id)
+	require.NoError(t, err)
+	h.bus.Deliver(h.v1.id.String(), &gossip.Attestation{Experiment: "exp", Head: id.Bytes(), Round: 1, Sig: forged})
+	h.bus.Deliver(h.v2.id.String(), &gossip.Head{Experiment: "exp", Signed: *signed(t, r1, h.v2)})
+	require.Equal(t, id, h.waitRound(t, 1))
+}
+
+// TestCatchUpFromAPeerAhead: at start the connected peer is asked for its tip (it has
+// none yet); then a peer announcing round 3 is asked for its tip, the heads between are
+// fetched from it and stored, and the tip becomes canonical.
+func TestCatchUpFromAPeerAhead(t *testing.T) {
+	h := newHarness(t, false)
+	require.Eventually(t, func() bool {
+		h.peers.mu.Lock()
+		defer h.peers.mu.Unlock()
+		return len(h.peers.askedTip) == 1
+	}, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
+	parent := h.genesisID
+	var tip *chain.SignedHead
+	for r := uint64(1); r <= 3; r++ {
+		tip = signed(t, head(r, parent), h.v1, h.v2)
+		h.peers.mu.Lock()
+		h.peers.heads[tip.ID()] = tip
+		h.peers.mu.Unlock()
+		parent = tip.ID()
+	}
+	h.peers.mu.Lock()
+	h.peers.tip = tip
+	h.peers.mu.Unlock()
+	h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: 3, Head: tip.ID().Bytes()})
+	require.Equal(t, tip.ID(), h.waitRound(t, 3))
+	h.peers.mu.Lock()
+	require.Equal(t, []peer.ID{h.v2.id, h.v1.id}, h.peers.askedTip)
+	h.peers.mu.Unlock()
+	for r := uint64(1); r < 3; r++ {
+		require.True(t, h.heads.Has(mustParent(t, h.heads, tip.ID(), 3-r)), "ancestor %d stored", r)
+	}
+}
+
+// mustParent walks up n parents from id.
+func mustParent(t *testing.T, s *chain.Store, id cid.Cid, n uint64) cid.Cid {
+	t.Helper()
+	for range n {
+		_, h, err := s.Get(id)
+		require.NoError(t, err)
+		id, err = h.ParentID()
+		require.NoError(t, err)
+	}
+	return id
+}
+
+// TestAttestationSentAgain: a validator re-publishing a head this validator signed, without
+// this validator's signature, has missed the attestation; it is sent again, once per
+// re-publication.
+func TestAttestationSentAgain(t *testing.T) {
+	h := newHarness(t, true) // this node is v1
+	r1 := head(1, h.genesisID)
+	both := signed(t, r1, h.v1, h.v2)
+	ok, err := h.tips.Offer(both)
+	require.NoError(t, err)
+	require.True(t, ok)
+	h.bus.Deliver(h.v2.id.String(), &gossip.Head{Experiment: "exp", Signed: *signed(t, r1, h.v2)})
+	select {
+	case m := <-h.bus.published:
+		a, ok := m.(*gossip.Attestation)
+		require.True(t, ok, "an attestation, got %T", m)
+		require.Equal(t, both.ID().Bytes(), a.Head)
+		require.Equal(t, h.v1.id.String(), a.Sig.Peer)
+		require.NoError(t, chain.VerifySignature(both.ID(), a.Sig))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the attestation was not sent again")
+	}
+	// With this validator's signature on it, the sender has it: nothing is sent.
+	h.bus.Deliver(h.v2.id.String(), &gossip.Head{Experiment: "exp", Signed: *both})
+	select {
+	case m := <-h.bus.published:
+		t.Fatalf("published %T for a head that carries our signature", m)
+	case <-time.After(100 * time.Millisecond):
+	}
+}

@@ -1,0 +1,32 @@
+package node
+
+import (
+	"context"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/headsync"
+)
+
+// newHeadSync is head sync (package headsync) wired to this node: every node runs it.
+func newHeadSync(e *env) *headsync.Sync {
+	return headsync.New(headsync.Params{Experiment: e.cfg.Experiment.ID, Self: e.self, IsValidator: e.isValidator,
+		Bus: e.bus, Tips: e.tips, Heads: e.heads, Peers: hostPeers{e.host}, FetchArtifacts: e.fetchHeadArtifacts,
+		Seen: e.peers.seen, Log: e.log})
+}
+
+// hostPeers is the libp2p host's connected peers and the chain sync protocol over it.
+type hostPeers struct{ h host.Host }
+
+func (p hostPeers) Connected() []peer.ID { return p.h.Network().Peers() }
+
+func (p hostPeers) RequestTip(ctx context.Context, id peer.ID) (*chain.Fetched, error) {
+	return chain.RequestTip(ctx, p.h, id)
+}
+
+func (p hostPeers) RequestHead(ctx context.Context, id peer.ID, head cid.Cid) (*chain.Fetched, error) {
+	return chain.RequestHead(ctx, p.h, id, head)
+}
