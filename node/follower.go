@@ -9,6 +9,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
@@ -225,6 +226,9 @@ func (v *validator) signedByAll(id cid.Cid, vs []string) bool {
 	return true
 }
 
+// maxVerifyFetches bounds the updates a validator fetches at once to verify a proposal.
+const maxVerifyFetches = 16
+
 // baseStillOpen says whether h is the base's proposal re-published by a validator ahead:
 // that validator has not seen the base reach its quorum yet (awaitQuorum re-publishes it
 // with the signatures gathered so far; head sync sends this validator's attestation again
@@ -371,12 +375,24 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 		if recent[delta] {
 			return fmt.Errorf("delta %s of %s was merged in an earlier round", delta, c.Peer)
 		}
-		hint, _ := peer.Decode(c.Peer)
-		if err := v.bus.Fetch(ctx, delta, hint); err != nil {
-			return fmt.Errorf("fetch delta %s of %s: %w", delta, c.Peer, err)
-		}
 		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
 			Probation: onProbation(merges, c.Peer)})
+	}
+	// The updates are fetched side by side: each comes from its own trainer's uplink (or
+	// from the proposer), and one after another they took the sum of those transfers.
+	fetch, fctx := errgroup.WithContext(ctx)
+	fetch.SetLimit(maxVerifyFetches)
+	for _, c := range cands {
+		hint, _ := peer.Decode(c.Peer)
+		fetch.Go(func() error {
+			if err := v.bus.Fetch(fctx, c.Delta, hint); err != nil {
+				return fmt.Errorf("fetch delta %s of %s: %w", c.Delta, c.Peer, err)
+			}
+			return nil
+		})
+	}
+	if err := fetch.Wait(); err != nil {
+		return err
 	}
 	return v.merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
 }

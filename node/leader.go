@@ -73,6 +73,19 @@ type openRound struct {
 	// held are the contributions whose lease no grant heard so far names, with their
 	// artifacts: their verdict waits for the round's end here (hold, settleHeld).
 	held map[heldKey]string
+	// fetches are the accepted contributions whose updates are on their way (fetches.go).
+	fetches *deltaFetches
+}
+
+// newOpenRound is the leader's state for the round after base; its fetches run under ctx
+// until the caller stops them.
+func newOpenRound(ctx context.Context, validators []string, self string, baseID cid.Cid, base *chain.Head, firstAttempt uint64) *openRound {
+	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
+		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
+		order: lease.Leaders(validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{},
+		leases: map[cid.Cid]lease.Lease{}, fetches: newDeltaFetches(ctx)}
+	r.rank = slices.Index(r.order, self)
+	return r
 }
 
 type received struct {
@@ -90,12 +103,10 @@ func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, bas
 		// Already signed a head for this round (as a follower): see it through.
 		return v.awaitQuorum(ctx, in, base.Round+1, l)
 	}
-	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
-		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
-		order: lease.Leaders(v.validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{}}
-	r.rank = slices.Index(r.order, v.self)
-	// Whatever way the round ends here, no verdict is left waiting.
+	r := newOpenRound(ctx, v.validators, v.self, baseID, base, firstAttempt)
+	// Whatever way the round ends here, no verdict is left waiting, and no fetch goes on.
 	defer v.settleHeld(r, true)
+	defer r.fetches.stop()
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
 	r.merged, r.merges = v.recentMerges(baseID)
 	changed := v.tips.Changed()
@@ -200,6 +211,11 @@ func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, chan
 				taken[s] = true
 			}
 		}
+		for _, p := range r.fetches.pending {
+			for _, s := range p.rc.msg.Microshards {
+				taken[s] = true
+			}
+		}
 		var avail []uint32
 		for _, s := range lease.Available(r.base.Ledger) {
 			if !taken[s] {
@@ -275,7 +291,9 @@ func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, chan
 			// No lease is outstanding: anything for this round is late, unleased or made
 			// under another validator's lease.
 			v.drainGrants(r, in)
-			v.accept(ctx, r, c.From, c.Msg)
+			v.accept(r, c.From, c.Msg)
+		case res := <-r.fetches.done:
+			v.fetchedDelta(r, res)
 		case l := <-in.Leases:
 			v.grantHeard(r, l)
 		case <-in.Releases:
@@ -406,13 +424,16 @@ func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, ch
 			}
 		case c := <-in.Contributions:
 			v.drainGrants(r, in) // its lease may be another validator's, granted just now
-			v.accept(ctx, r, c.From, c.Msg)
+			v.accept(r, c.From, c.Msg)
+		case res := <-r.fetches.done:
+			v.fetchedDelta(r, res)
 		case l := <-in.Leases:
 			v.grantHeard(r, l)
 		case rl := <-in.Releases:
 			v.release(r, rl.From, rl.Msg)
 		case <-tick.C:
 		case <-timer.C:
+			v.fetchesOverdue(r)
 			v.expire(r)
 			r.book.End(time.Now())
 			if r.blindGrant && len(r.received) == r.atGrant {
@@ -527,18 +548,10 @@ func (v *validator) missed(peer string, round uint64, why string) {
 
 // accept checks a contribution against the leases of the open round and fetches its delta.
 // A leased trainer whose contribution is rejected gets no further attempt in the round.
-func (v *validator) accept(ctx context.Context, r *openRound, from string, c *gossip.Contribution) {
+func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 	delta := c.Delta
 	reject := func(bar bool, reason, format string, args ...any) {
-		art := ""
-		if id, err := cid.Cast(delta); err == nil {
-			art = id.String()
-		}
-		v.rejected(from, r.round, reason, sprintf(format, args...), art)
-		r.rejected++
-		if bar && r.book.Bar(from, reason) {
-			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
-		}
+		v.rejectContribution(r, from, delta, bar, reason, format, args...)
 	}
 	if c.Round != r.round || !slices.Equal(c.Base, r.baseID.Bytes()) {
 		if c.Round < r.round {
@@ -562,7 +575,7 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 		reject(true, "no_lease", "lease id: %v", err)
 		return
 	}
-	if _, dup := r.received[from]; dup {
+	if _, dup := r.received[from]; dup || r.fetches.pending[from].delta.Defined() {
 		reject(false, "replay", "second contribution for round %d", r.round)
 		return
 	}
@@ -616,32 +629,28 @@ func (v *validator) accept(ctx context.Context, r *openRound, from string, c *go
 			return
 		}
 	}
-	hint, _ := peer.Decode(from)
-	// A holder that stalls must not hold the round past its deadline.
-	fctx, cancel := context.WithDeadline(ctx, r.deadline)
-	defer cancel()
-	fetchStart := time.Now()
-	if err := v.bus.Fetch(fctx, deltaID, hint); err != nil || !v.store.Has(deltaID) {
-		if !time.Now().Before(r.deadline) {
-			// The attempt ran out while the delta was on its way (or queued here behind
-			// other work): late, not a fault of the holder, so no strike toward quarantine.
-			reject(true, "late", "fetch delta %s: the attempt's deadline passed: %v", deltaID, err)
+	for p, f := range r.fetches.pending {
+		if f.delta.Equals(deltaID) {
+			reject(true, "copy", "delta %s was already announced by %s in this round", deltaID, p)
 			return
 		}
-		reject(true, "unavailable", "fetch delta %s: %v", deltaID, err)
-		return
 	}
-	steps := int(l.Steps)
-	if steps == 0 {
-		steps = v.cfg.Protocol.InnerSteps
+	hint, _ := peer.Decode(from)
+	r.fetches.start(v.bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, r.deadline)
+}
+
+// rejectContribution rejects from's contribution (update artifact delta) to round r for
+// reason, barring it from the round's further attempts when bar is set.
+func (v *validator) rejectContribution(r *openRound, from string, delta []byte, bar bool, reason, format string, args ...any) {
+	art := ""
+	if id, err := cid.Cast(delta); err == nil {
+		art = id.String()
 	}
-	v.paces.observe(from, c.Seconds, steps)
-	v.noteSpeed(from, c)
-	r.received[from] = received{msg: c, lease: l, id: leaseID, fetch: time.Since(fetchStart)}
-	r.book.Report(from)
-	v.updateValidatorStatus(func(vs *ValidatorStatus) {
-		vs.Received = append(slices.Clone(vs.Received), from)
-	})
+	v.rejected(from, r.round, reason, sprintf(format, args...), art)
+	r.rejected++
+	if bar && r.book.Bar(from, reason) {
+		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+	}
 }
 
 // noteSpeed takes a trainer's current speed from its contribution (trainerSet.measured):

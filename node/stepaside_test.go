@@ -2,9 +2,7 @@ package node
 
 import (
 	"log/slog"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/ipfs/go-cid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,10 +25,7 @@ func leadingValidator(t *testing.T, self string, validators []string, round uint
 		metrics: newNodeMetrics(prometheus.NewRegistry()), validators: validators}
 	v := newValidator(e, nil)
 	v.quarantine = lease.NewQuarantine(1, 10, 5)
-	r := &openRound{round: round, baseID: base, base: head, received: map[string]received{}, book: lease.NewBook(round, time.Now()),
-		returns: map[string]int{}, order: lease.Leaders(validators, base), foreign: map[string]bool{}, leases: map[cid.Cid]lease.Lease{},
-		held: map[heldKey]string{}}
-	r.rank = slices.Index(r.order, self)
+	r := newOpenRound(t.Context(), validators, self, base, head, 0)
 	return v, r
 }
 
@@ -88,7 +83,7 @@ func TestForeignLeaseHeardAfterItsContribution(t *testing.T) {
 			if len(tc.after) > 0 && tc.after[len(tc.after)-1].From == "X" {
 				l = byX
 			}
-			v.accept(t.Context(), r, "t1", contribution(l))
+			v.accept(r, "t1", contribution(l))
 			for _, g := range tc.after {
 				v.grantHeard(r, g)
 			}
@@ -147,7 +142,7 @@ func TestStaleForeignLeaseIsNoMiss(t *testing.T) {
 			r.book.Grant([]lease.Lease{mine})
 			require.False(t, v.quarantine.Miss("t1", 6), "one miss before: the next one quarantines")
 			if tc.report != nil && !tc.early {
-				v.accept(t.Context(), r, "t1", tc.report)
+				v.accept(r, "t1", tc.report)
 			}
 			v.expire(r)
 			require.Equal(t, tc.struck, v.quarantine.Quarantined("t1", 7), "the expired lease of round 6 struck t1")

@@ -1,0 +1,126 @@
+package node
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/bus"
+)
+
+// deltaFetches runs the round leader's fetches of accepted contributions' updates, one
+// goroutine each, and hands each result back to the leader's loop (collect, issue), which
+// finishes the acceptance there (fetchedDelta). The loop never waits on a transfer: the
+// trainers' uploads proceed side by side (with the fetch inside the loop, three trainers
+// on 20 Mbit/s uplinks uploaded one after another), and grants, releases, announces and
+// heads are read while they do.
+type deltaFetches struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan fetchResult
+	pending map[string]pendingFetch // by trainer
+}
+
+// pendingFetch is an accepted contribution whose update is on its way.
+type pendingFetch struct {
+	rc    received
+	delta cid.Cid
+	start time.Time
+}
+
+type fetchResult struct {
+	from  string
+	delta cid.Cid
+	err   error
+}
+
+// newDeltaFetches starts the fetches of one round; stop cancels what is still running.
+func newDeltaFetches(ctx context.Context) *deltaFetches {
+	ctx, cancel := context.WithCancel(ctx)
+	return &deltaFetches{ctx: ctx, cancel: cancel, done: make(chan fetchResult), pending: map[string]pendingFetch{}}
+}
+
+func (f *deltaFetches) stop() { f.cancel() }
+
+// start fetches the update of rc (artifact delta) from hint and the holders the bus knows,
+// until deadline. Its result arrives on done unless the round ends first.
+func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid, hint peer.ID, deadline time.Time) {
+	f.pending[from] = pendingFetch{rc: rc, delta: delta, start: time.Now()}
+	go func() {
+		// A holder that stalls must not hold the round past its deadline.
+		ctx, cancel := context.WithDeadline(f.ctx, deadline)
+		defer cancel()
+		err := b.Fetch(ctx, delta, hint)
+		select {
+		case f.done <- fetchResult{from: from, delta: delta, err: err}:
+		case <-f.ctx.Done():
+		}
+	}()
+}
+
+// finish takes the pending fetch res reports on; false when there is none (the round
+// settled that trainer's lease meanwhile).
+func (f *deltaFetches) finish(res fetchResult) (pendingFetch, bool) {
+	p, ok := f.pending[res.from]
+	if !ok || !p.delta.Equals(res.delta) {
+		return pendingFetch{}, false
+	}
+	delete(f.pending, res.from)
+	return p, true
+}
+
+// fetchedDelta finishes accepting a contribution whose update was fetched (or failed to
+// be): the trainer reports on its lease, or is rejected as accept would have.
+func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
+	p, ok := r.fetches.finish(res)
+	if !ok {
+		return
+	}
+	from, c, l := res.from, p.rc.msg, p.rc.lease
+	if !r.book.Holds(from, p.rc.id) {
+		// Its lease was settled while the update was on its way (the trainer left or gave
+		// the lease back): what arrives now is not counted.
+		v.log.Debug("update fetched after its lease was settled; not counted", "round", r.round, "peer", from, "delta", res.delta.String())
+		return
+	}
+	if res.err != nil || !v.store.Has(res.delta) {
+		if !time.Now().Before(r.deadline) {
+			// The attempt ran out while the delta was on its way: late, not a fault of the
+			// holder, so no strike toward quarantine.
+			v.rejectContribution(r, from, c.Delta, true, "late", "fetch delta %s: the attempt's deadline passed: %v", res.delta, res.err)
+			return
+		}
+		v.rejectContribution(r, from, c.Delta, true, "unavailable", "fetch delta %s: %v", res.delta, res.err)
+		return
+	}
+	steps := int(l.Steps)
+	if steps == 0 {
+		steps = v.cfg.Protocol.InnerSteps
+	}
+	v.paces.observe(from, c.Seconds, steps)
+	v.noteSpeed(from, c)
+	rc := p.rc
+	rc.fetch = time.Since(p.start)
+	r.received[from] = rc
+	r.book.Report(from)
+	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+		vs.Received = append(slices.Clone(vs.Received), from)
+	})
+}
+
+// fetchesOverdue rejects, as late, the contributions whose update is still on its way at
+// the attempt's deadline: they are barred before the deadline expires the leases left, so
+// a slow upload is no missed lease.
+func (v *validator) fetchesOverdue(r *openRound) {
+	for _, from := range slices.Sorted(maps.Keys(r.fetches.pending)) {
+		p := r.fetches.pending[from]
+		delete(r.fetches.pending, from)
+		if r.book.Holds(from, p.rc.id) {
+			v.rejectContribution(r, from, p.rc.msg.Delta, true, "late", "fetch delta %s: the attempt's deadline passed while it was fetched", p.delta)
+		}
+	}
+}

@@ -1,0 +1,139 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/lease"
+)
+
+// gatedBus is a bus whose fetches each wait for the test to open their gate.
+type gatedBus struct {
+	bus.Fanout
+	started chan cid.Cid
+	gates   map[cid.Cid]chan error
+}
+
+func (b *gatedBus) Publish(context.Context, any) error { return nil }
+
+func (b *gatedBus) Fetch(ctx context.Context, id cid.Cid, _ ...peer.ID) error {
+	b.started <- id
+	select {
+	case err := <-b.gates[id]:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestLeaderFetchesUpdatesSideBySide: the round's leader starts fetching every accepted
+// contribution's update at once, without waiting for the one before (with the fetch
+// inside its loop, trainers on slow uplinks uploaded one after another); each trainer
+// reports as its own update arrives, in whatever order; a failed fetch is rejected and
+// struck, and an update still on its way at the deadline is late, without a strike.
+func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
+	const round = 4
+	base := cids.Record([]byte("base of round 4"))
+	v, r := leadingValidator(t, "A", []string{"A"}, round, base, &chain.Head{Round: round - 1})
+	store, err := artifact.OpenStore(filepath.Join(t.TempDir(), "artifacts"), artifact.Options{})
+	require.NoError(t, err)
+	gb := &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}
+	v.bus, v.store = gb, store
+	r.deadline = time.Now().Add(time.Hour)
+
+	trainers := []string{"t1", "t2", "t3", "t4"}
+	var leases []lease.Lease
+	deltas := map[string]cid.Cid{}
+	for i, p := range trainers {
+		l := lease.Lease{Round: round, Base: base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
+		leases = append(leases, l)
+		r.leases[l.ID()] = l
+		deltas[p], err = store.PutBytes(fmt.Appendf(nil, "update of %s", p))
+		require.NoError(t, err)
+		gb.gates[deltas[p]] = make(chan error, 1)
+	}
+	r.book.Grant(leases)
+	for _, l := range leases {
+		v.accept(r, l.Trainer, &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: l.ID().Bytes(), Peer: l.Trainer,
+			Delta: deltas[l.Trainer].Bytes(), Microshards: l.Microshards, Samples: 8, Seconds: 2})
+	}
+	// Every fetch is under way before any has finished, and accept returned for each.
+	started := map[cid.Cid]bool{}
+	for range trainers {
+		select {
+		case id := <-gb.started:
+			started[id] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of %d fetches started", len(started), len(trainers))
+		}
+	}
+	require.Len(t, started, len(trainers))
+	require.Empty(t, r.received, "nothing counts before its update is here")
+	require.False(t, r.book.Settled(), "the round waits for the updates on their way")
+
+	// A second announcement of t1 while its update is on its way is a replay, not a second
+	// fetch.
+	v.accept(r, "t1", &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: leases[0].ID().Bytes(), Peer: "t1",
+		Delta: deltas["t1"].Bytes(), Microshards: leases[0].Microshards})
+	require.Equal(t, map[string]uint64{"replay": 1}, rejections(v))
+
+	finish := func(p string, err error) {
+		t.Helper()
+		gb.gates[deltas[p]] <- err
+		select {
+		case res := <-r.fetches.done:
+			require.Equal(t, p, res.from)
+			v.fetchedDelta(r, res)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the fetch of %s did not report back", p)
+		}
+	}
+	finish("t3", nil) // the last one announced arrives first
+	require.Equal(t, []string{"t3"}, receivedPeers(r))
+	finish("t1", nil)
+	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
+	finish("t2", errors.New("holder went away"))
+	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1}, rejections(v))
+	require.True(t, v.quarantine.Quarantined("t2", round+1), "an update that cannot be fetched is the trainer's fault")
+
+	// t4's update is still on its way at the deadline: late, barred, no strike.
+	v.fetchesOverdue(r)
+	v.expire(r)
+	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1, "late": 1}, rejections(v))
+	require.False(t, v.quarantine.Quarantined("t4", round+1), "a slow upload is no strike")
+	require.Equal(t, "late", r.book.Barred()["t4"])
+	require.True(t, r.book.Settled())
+	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
+	// Its update arriving after all is not counted.
+	gb.gates[deltas["t4"]] <- nil
+	select {
+	case res := <-r.fetches.done:
+		v.fetchedDelta(r, res)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fetch of t4 did not report back")
+	}
+	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
+}
+
+func receivedPeers(r *openRound) []string {
+	var out []string
+	for _, p := range []string{"t1", "t2", "t3", "t4"} {
+		if _, ok := r.received[p]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
