@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,11 +26,19 @@ type gatedBus struct {
 	bus.Fanout
 	started chan cid.Cid
 	gates   map[cid.Cid]chan error
+	mu      sync.Mutex
+	hints   map[cid.Cid][]peer.ID
 }
 
 func (b *gatedBus) Publish(context.Context, any) error { return nil }
 
-func (b *gatedBus) Fetch(ctx context.Context, id cid.Cid, _ ...peer.ID) error {
+func (b *gatedBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
+	b.mu.Lock()
+	if b.hints == nil {
+		b.hints = map[cid.Cid][]peer.ID{}
+	}
+	b.hints[id] = hints
+	b.mu.Unlock()
 	b.started <- id
 	select {
 	case err := <-b.gates[id]:
@@ -128,6 +137,13 @@ func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
 	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
 }
 
+func mustPeer(t *testing.T, s string) peer.ID {
+	t.Helper()
+	id, err := peer.Decode(s)
+	require.NoError(t, err)
+	return id
+}
+
 func receivedPeers(r *openRound) []string {
 	var out []string
 	for _, p := range []string{"t1", "t2", "t3", "t4"} {
@@ -136,4 +152,65 @@ func receivedPeers(r *openRound) []string {
 		}
 	}
 	return out
+}
+
+// TestVerifierFetchesUpdatesSideBySideFromTheProposer: a validator verifying a proposal
+// fetches its updates at once, not one after another, asking the proposer (which holds
+// every update it merged) before each trainer, whose home uplink would otherwise carry its
+// update once per validator. A fetch that fails fails the verification, naming the update.
+func TestVerifierFetchesUpdatesSideBySideFromTheProposer(t *testing.T) {
+	const round = 4
+	base := cids.Record([]byte("base of round 4"))
+	ids := map[string]peer.ID{}
+	for _, name := range []string{"proposer", "t1", "t2", "t3"} {
+		_, id := pinKey(t, name)
+		ids[name] = mustPeer(t, id)
+	}
+	v, _ := leadingValidator(t, "A", []string{"A", ids["proposer"].String()}, round, base, &chain.Head{Round: round - 1})
+	heads, err := chain.OpenStore(filepath.Join(t.TempDir(), "heads"))
+	require.NoError(t, err)
+	gb := &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}
+	v.bus, v.heads = gb, heads
+	prop := &gossip.Proposal{}
+	for i, name := range []string{"t1", "t2", "t3"} {
+		l := lease.Lease{Round: round, Base: base.Bytes(), Trainer: ids[name].String(), Microshards: []uint32{uint32(i)},
+			Issuer: ids["proposer"].String(), Expiry: 1}
+		delta := cids.Record(fmt.Appendf(nil, "update of %s", name))
+		gb.gates[delta] = make(chan error, 1)
+		prop.Leases = append(prop.Leases, l)
+		prop.Candidates = append(prop.Candidates, gossip.Candidate{Peer: l.Trainer, Delta: delta.Bytes(), Lease: l.ID().Bytes(),
+			Samples: 8, Microshards: l.Microshards})
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- v.verifyProposal(t.Context(), ids["proposer"].String(), base, &chain.Head{Round: round - 1},
+			&gossip.Head{Proposal: prop}, cids.Record([]byte("proposed head")))
+	}()
+	for range prop.Candidates {
+		select {
+		case <-gb.started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the fetches did not all start before any finished")
+		}
+	}
+	gb.mu.Lock()
+	for _, c := range prop.Candidates {
+		delta, err := cid.Cast(c.Delta)
+		require.NoError(t, err)
+		trainer, err := peer.Decode(c.Peer)
+		require.NoError(t, err)
+		require.Equal(t, []peer.ID{ids["proposer"], trainer}, gb.hints[delta], "the proposer first, then the trainer")
+	}
+	gb.mu.Unlock()
+	for _, c := range prop.Candidates {
+		delta, _ := cid.Cast(c.Delta)
+		gb.gates[delta] <- errors.New("holder went away")
+	}
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, "fetch delta")
+		require.ErrorContains(t, err, "holder went away")
+	case <-time.After(10 * time.Second):
+		t.Fatal("verification did not end")
+	}
 }

@@ -378,14 +378,22 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
 			Probation: onProbation(merges, c.Peer)})
 	}
-	// The updates are fetched side by side: each comes from its own trainer's uplink (or
-	// from the proposer), and one after another they took the sum of those transfers.
+	// The updates are fetched side by side (one after another they took the sum of the
+	// transfers), from the proposer as well as their trainers: the proposer holds every one
+	// it merged, and a trainer's home uplink need not carry its update once per validator.
+	var proposer []peer.ID
+	if p, err := peer.Decode(from); err == nil && from != v.self {
+		proposer = append(proposer, p)
+	}
 	fetch, fctx := errgroup.WithContext(ctx)
 	fetch.SetLimit(maxVerifyFetches)
 	for _, c := range cands {
-		hint, _ := peer.Decode(c.Peer)
+		hints := slices.Clone(proposer)
+		if p, err := peer.Decode(c.Peer); err == nil {
+			hints = append(hints, p)
+		}
 		fetch.Go(func() error {
-			if err := v.bus.Fetch(fctx, c.Delta, hint); err != nil {
+			if err := v.bus.Fetch(fctx, c.Delta, hints...); err != nil {
 				return fmt.Errorf("fetch delta %s of %s: %w", c.Delta, c.Peer, err)
 			}
 			return nil
