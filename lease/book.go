@@ -155,10 +155,17 @@ func (b *Book) Settled() bool { return len(b.held) == 0 }
 
 // Expire bars every holder of an unsettled lease (the attempt's deadline passed) and
 // returns them in peer order.
-func (b *Book) Expire() []string {
+func (b *Book) Expire() []string { return b.ExpireExcept(nil) }
+
+// ExpireExcept is Expire for the holders arriving does not name (nil: every holder): a
+// holder whose contribution arrived in time and is still being fetched keeps its lease
+// until the fetch settles it (Report or Bar).
+func (b *Book) ExpireExcept(arriving func(peer string) bool) []string {
 	var out []string
 	for p := range b.held {
-		out = append(out, p)
+		if arriving == nil || !arriving(p) {
+			out = append(out, p)
+		}
 	}
 	slices.Sort(out)
 	for _, p := range out {

@@ -398,3 +398,18 @@ func TestBookRestartsCannotSpin(t *testing.T) {
 		})
 	}
 }
+
+// TestExpireExceptKeepsArrivingLeases: at the deadline a holder whose update is still
+// arriving keeps its lease; the others expire; it settles when the update is in.
+func TestExpireExceptKeepsArrivingLeases(t *testing.T) {
+	b := NewBook(7, time.Unix(1000, 0))
+	ls := bookLeases(7, "a", "b", "c")
+	b.Grant(ls)
+	b.Report("a")
+	require.Equal(t, []string{"c"}, b.ExpireExcept(func(p string) bool { return p == "b" }))
+	require.False(t, b.Settled())
+	require.True(t, b.Holds("b", ls[1].ID()))
+	require.Equal(t, map[string]string{"c": ReasonExpired}, b.Barred())
+	b.Report("b")
+	require.True(t, b.Settled())
+}

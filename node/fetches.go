@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"maps"
 	"slices"
 	"time"
 
@@ -17,7 +16,9 @@ import (
 // finishes the acceptance there (fetchedDelta). The loop never waits on a transfer: the
 // trainers' uploads proceed side by side (with the fetch inside the loop, three trainers
 // on 20 Mbit/s uplinks uploaded one after another), and grants, releases, announces and
-// heads are read while they do.
+// heads are read while they do. The attempt's deadline is for announcing a contribution:
+// an update announced in time keeps its lease past the deadline until it arrives (expire),
+// within lease.round_timeout.
 type deltaFetches struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -51,7 +52,6 @@ func (f *deltaFetches) stop() { f.cancel() }
 func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid, hint peer.ID, deadline time.Time) {
 	f.pending[from] = pendingFetch{rc: rc, delta: delta, start: time.Now()}
 	go func() {
-		// A holder that stalls must not hold the round past its deadline.
 		ctx, cancel := context.WithDeadline(f.ctx, deadline)
 		defer cancel()
 		err := b.Fetch(ctx, delta, hint)
@@ -89,8 +89,9 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 	}
 	if res.err != nil || !v.store.Has(res.delta) {
 		if !time.Now().Before(r.deadline) {
-			// The attempt ran out while the delta was on its way: late, not a fault of the
-			// holder, so no strike toward quarantine.
+			// The transfer failed after the attempt's deadline (it ran past
+			// lease.round_timeout, or its holder went away): late, no strike toward
+			// quarantine, as a trainer that announced in time is not at fault for its link.
 			v.rejectContribution(r, from, c.Delta, true, "late", "fetch delta %s: the attempt's deadline passed: %v", res.delta, res.err)
 			return
 		}
@@ -110,17 +111,4 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 	v.updateValidatorStatus(func(vs *ValidatorStatus) {
 		vs.Received = append(slices.Clone(vs.Received), from)
 	})
-}
-
-// fetchesOverdue rejects, as late, the contributions whose update is still on its way at
-// the attempt's deadline: they are barred before the deadline expires the leases left, so
-// a slow upload is no missed lease.
-func (v *validator) fetchesOverdue(r *openRound) {
-	for _, from := range slices.Sorted(maps.Keys(r.fetches.pending)) {
-		p := r.fetches.pending[from]
-		delete(r.fetches.pending, from)
-		if r.book.Holds(from, p.rc.id) {
-			v.rejectContribution(r, from, p.rc.msg.Delta, true, "late", "fetch delta %s: the attempt's deadline passed while it was fetched", p.delta)
-		}
-	}
 }

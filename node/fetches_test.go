@@ -52,7 +52,7 @@ func (b *gatedBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) erro
 // contribution's update at once, without waiting for the one before (with the fetch
 // inside its loop, trainers on slow uplinks uploaded one after another); each trainer
 // reports as its own update arrives, in whatever order; a failed fetch is rejected and
-// struck, and an update still on its way at the deadline is late, without a strike.
+// struck, and an update still on its way at the deadline keeps its lease and counts.
 func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
 	const round = 4
 	base := cids.Record([]byte("base of round 4"))
@@ -118,23 +118,63 @@ func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
 	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1}, rejections(v))
 	require.True(t, v.quarantine.Quarantined("t2", round+1), "an update that cannot be fetched is the trainer's fault")
 
-	// t4's update is still on its way at the deadline: late, barred, no strike.
-	v.fetchesOverdue(r)
+	// At the deadline t4's update is still on its way: announced in time, it keeps its
+	// lease (the deadline expires only leases with nothing announced), and counts when it
+	// arrives.
 	v.expire(r)
-	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1, "late": 1}, rejections(v))
-	require.False(t, v.quarantine.Quarantined("t4", round+1), "a slow upload is no strike")
-	require.Equal(t, "late", r.book.Barred()["t4"])
+	require.False(t, r.book.Settled(), "the round waits for t4's update")
+	require.Empty(t, r.book.Barred()["t4"])
+	finish("t4", nil)
+	require.Equal(t, []string{"t1", "t3", "t4"}, receivedPeers(r))
 	require.True(t, r.book.Settled())
-	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
-	// Its update arriving after all is not counted.
-	gb.gates[deltas["t4"]] <- nil
-	select {
-	case res := <-r.fetches.done:
-		v.fetchedDelta(r, res)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the fetch of t4 did not report back")
+	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1}, rejections(v), "no late rejection")
+}
+
+// TestUpdateArrivingAfterItsLeaseEnded: an update whose trainer gave its lease back while
+// it was on its way is not counted; one whose transfer fails after the deadline is late,
+// without a strike.
+func TestUpdateArrivingAfterItsLeaseEnded(t *testing.T) {
+	const round = 4
+	base := cids.Record([]byte("base of round 4"))
+	v, r := leadingValidator(t, "A", []string{"A"}, round, base, &chain.Head{Round: round - 1})
+	store, err := artifact.OpenStore(filepath.Join(t.TempDir(), "artifacts"), artifact.Options{})
+	require.NoError(t, err)
+	gb := &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}
+	v.bus, v.store = gb, store
+	r.deadline = time.Now().Add(time.Hour)
+	var leases []lease.Lease
+	deltas := map[string]cid.Cid{}
+	for i, p := range []string{"t1", "t2"} {
+		l := lease.Lease{Round: round, Base: base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
+		leases = append(leases, l)
+		r.leases[l.ID()] = l
+		deltas[p], err = store.PutBytes(fmt.Appendf(nil, "update of %s", p))
+		require.NoError(t, err)
+		gb.gates[deltas[p]] = make(chan error, 1)
 	}
-	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
+	r.book.Grant(leases)
+	for _, l := range leases {
+		v.accept(r, l.Trainer, &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: l.ID().Bytes(), Peer: l.Trainer,
+			Delta: deltas[l.Trainer].Bytes(), Microshards: l.Microshards, Samples: 8})
+		<-gb.started
+	}
+	v.release(r, "t1", &gossip.Release{Round: round, Base: base.Bytes(), Lease: leases[0].ID().Bytes(), Peer: "t1", Reason: "worker restarted"})
+	r.deadline = time.Now().Add(-time.Second) // the attempt's deadline has passed
+	v.expire(r)
+	require.Empty(t, r.book.Barred()["t2"], "t2's update is arriving")
+	for _, p := range []string{"t1", "t2"} {
+		err := error(nil)
+		if p == "t2" {
+			err = errors.New("stream reset")
+		}
+		gb.gates[deltas[p]] <- err
+		v.fetchedDelta(r, <-r.fetches.done)
+	}
+	require.Empty(t, r.received, "t1 gave its lease back; t2's update never came")
+	require.Equal(t, map[string]uint64{"late": 1}, rejections(v))
+	require.Equal(t, "late", r.book.Barred()["t2"])
+	require.False(t, v.quarantine.Quarantined("t2", round+1), "a transfer lost after the deadline is no strike")
+	require.True(t, r.book.Settled())
 }
 
 func mustPeer(t *testing.T, s string) peer.ID {

@@ -433,12 +433,19 @@ func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, ch
 			v.release(r, rl.From, rl.Msg)
 		case <-tick.C:
 		case <-timer.C:
-			v.fetchesOverdue(r)
 			v.expire(r)
-			r.book.End(time.Now())
-			if r.blindGrant && len(r.received) == r.atGrant {
+			if r.blindGrant && len(r.received) == r.atGrant && len(r.fetches.pending) == 0 {
 				r.blind++ // the first-deadline guess was too short for this workload
 			}
+			if len(r.fetches.pending) > 0 {
+				// Contributions announced in time whose updates are still on their way keep
+				// their leases: the round waits for them (each fetch is bounded by
+				// lease.round_timeout) and closes once they are settled, above.
+				v.log.Info("deadline passed with updates still arriving; waiting for them", "round", r.round,
+					"arriving", len(r.fetches.pending), "received", len(r.received))
+				continue
+			}
+			r.book.End(time.Now())
 			if len(r.received) < v.cfg.Lease.MinGroup {
 				v.log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
 				v.status.event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.cfg.Lease.MinGroup)
@@ -451,7 +458,8 @@ func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, ch
 // expire bars the trainers that did not report by the deadline: their microshards go back
 // to the pool, and repeated misses count toward quarantine.
 func (v *validator) expire(r *openRound) {
-	for _, p := range r.book.Expire() {
+	arriving := func(p string) bool { _, ok := r.fetches.pending[p]; return ok }
+	for _, p := range r.book.ExpireExcept(arriving) {
 		n := 0
 		for _, l := range r.leases {
 			if l.Trainer == p {
@@ -636,7 +644,10 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 		}
 	}
 	hint, _ := peer.Decode(from)
-	r.fetches.start(v.bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, r.deadline)
+	// The deadline is for announcing: an update announced in time may take what the
+	// trainer's uplink takes (a 68 MB fp32 update is 27 s at 20 Mbit/s), up to
+	// lease.round_timeout, and the artifact layer gives up on a holder that stalls.
+	r.fetches.start(v.bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, time.Now().Add(v.cfg.Lease.RoundTimeout))
 }
 
 // rejectContribution rejects from's contribution (update artifact delta) to round r for
