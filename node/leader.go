@@ -395,7 +395,8 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 
 // collect gathers the current attempt's contributions and releases until every lease of it
 // is settled (reported, rejected or released) or its deadline passes, when the trainers
-// that did not report are barred from the round and their microshards return to the pool.
+// that did not report are barred from the round and their microshards return to the pool;
+// those whose updates are on their way keep their leases, and collect waits for them.
 func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
 	timer := time.NewTimer(time.Until(r.deadline))
 	defer timer.Stop()
@@ -554,7 +555,8 @@ func (v *validator) missed(peer string, round uint64, why string) {
 	}
 }
 
-// accept checks a contribution against the leases of the open round and fetches its delta.
+// accept checks a contribution against the leases of the open round and starts fetching
+// its delta (fetchedDelta finishes the acceptance).
 // A leased trainer whose contribution is rejected gets no further attempt in the round.
 func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 	delta := c.Delta
