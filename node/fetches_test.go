@@ -54,36 +54,14 @@ func (b *gatedBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) erro
 // reports as its own update arrives, in whatever order; a failed fetch is rejected and
 // struck, and an update still on its way at the deadline keeps its lease and counts.
 func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
-	const round = 4
-	base := cids.Record([]byte("base of round 4"))
-	v, r := leadingValidator(t, "A", []string{"A"}, round, base, &chain.Head{Round: round - 1})
-	store, err := artifact.OpenStore(filepath.Join(t.TempDir(), "artifacts"), artifact.Options{})
-	require.NoError(t, err)
-	gb := &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}
-	v.bus, v.store = gb, store
-	r.deadline = time.Now().Add(time.Hour)
-
 	trainers := []string{"t1", "t2", "t3", "t4"}
-	var leases []lease.Lease
-	deltas := map[string]cid.Cid{}
-	for i, p := range trainers {
-		l := lease.Lease{Round: round, Base: base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
-		leases = append(leases, l)
-		r.leases[l.ID()] = l
-		deltas[p], err = store.PutBytes(fmt.Appendf(nil, "update of %s", p))
-		require.NoError(t, err)
-		gb.gates[deltas[p]] = make(chan error, 1)
-	}
-	r.book.Grant(leases)
-	for _, l := range leases {
-		v.accept(r, l.Trainer, &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: l.ID().Bytes(), Peer: l.Trainer,
-			Delta: deltas[l.Trainer].Bytes(), Microshards: l.Microshards, Samples: 8, Seconds: 2})
-	}
+	f := newFetchingRound(t, trainers...)
+	v, r := f.v, f.r
 	// Every fetch is under way before any has finished, and accept returned for each.
 	started := map[cid.Cid]bool{}
 	for range trainers {
 		select {
-		case id := <-gb.started:
+		case id := <-f.gb.started:
 			started[id] = true
 		case <-time.After(10 * time.Second):
 			t.Fatalf("only %d of %d fetches started", len(started), len(trainers))
@@ -95,28 +73,16 @@ func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
 
 	// A second announcement of t1 while its update is on its way is a replay, not a second
 	// fetch.
-	v.accept(r, "t1", &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: leases[0].ID().Bytes(), Peer: "t1",
-		Delta: deltas["t1"].Bytes(), Microshards: leases[0].Microshards})
+	v.accept(r, "t1", f.contribution(f.leases[0]))
 	require.Equal(t, map[string]uint64{"replay": 1}, rejections(v))
 
-	finish := func(p string, err error) {
-		t.Helper()
-		gb.gates[deltas[p]] <- err
-		select {
-		case res := <-r.fetches.done:
-			require.Equal(t, p, res.from)
-			v.fetchedDelta(r, res)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("the fetch of %s did not report back", p)
-		}
-	}
-	finish("t3", nil) // the last one announced arrives first
+	f.finish(t, "t3", nil) // the last one announced arrives first
 	require.Equal(t, []string{"t3"}, receivedPeers(r))
-	finish("t1", nil)
+	f.finish(t, "t1", nil)
 	require.Equal(t, []string{"t1", "t3"}, receivedPeers(r))
-	finish("t2", errors.New("holder went away"))
+	f.finish(t, "t2", errors.New("holder went away"))
 	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1}, rejections(v))
-	require.True(t, v.quarantine.Quarantined("t2", round+1), "an update that cannot be fetched is the trainer's fault")
+	require.True(t, v.quarantine.Quarantined("t2", fetchRound+1), "an update that cannot be fetched is the trainer's fault")
 
 	// At the deadline t4's update is still on its way: announced in time, it keeps its
 	// lease (the deadline expires only leases with nothing announced), and counts when it
@@ -124,7 +90,7 @@ func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
 	v.expire(r)
 	require.False(t, r.book.Settled(), "the round waits for t4's update")
 	require.Empty(t, r.book.Barred()["t4"])
-	finish("t4", nil)
+	f.finish(t, "t4", nil)
 	require.Equal(t, []string{"t1", "t3", "t4"}, receivedPeers(r))
 	require.True(t, r.book.Settled())
 	require.Equal(t, map[string]uint64{"replay": 1, "unavailable": 1}, rejections(v), "no late rejection")
@@ -134,47 +100,78 @@ func TestLeaderFetchesUpdatesSideBySide(t *testing.T) {
 // it was on its way is not counted; one whose transfer fails after the deadline is late,
 // without a strike.
 func TestUpdateArrivingAfterItsLeaseEnded(t *testing.T) {
-	const round = 4
-	base := cids.Record([]byte("base of round 4"))
-	v, r := leadingValidator(t, "A", []string{"A"}, round, base, &chain.Head{Round: round - 1})
-	store, err := artifact.OpenStore(filepath.Join(t.TempDir(), "artifacts"), artifact.Options{})
-	require.NoError(t, err)
-	gb := &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}
-	v.bus, v.store = gb, store
-	r.deadline = time.Now().Add(time.Hour)
-	var leases []lease.Lease
-	deltas := map[string]cid.Cid{}
-	for i, p := range []string{"t1", "t2"} {
-		l := lease.Lease{Round: round, Base: base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
-		leases = append(leases, l)
-		r.leases[l.ID()] = l
-		deltas[p], err = store.PutBytes(fmt.Appendf(nil, "update of %s", p))
-		require.NoError(t, err)
-		gb.gates[deltas[p]] = make(chan error, 1)
-	}
-	r.book.Grant(leases)
-	for _, l := range leases {
-		v.accept(r, l.Trainer, &gossip.Contribution{Round: round, Base: base.Bytes(), Lease: l.ID().Bytes(), Peer: l.Trainer,
-			Delta: deltas[l.Trainer].Bytes(), Microshards: l.Microshards, Samples: 8})
-		<-gb.started
-	}
-	v.release(r, "t1", &gossip.Release{Round: round, Base: base.Bytes(), Lease: leases[0].ID().Bytes(), Peer: "t1", Reason: "worker restarted"})
+	f := newFetchingRound(t, "t1", "t2")
+	v, r := f.v, f.r
+	<-f.gb.started
+	<-f.gb.started
+	v.release(r, "t1", &gossip.Release{Round: fetchRound, Base: f.base.Bytes(), Lease: f.leases[0].ID().Bytes(), Peer: "t1",
+		Reason: "worker restarted"})
 	r.deadline = time.Now().Add(-time.Second) // the attempt's deadline has passed
 	v.expire(r)
 	require.Empty(t, r.book.Barred()["t2"], "t2's update is arriving")
-	for _, p := range []string{"t1", "t2"} {
-		err := error(nil)
-		if p == "t2" {
-			err = errors.New("stream reset")
-		}
-		gb.gates[deltas[p]] <- err
-		v.fetchedDelta(r, <-r.fetches.done)
-	}
+	f.finish(t, "t1", nil)
+	f.finish(t, "t2", errors.New("stream reset"))
 	require.Empty(t, r.received, "t1 gave its lease back; t2's update never came")
 	require.Equal(t, map[string]uint64{"late": 1}, rejections(v))
 	require.Equal(t, "late", r.book.Barred()["t2"])
-	require.False(t, v.quarantine.Quarantined("t2", round+1), "a transfer lost after the deadline is no strike")
+	require.False(t, v.quarantine.Quarantined("t2", fetchRound+1), "a transfer lost after the deadline is no strike")
 	require.True(t, r.book.Settled())
+}
+
+// fetchingRound is a leader of round 4 that granted each of trainers a lease of one
+// microshard and accepted their contributions, whose updates (stored already) are being
+// fetched through gb: each fetch waits for its gate.
+type fetchingRound struct {
+	v      *validator
+	r      *openRound
+	gb     *gatedBus
+	base   cid.Cid
+	leases []lease.Lease
+	deltas map[string]cid.Cid
+}
+
+const fetchRound = 4
+
+func newFetchingRound(t *testing.T, trainers ...string) *fetchingRound {
+	t.Helper()
+	f := &fetchingRound{base: cids.Record([]byte("base of round 4")), deltas: map[string]cid.Cid{},
+		gb: &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}}
+	f.v, f.r = leadingValidator(t, "A", []string{"A"}, fetchRound, f.base, &chain.Head{Round: fetchRound - 1})
+	store, err := artifact.OpenStore(filepath.Join(t.TempDir(), "artifacts"), artifact.Options{})
+	require.NoError(t, err)
+	f.v.bus, f.v.store = f.gb, store
+	f.r.deadline = time.Now().Add(time.Hour)
+	for i, p := range trainers {
+		l := lease.Lease{Round: fetchRound, Base: f.base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
+		f.leases = append(f.leases, l)
+		f.r.leases[l.ID()] = l
+		f.deltas[p], err = store.PutBytes(fmt.Appendf(nil, "update of %s", p))
+		require.NoError(t, err)
+		f.gb.gates[f.deltas[p]] = make(chan error, 1)
+	}
+	f.r.book.Grant(f.leases)
+	for _, l := range f.leases {
+		f.v.accept(f.r, l.Trainer, f.contribution(l))
+	}
+	return f
+}
+
+func (f *fetchingRound) contribution(l lease.Lease) *gossip.Contribution {
+	return &gossip.Contribution{Round: fetchRound, Base: f.base.Bytes(), Lease: l.ID().Bytes(), Peer: l.Trainer,
+		Delta: f.deltas[l.Trainer].Bytes(), Microshards: l.Microshards, Samples: 8, Seconds: 2}
+}
+
+// finish opens p's gate with err and hands the fetch's result to the leader.
+func (f *fetchingRound) finish(t *testing.T, p string, err error) {
+	t.Helper()
+	f.gb.gates[f.deltas[p]] <- err
+	select {
+	case res := <-f.r.fetches.done:
+		require.Equal(t, p, res.from)
+		f.v.fetchedDelta(f.r, res)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the fetch of %s did not report back", p)
+	}
 }
 
 func mustPeer(t *testing.T, s string) peer.ID {
