@@ -84,7 +84,8 @@ e2e: setup build
 ## wan: the digits swarm with every node in its own network namespace, trainers on
 ## rate-limited home links (tc tbf, 20 Mbit/s up, 100 down); prints bytes on each trainer's
 ## wire (interface counters), training vs wall seconds per round. Needs root, ip and tc.
-## WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3), WAN_UP_MBIT, WAN_DOWN_MBIT.
+## WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3), WAN_UP_MBIT, WAN_DOWN_MBIT, WAN_HIDDEN,
+## WAN_INNER_STEPS.
 wan: setup
 	$(GO) test -tags wan -count=1 -timeout 60m -v -run '^TestWANSwarm$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 

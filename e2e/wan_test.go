@@ -9,8 +9,9 @@ package e2e
 //	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink, both yamux frame sizes
 //
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
-// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_HIDDEN (the digits MLP's width; 4096 makes it
-// 300 K parameters), WAN_SIZE_MB (40), WAN_REPS (2).
+// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_HIDDEN (the digits MLP's width; 512 makes it
+// 300 K parameters, 4096 17 M), WAN_INNER_STEPS (protocol.inner_steps; the swarm's default
+// otherwise), WAN_SIZE_MB (40), WAN_REPS (2).
 
 import (
 	"bufio"
@@ -350,6 +351,9 @@ func TestWANSwarm(t *testing.T) {
 		c.Protocol.Codec = codec
 		if hidden := envInt("WAN_HIDDEN", 0); hidden > 0 {
 			c.Workload.Config["hidden"] = hidden
+		}
+		if steps := envInt("WAN_INNER_STEPS", 0); steps > 0 {
+			c.Protocol.InnerSteps = steps
 		}
 		if codec == "sparse" {
 			c.Protocol.DiLoCo.Momentum = 0
