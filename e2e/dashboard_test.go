@@ -191,9 +191,9 @@ func TestDashboardInABrowser(t *testing.T) {
 	if len(rows) != len(ids) {
 		t.Fatalf("the peer table lists %d peers, want every node %v: %v", len(rows), ids, rows)
 	}
-	for _, want := range []string{"leading round", "quarantine", "<th>state</th>"} {
+	for _, want := range []string{"validator: <b>", "leading round", "quarantine", "<th>state</th>"} {
 		if !bytes.Contains(dom, []byte(want)) {
-			t.Fatalf("the page has no %q (leases, quarantine, the worker card)", want)
+			t.Fatalf("the page has no %q (the validator's phase, leases, quarantine, the worker card)", want)
 		}
 	}
 	card := workerRe.Find(dom)

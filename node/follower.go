@@ -43,6 +43,7 @@ var errLocked = errors.New("signed another proposal for this round")
 // follow is a validator's round when it is not the leader: it verifies and attests
 // proposals, and takes the round over when the validators ahead of it stay silent.
 func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) error {
+	v.enter(phaseFollowing, base.Round+1)
 	r := base.Round + 1
 	if l, locked := v.locks[r]; locked {
 		return v.awaitQuorum(ctx, in, r, l)

@@ -197,6 +197,7 @@ func onProbation(merges map[string]int, peer string) bool { return merges[peer] 
 // should close with what it received, or false once it has granted the next attempt's
 // leases.
 func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
+	v.enter(phaseIssuing, r.round)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	waitingSince := time.Now()
@@ -386,7 +387,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// under one of them is late, not unknown.
 	v.grants.record(v.self, msg)
 	v.updateValidatorStatus(func(vs *ValidatorStatus) {
-		*vs = ValidatorStatus{Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
+		*vs = ValidatorStatus{Phase: vs.Phase, Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
 			Quarantined: v.quarantine.List(r.round), Barred: r.book.Barred(), Rejections: vs.Rejections, Recent: vs.Recent}
 	})
 	v.log.Info("issued leases", "round", r.round, "attempt", r.attempt, "trainers", len(peers), "deadline", time.Until(r.deadline).Round(time.Millisecond).String())
@@ -398,6 +399,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 // that did not report are barred from the round and their microshards return to the pool;
 // those whose updates are on their way keep their leases, and collect waits for them.
 func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
+	v.enter(phaseCollecting, r.round)
 	timer := time.NewTimer(time.Until(r.deadline))
 	defer timer.Stop()
 	tick := time.NewTicker(500 * time.Millisecond)
@@ -683,6 +685,7 @@ func (v *validator) noteSpeed(from string, c *gossip.Contribution) {
 // propose merges what was received and publishes the proposal (nil: nothing survived
 // screening, lease again).
 func (v *validator) propose(ctx context.Context, r *openRound, took time.Duration) (*lockedHead, error) {
+	v.enter(phaseProposing, r.round)
 	cands := make([]round.Candidate, 0, len(r.received))
 	var wire []gossip.Candidate
 	for p, rc := range r.received {
@@ -782,6 +785,7 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 // locked, its proposal and the new leader's compete for the validators that signed
 // neither, and whichever reaches quorum ends this wait (stepaside.go).
 func (v *validator) awaitQuorum(ctx context.Context, in *bus.Inbox, round uint64, l lockedHead) error {
+	v.enter(phaseAwaitingQuorum, round)
 	// The first re-publish comes after heartbeatEvery, within a follower's silence window
 	// (leaseWait): it tells the followers that already have the quorum that this validator
 	// is still waiting for it (follow, baseStillOpen), and they send their attestations

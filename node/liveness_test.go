@@ -48,6 +48,11 @@ func TestFailingWorkerReleasesItsLease(t *testing.T) {
 	}
 	st := c.nodes[0].n.Status()
 	require.Contains(t, st.Validator.Quarantined, id, "repeated misses put the failing trainer in quarantine")
+	// The status says where the validator's loop is: after the last round, the quorum on
+	// its own proposal of it.
+	require.NotNil(t, st.Validator.Phase)
+	require.Equal(t, ValidatorPhase{Name: phaseAwaitingQuorum, Round: rounds, Since: st.Validator.Phase.Since}, *st.Validator.Phase)
+	require.False(t, st.Validator.Phase.Since.IsZero())
 	for _, e := range st.Events {
 		require.NotEqual(t, "missing", e.Kind, "no lease waited out its deadline: %s", e.Text)
 	}

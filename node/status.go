@@ -53,6 +53,8 @@ type ContributionInfo struct {
 
 // ValidatorStatus is the leader's view of the open round.
 type ValidatorStatus struct {
+	// Phase is what the validator is doing now (see ValidatorPhase).
+	Phase       *ValidatorPhase   `json:"phase,omitempty"`
 	Round       uint64            `json:"round"`
 	Attempt     uint64            `json:"attempt"`
 	Leased      map[string]int    `json:"leased"`
@@ -68,6 +70,18 @@ type ValidatorStatus struct {
 	// lists the latest (newest last, at most maxRecentRejections).
 	Rejections map[string]uint64 `json:"rejections_by_reason,omitempty"`
 	Recent     []Rejection       `json:"recent_rejections,omitempty"`
+}
+
+// ValidatorPhase is the step of its loop a validator is in, for which round, since when:
+// "waiting" (for genesis from another validator), "issuing" (leading: deciding and
+// granting the next attempt's leases), "collecting" (leading: contributions and their
+// updates), "proposing" (leading: merging), "awaiting_quorum" (its proposal or the head it
+// attested, until a quorum signs it), "following" (another validator leads the round) or
+// "standing_aside" (it led the round, and a validator after it took it over).
+type ValidatorPhase struct {
+	Name  string    `json:"name"`
+	Round uint64    `json:"round"`
+	Since time.Time `json:"since"`
 }
 
 // Rejection is one rejected contribution.

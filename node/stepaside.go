@@ -165,6 +165,7 @@ func (v *validator) drainGrants(r *openRound, in *bus.Inbox) {
 // validator after it fall silent, as a follower would judge it, it leads the round again
 // with fresh attempts.
 func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
+	v.enter(phaseStandingAside, r.round)
 	v.log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
 		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
 	v.status.event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)

@@ -132,6 +132,7 @@ func roundOf(h *chain.Head) uint64 {
 // waitForHead processes messages until there is a canonical head (genesis from another
 // validator).
 func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
+	v.enter(phaseWaiting, 0)
 	changed := v.tips.Changed()
 	if id, _ := v.tips.Current(); id.Defined() {
 		return nil // genesis arrived before changed was taken
@@ -328,6 +329,27 @@ func (v *validator) rejected(peer string, round uint64, reason, detail, artifact
 		}
 		vs.Recent = recent
 		vs.Quarantined = v.quarantine.List(round)
+	})
+}
+
+// Validator phases (ValidatorPhase).
+const (
+	phaseWaiting        = "waiting"
+	phaseIssuing        = "issuing"
+	phaseCollecting     = "collecting"
+	phaseProposing      = "proposing"
+	phaseAwaitingQuorum = "awaiting_quorum"
+	phaseFollowing      = "following"
+	phaseStandingAside  = "standing_aside"
+)
+
+// enter records that the validator is now in phase name of round; "since" moves only when
+// the phase or the round changes.
+func (v *validator) enter(name string, round uint64) {
+	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+		if vs.Phase == nil || vs.Phase.Name != name || vs.Phase.Round != round {
+			vs.Phase = &ValidatorPhase{Name: name, Round: round, Since: time.Now()}
+		}
 	})
 }
 
