@@ -488,7 +488,7 @@ func (v *validator) expire(r *openRound) {
 // the round's book allows (lease.Book.Back: only after leaving or an expired lease, at
 // most Returns times a round).
 func (v *validator) noticeReturns(r *openRound, in *bus.Inbox) {
-	// Announcements queued while the loop was busy (fetching a delta) come first: a trainer
+	// Announcements queued while the loop was busy (verifying a head, say) come first: a trainer
 	// is silent only if nothing of it arrived, not because nothing was read.
 	for drained := false; !drained; {
 		select {

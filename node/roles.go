@@ -69,7 +69,7 @@ type startup struct {
 func roleModules(cfg *config.Config) fx.Option {
 	var mods []fx.Option
 	for _, r := range roleLoopsFor(cfg) {
-		mods = append(mods, fx.Module(r.name, fx.Provide(fx.Annotate(r.make, fx.ResultTags(`group:"roles"`)))))
+		mods = append(mods, fx.Module(r.name, fx.Provide(fx.Annotate(r.loop, fx.ResultTags(`group:"roles"`)))))
 	}
 	return fx.Options(mods...)
 }
@@ -77,8 +77,11 @@ func roleModules(cfg *config.Config) fx.Option {
 // roleConstructor names a role and how its loop is made from the node's env.
 type roleConstructor struct {
 	name string
-	make func(e *env) roleLoop
+	make func(e *env) func(s *startup) (func(context.Context) error, error)
 }
+
+// loop is the role's roleLoop for e.
+func (c roleConstructor) loop(e *env) roleLoop { return roleLoop{name: c.name, make: c.make(e)} }
 
 // roleLoopsFor lists the role loops experiment.roles asks for, validator first.
 func roleLoopsFor(cfg *config.Config) []roleConstructor {
@@ -97,15 +100,15 @@ func roleLoopsFor(cfg *config.Config) []roleConstructor {
 func rolesOf(cfg *config.Config, e *env) []roleLoop {
 	var out []roleLoop
 	for _, r := range roleLoopsFor(cfg) {
-		out = append(out, r.make(e))
+		out = append(out, r.loop(e))
 	}
 	return out
 }
 
 // validatorLoop is the validator role wired to this node: its merger logs each stage, and
 // its signing locks are restored before it runs.
-func validatorLoop(e *env) roleLoop {
-	return roleLoop{name: "validator", make: func(s *startup) (func(context.Context) error, error) {
+func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error) {
+	return func(s *startup) (func(context.Context) error, error) {
 		mlog := e.log.With("component", "merge")
 		v := newValidator(e, &round.Merger{Store: e.store, Policy: s.policy, Observe: func(stage string, d time.Duration) {
 			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
@@ -114,7 +117,7 @@ func validatorLoop(e *env) roleLoop {
 			return nil, err
 		}
 		return v.run, nil
-	}}
+	}
 }
 
 // validatorSet is the configured validators, or this node alone when none are configured

@@ -20,15 +20,15 @@ type wrapWindows func(*round.Trainer) trainer.Window
 func honestWindows(t *round.Trainer) trainer.Window { return t }
 
 // trainerLoop is the trainer role (package trainer) wired to this node.
-func trainerLoop(e *env) roleLoop {
-	return roleLoop{name: "trainer", make: func(s *startup) (func(context.Context) error, error) {
+func trainerLoop(e *env) func(s *startup) (func(context.Context) error, error) {
+	return func(s *startup) (func(context.Context) error, error) {
 		return trainer.New(trainer.Params{
 			Experiment: e.cfg.Experiment.ID, Seed: e.cfg.Experiment.Seed, InnerSteps: e.cfg.Protocol.InnerSteps,
 			Rounds: e.cfg.Experiment.Rounds, Self: e.self, IsValidator: e.isValidator,
 			Bus: e.bus, Chain: chainView{e}, Work: e.wrapWork(s.work), Capacity: s.capacity,
 			Sink: trainerSink{e}, Log: e.log,
 		}).Run, nil
-	}}
+	}
 }
 
 // chainView is the canonical head (tips) and the head store, as the roles read them.
