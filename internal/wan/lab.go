@@ -6,8 +6,10 @@
 // are read from the interfaces' counters, not from anything the nodes report.
 //
 // This kernel has tbf but not netem, so the lab adds no latency; links are rate-limited
-// only. Everything is created by New and removed by Close; namespaces left by a run that was
-// killed are removed by the next New (their names carry the pid that made them). It needs
+// only. Everything is created by New and removed by Close, which first ends the processes
+// still running in the lab's namespaces (nodes cut off from every network otherwise run on);
+// namespaces left by a run that was killed are removed by the next New (their names carry
+// the pid that made them), and the commands it started die with it (Command). It needs
 // root and the ip and tc commands, and says so when they are missing.
 package wan
 
@@ -23,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // NamePrefix starts the name of every namespace the lab creates.
@@ -168,11 +171,15 @@ func (l *Lab) watchSignals() {
 	}()
 }
 
-// Close deletes every namespace of the lab (the veth pairs and the bridge go with them).
+// Close ends the processes still running in the lab's namespaces and deletes every
+// namespace (the veth pairs and the bridge go with them).
 func (l *Lab) Close() error {
 	l.closeOnce.Do(func() {
 		var errs []error
 		for _, n := range l.Nodes {
+			if err := killIn(n.NS); err != nil {
+				errs = append(errs, err)
+			}
 			if err := run("ip", "netns", "del", n.NS); err != nil {
 				errs = append(errs, err)
 			}
@@ -184,6 +191,31 @@ func (l *Lab) Close() error {
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr
+}
+
+// killIn sends SIGKILL to every process in namespace ns and waits (up to 5 s) until none is
+// left: deleting a namespace only unnames it, and its processes would run on, cut off.
+func killIn(ns string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, err := exec.Command("ip", "netns", "pids", ns).Output()
+		if err != nil {
+			return fmt.Errorf("ip netns pids %s: %w", ns, err)
+		}
+		pids := strings.Fields(string(out))
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("namespace %s: processes %s still running after SIGKILL", ns, strings.Join(pids, " "))
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Namespaces lists the namespaces on the machine whose names start with NamePrefix.
@@ -201,7 +233,8 @@ func Namespaces() []string {
 	return names
 }
 
-// RemoveStale deletes lab namespaces whose creating process no longer runs.
+// RemoveStale deletes lab namespaces whose creating process no longer runs, ending the
+// processes left in them.
 func RemoveStale() {
 	for _, ns := range Namespaces() {
 		pidStr, _, _ := strings.Cut(strings.TrimPrefix(ns, NamePrefix), "-")
@@ -210,14 +243,19 @@ func RemoveStale() {
 			continue // its run is still going
 		}
 		if pid != os.Getpid() {
+			_ = killIn(ns)
 			_ = run("ip", "netns", "del", ns)
 		}
 	}
 }
 
-// Command returns a command that runs in n's namespace.
+// Command returns a command that runs in n's namespace. It is killed when the process that
+// started it dies, even by SIGKILL (PR_SET_PDEATHSIG, which `ip netns exec` keeps across its
+// exec of name), so a killed run leaves no node behind.
 func (n *Node) Command(name string, args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", n.NS, name}, args...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", n.NS, name}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
 }
 
 // Counters are an interface's byte counters (Ethernet frames, as sent and received).

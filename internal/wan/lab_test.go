@@ -92,15 +92,50 @@ func TestLabBuildsAndRemovesItself(t *testing.T) {
 	}
 }
 
-// A run interrupted before Close removes its namespaces; one killed outright leaves them
-// for the next New to remove.
+// running reports whether process pid runs (a zombie waiting for its reaper does not).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
+
+// requireGone waits up to 5 s for process pid to end.
+func requireGone(t *testing.T, sig syscall.Signal, pid int) {
+	t.Helper()
+	for range 100 {
+		if !running(pid) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	t.Fatalf("after %v: process %d in the lab still runs", sig, pid)
+}
+
+// A run interrupted before Close removes its namespaces and ends the processes it started
+// in them; one killed outright leaves the namespaces for the next New to remove, and its
+// processes die with it.
 func TestLabRemovedWhenInterrupted(t *testing.T) {
 	if os.Getenv("WAN_LAB_CHILD") != "" {
-		if _, err := New([]Spec{{Name: "x"}}); err != nil {
+		lab, err := New([]Spec{{Name: "x"}})
+		if err != nil {
 			fmt.Println("ERR", err)
 			return
 		}
-		fmt.Println("READY")
+		// One process started with Command, one as the e2e harness starts nodes (ip netns
+		// exec, without Command's parent-death signal).
+		sleeper := lab.Nodes[0].Command("sleep", "60")
+		wrapped := exec.Command("ip", "netns", "exec", lab.Nodes[0].NS, "sleep", "60")
+		for _, c := range []*exec.Cmd{sleeper, wrapped} {
+			if err := c.Start(); err != nil {
+				fmt.Println("ERR", err)
+				return
+			}
+		}
+		fmt.Println("READY", sleeper.Process.Pid, wrapped.Process.Pid)
 		time.Sleep(time.Minute)
 		return
 	}
@@ -112,18 +147,35 @@ func TestLabRemovedWhenInterrupted(t *testing.T) {
 			t.Fatal(err)
 		}
 		sc := bufio.NewScanner(out)
-		for sc.Scan() && sc.Text() != "READY" {
+		var sleeper, wrapped int
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "READY" {
+				sleeper, _ = strconv.Atoi(f[1])
+				wrapped, _ = strconv.Atoi(f[2])
+				break
+			}
+		}
+		if sleeper == 0 || wrapped == 0 {
+			t.Fatal("child did not start its lab and the processes in it")
 		}
 		if got := ours(cmd.Process.Pid); len(got) != 2 {
 			t.Fatalf("child's namespaces %v, want 2", got)
 		}
 		cmd.Process.Signal(sig)
 		cmd.Wait()
+		// The processes the child started in its namespace are gone: on SIGTERM both, ended
+		// by Close; on SIGKILL the one started with Command at once (its parent-death
+		// signal), the other when the next run removes the stale namespace.
+		requireGone(t, sig, sleeper)
+		if sig == syscall.SIGTERM {
+			requireGone(t, sig, wrapped)
+		}
 		if sig == syscall.SIGKILL {
 			if len(ours(cmd.Process.Pid)) == 0 {
 				t.Fatalf("SIGKILL cannot be caught, yet the namespaces are gone")
 			}
 			RemoveStale()
+			requireGone(t, sig, wrapped)
 		}
 		if got := ours(cmd.Process.Pid); len(got) != 0 {
 			t.Fatalf("after %v: %v left behind", sig, got)
