@@ -72,3 +72,12 @@ func Parse(s string) (cid.Cid, error) {
 	}
 	return c, nil
 }
+
+// Short abbreviates a CID's string for logs and status lines: its first 8 and last 6
+// characters.
+func Short(s string) string {
+	if len(s) <= 16 {
+		return s
+	}
+	return s[:8] + "…" + s[len(s)-6:]
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/ipfs/go-cid"
 
@@ -30,6 +31,13 @@ const (
 	// MaxHeadSigs bounds the signatures carried with a head (as chain.DecodeSigned does):
 	// each costs a signature check, so the bound is also a bound on validation work.
 	MaxHeadSigs = 256
+)
+
+// AnnounceEvery is how often a node sends its Announce; a peer not heard from for LiveFor
+// is taken for gone (a trainer is no longer leased to).
+const (
+	AnnounceEvery = 2 * time.Second
+	LiveFor       = 3 * AnnounceEvery
 )
 
 // Announce is a node's periodic "I am here" on the peers topic.

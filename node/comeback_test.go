@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/stretchr/testify/require"
 )
 
@@ -113,7 +114,7 @@ func normalRoundTime(n *clusterNode, from uint64) time.Duration {
 
 // TestSilentTrainerLeaseIsSettledEarly: a trainer killed for good in round 1 of a fresh
 // experiment (no pace known: a lease.first_deadline of a minute here) does not hold the
-// round for that minute: once it has been silent for liveFor its lease is settled and
+// round for that minute: once it has been silent for gossip.LiveFor its lease is settled and
 // its microshards go back to the pool, and the round closes with the other trainer (which
 // the leader had not leased to in its first attempt, or whose lease it had settled).
 func TestSilentTrainerLeaseIsSettledEarly(t *testing.T) {
@@ -150,7 +151,7 @@ func TestSilentTrainerLeaseIsSettledEarly(t *testing.T) {
 	killed := time.Now()
 	require.Eventually(t, func() bool { return v.n.Status().Round >= 1 }, 2*first, 5*time.Millisecond, "round 1 did not close")
 	took := time.Since(killed)
-	t.Logf("round 1 closed %v after the kill (first_deadline %v, liveFor %v)", took.Round(time.Millisecond), first, liveFor)
+	t.Logf("round 1 closed %v after the kill (first_deadline %v, gossip.LiveFor %v)", took.Round(time.Millisecond), first, gossip.LiveFor)
 	require.Less(t, took, first/2, "the silent trainer's lease was waited out")
 	var alive []*clusterNode
 	for _, n := range c.nodes {

@@ -27,7 +27,7 @@ type announcer struct {
 }
 
 func (a *announcer) run(ctx context.Context) error {
-	t := time.NewTicker(announceEvery)
+	t := time.NewTicker(gossip.AnnounceEvery)
 	defer t.Stop()
 	for {
 		a.announce(ctx)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/validator"
 )
 
 // TestLeaderWaitingForMinGroupKeepsItsRound: the round's leader waits for a minimum group
@@ -42,7 +43,7 @@ func TestLeaderWaitingForMinGroupKeepsItsRound(t *testing.T) {
 	}
 	// Three of four trainers announce; the followers hear them too, so they cannot tell
 	// the leader's wait from its silence by the fleet alone.
-	time.Sleep(3*leaseWait + 2*takeoverStep)
+	time.Sleep(3*validator.LeaseWait + 2*validator.TakeoverStep)
 	c.start(late)
 	c.waitDone(2 * time.Minute)
 	c.requireOneChain(c.nodes, rounds)

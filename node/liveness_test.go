@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/validator"
 )
 
 // Liveness: no trainer can hold a round hostage (issue 12). Each test here stalls or fails
@@ -51,7 +52,7 @@ func TestFailingWorkerReleasesItsLease(t *testing.T) {
 	// The status says where the validator's loop is: after the last round, the quorum on
 	// its own proposal of it.
 	require.NotNil(t, st.Validator.Phase)
-	require.Equal(t, ValidatorPhase{Name: phaseAwaitingQuorum, Round: rounds, Since: st.Validator.Phase.Since}, *st.Validator.Phase)
+	require.Equal(t, validator.Phase{Name: validator.PhaseAwaitingQuorum, Round: rounds, Since: st.Validator.Phase.Since}, *st.Validator.Phase)
 	require.False(t, st.Validator.Phase.Since.IsZero())
 	for _, e := range st.Events {
 		require.NotEqual(t, "missing", e.Kind, "no lease waited out its deadline: %s", e.Text)

@@ -11,22 +11,8 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/internal/version"
-	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/validator"
 )
-
-// rejectReasons are the values of the reason label of
-// p2ptrain_node_contributions_rejected_total that the node itself produces. Each starts at 0
-// so that a panel of rejections by reason shows zeros, not "No data", on a healthy swarm.
-// A reason not listed still counts; it just appears on its first use.
-var rejectReasons = []string{
-	// Checked on arrival (leader.go).
-	"wrong_base", "forged_peer", "no_lease", reasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", "unavailable",
-	// Screening before the merge (round/merge.go, merge/screen.go).
-	string(merge.ReasonNonFinite), string(merge.ReasonNormBound), string(merge.ReasonNormOutlier),
-	string(merge.ReasonLowCosine), "no_samples",
-	// A proposal another validator made failed verification (follower.go).
-	"bad_proposal",
-}
 
 // newRegistry is the node's Prometheus registry: the metrics of every package, plus the Go
 // runtime and process collectors and p2ptrain_build_info.
@@ -109,7 +95,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		prunedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_bytes_total",
 			Help: "Bytes of the artifacts deleted from the store by pruning."}),
 	}
-	for _, r := range rejectReasons {
+	for _, r := range validator.RejectReasons {
 		m.rejects.WithLabelValues(r)
 	}
 	for _, how := range []string{"expired", "released", "gone"} {

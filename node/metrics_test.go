@@ -17,6 +17,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/pyruntime"
 	"github.com/p2pnode/p2pnode/synth"
+	"github.com/p2pnode/p2pnode/validator"
 )
 
 // lossAccuracyRuntime is the synthetic runtime reporting its held-out error under the keys
@@ -95,7 +96,7 @@ func TestNodeMetricsFollowConventionsAndAreDocumented(t *testing.T) {
 	for _, m := range fams["p2ptrain_node_contributions_rejected_total"].GetMetric() {
 		reasons = append(reasons, m.GetLabel()[0].GetValue())
 	}
-	for _, r := range rejectReasons {
+	for _, r := range validator.RejectReasons {
 		require.Contains(t, reasons, r)
 	}
 }

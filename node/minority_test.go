@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // TestMinorityLeaderWithOneSurvivingLink (issue 12 item 6): three validators (quorum 2)
@@ -286,7 +287,7 @@ func (c *cluster) requireNoConflictingQuorums(quorum int) []string {
 			continue
 		}
 		for p := range s.sigs {
-			short = append(short, fmt.Sprintf("%s %d:%s", p, s.round, shortCID(id.String())))
+			short = append(short, fmt.Sprintf("%s %d:%s", p, s.round, cids.Short(id.String())))
 		}
 	}
 	slices.Sort(short)

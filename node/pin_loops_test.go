@@ -24,6 +24,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/synth"
 )
 
@@ -88,10 +89,10 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 	for i := range pinTrainers {
 		names = append(names, fmt.Sprintf("trainer-%d", i))
 	}
-	_, vid := pinKey(t, "validator")
+	_, vid := testenv.Key(t, "validator")
 	var hosts []host.Host
 	for i, name := range names {
-		key, _ := pinKey(t, name)
+		key, _ := testenv.Key(t, name)
 		h, err := mn.AddPeer(key, ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", 4000+i)))
 		require.NoError(t, err)
 		hosts = append(hosts, h)
@@ -107,7 +108,7 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 		var envs []*env
 		var cks []*checkpoint.Checkpointer
 		for i, name := range names {
-			key, id := pinKey(t, name)
+			key, id := testenv.Key(t, name)
 			pid, err := peer.Decode(id)
 			require.NoError(t, err)
 			ncfg := *cfg
@@ -163,7 +164,11 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 				for i, e := range envs {
 					_, h := e.tips.Current()
 					_, ok := stopped.Load(names[i])
-					at = append(at, fmt.Sprintf("%s at round %d (stopped %v)", names[i], roundOf(h)-1, ok))
+					round := "no head"
+					if h != nil {
+						round = fmt.Sprintf("round %d", h.Round)
+					}
+					at = append(at, fmt.Sprintf("%s at %s (stopped %v)", names[i], round, ok))
 				}
 				failed = append(failed, fmt.Errorf("stuck after 10 fake minutes: %v", at))
 				cancel()

@@ -1,9 +1,7 @@
 package node
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -13,18 +11,18 @@ import (
 	"time"
 
 	"github.com/ipfs/go-cid"
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/synth"
 	"github.com/p2pnode/p2pnode/trainer"
+	"github.com/p2pnode/p2pnode/validator"
 )
 
 // The head CIDs of a short synthetic run are pinned here so that moving the role loops out
@@ -39,7 +37,7 @@ import (
 //     who gets which lease, and when, depend on timing.
 //   - TestPinnedRunHeads (below) plays the leader and the trainers by hand, in a fixed
 //     order, through the functions the loops call: mergePolicy, loadData, round.Genesis,
-//     the grant's lease plan (workCandidates, lease.AssignWithin, Steps, TailSteps, seeded
+//     the grant's lease plan (validator.WorkCandidates, lease.AssignWithin, Steps, TailSteps, seeded
 //     by the base's parameters), trainerSeed, round.Trainer, recentMerges and onProbation,
 //     round.Merger. It needs neither the loops nor the fake clock, and names what the
 //     loops must do to make these heads; after the move it should still compile with
@@ -110,20 +108,9 @@ const (
 // pinExpiry is every lease's expiry in the pinned run: the instant the role loops choose
 // in runPinnedLoops, whose fake clock starts at synctest's epoch (2000-01-01 UTC). Its
 // leader grants every round at 2.5 s (the first 250 ms tick after it has heard the fleet
-// announce for announceEvery + 250 ms; the rounds take no fake time), with the deadline
+// announce for gossip.AnnounceEvery + 250 ms; the rounds take no fake time), with the deadline
 // lease.first_deadline (30 s) as no trainer's pace is known yet.
 var pinExpiry = time.Date(2000, 1, 1, 0, 0, 32, 500*int(time.Millisecond), time.UTC).UnixMilli()
-
-// pinKey is a fixed Ed25519 key made from a name.
-func pinKey(t testing.TB, name string) (crypto.PrivKey, string) {
-	t.Helper()
-	seed := sha256.Sum256([]byte("p2pnode pin " + name))
-	k, _, err := crypto.GenerateEd25519Key(bytes.NewReader(append(seed[:], seed[:]...)))
-	require.NoError(t, err)
-	id, err := peer.IDFromPrivateKey(k)
-	require.NoError(t, err)
-	return k, id.String()
-}
 
 // pinConfig writes the pinned run's dataset under dir and returns its config.
 func pinConfig(t *testing.T, dir, policyKind, codec string) *config.Config {
@@ -176,8 +163,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 	require.NoError(t, err)
 	policy, err := mergePolicy(cfg)
 	require.NoError(t, err)
-	vkey, vid := pinKey(t, "validator")
-	v := &validator{env: &env{heads: heads}}
+	vkey, vid := testenv.Key(t, "validator")
 
 	// Genesis as the first validator makes it (ensureGenesis).
 	rt := synth.New(filepath.Join(dir, "genesis"))
@@ -213,7 +199,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 	trainers := map[string]*round.Trainer{}
 	var peers []string
 	for i := range pinTrainers {
-		_, id := pinKey(t, fmt.Sprintf("trainer-%d", i))
+		_, id := testenv.Key(t, fmt.Sprintf("trainer-%d", i))
 		wrt := synth.New(filepath.Join(dir, "trainer", id))
 		_, err := wrt.Start(ctx)
 		require.NoError(t, err)
@@ -228,12 +214,12 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 		const attempt = 0
 		// The leader's grant (leader.go): the plan over the available microshards, seeded
 		// by the base's parameters, the round and the attempt.
-		_, merges := v.recentMerges(baseID)
+		_, merges := validator.RecentMerges(heads, baseID)
 		var live []lease.Trainer
 		for _, p := range peers {
 			live = append(live, lease.Trainer{Peer: p, Proven: merges[p] > 0})
 		}
-		work := workCandidates(live, cfg.Protocol.SpeedProportional)
+		work := validator.WorkCandidates(live, cfg.Protocol.SpeedProportional)
 		seed := append(slices.Clone(base.Params), byte(base.Round), byte(base.Round>>8), byte(attempt), byte(attempt>>8))
 		plan := lease.AssignWithin(lease.Available(base.Ledger), work, cfg.Lease.MicroshardsPerTrainer, lease.MaxRoundMicroshards, seed)
 		steps := lease.TailSteps(lease.Steps(work, cfg.Protocol.InnerSteps), plan, work, cfg.Lease.MicroshardsPerTrainer)
@@ -249,7 +235,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 			res, err := trainers[p].Train(ctx, base, l.Microshards, int(l.Steps), trainer.Seed(cfg.Experiment.Seed, r, attempt, p))
 			require.NoError(t, err, "round %d trainer %s", r, p)
 			cands = append(cands, round.Candidate{Peer: p, Delta: res.Delta, Lease: l.ID(), Samples: res.Samples,
-				Microshards: l.Microshards, Loss: res.Loss, Probation: onProbation(merges, p)})
+				Microshards: l.Microshards, Loss: res.Loss, Probation: validator.OnProbation(merges, p)})
 		}
 		// Candidates reach the leader in any order; the merge sorts them by peer.
 		slices.Reverse(cands)

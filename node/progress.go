@@ -10,6 +10,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 )
 
 // printProgress writes one line per canonical head: round, train loss, held-out metrics,
@@ -43,6 +44,6 @@ func printProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics m
 		fmt.Fprintf(&b, "  merged %d", len(h.Contributions))
 		fmt.Fprintf(&b, "  %.1fs", took.Seconds())
 	}
-	fmt.Fprintf(&b, "  head %s\n", shortCID(id.String()))
+	fmt.Fprintf(&b, "  head %s\n", cids.Short(id.String()))
 	io.WriteString(w, b.String())
 }

@@ -105,21 +105,6 @@ func rolesOf(cfg *config.Config, e *env) []roleLoop {
 	return out
 }
 
-// validatorLoop is the validator role wired to this node: its merger logs each stage, and
-// its signing locks are restored before it runs.
-func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error) {
-	return func(s *startup) (func(context.Context) error, error) {
-		mlog := e.log.With("component", "merge")
-		v := newValidator(e, &round.Merger{Store: e.store, Policy: s.policy, Observe: func(stage string, d time.Duration) {
-			mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
-		}})
-		if err := v.restoreLocks(); err != nil {
-			return nil, err
-		}
-		return v.run, nil
-	}
-}
-
 // validatorSet is the configured validators, or this node alone when none are configured
 // and it is a validator itself.
 func validatorSet(cfg *config.Config, self peer.ID) []string {

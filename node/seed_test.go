@@ -5,6 +5,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/trainer"
+	"github.com/p2pnode/p2pnode/validator"
 )
 
 func TestTrainerSeed(t *testing.T) {
@@ -43,7 +44,7 @@ func TestWorkCandidatesKeepHFixed(t *testing.T) {
 		{false, map[string]int{"a": 20, "b": 20, "c": 20}, map[string]int{"a": 3, "b": 3, "c": 3}},
 		{true, map[string]int{"a": 15, "b": 39, "c": 6}, map[string]int{"a": 2, "b": 6, "c": 1}},
 	} {
-		work := workCandidates(cands, tc.proportional)
+		work := validator.WorkCandidates(cands, tc.proportional)
 		steps := lease.Steps(work, 20)
 		plan := lease.Assign(avail, work, 3, []byte("seed"))
 		for p, want := range tc.steps {
@@ -56,6 +57,6 @@ func TestWorkCandidatesKeepHFixed(t *testing.T) {
 		}
 	}
 	if cands[1].Capacity != 260 {
-		t.Fatal("workCandidates changed its input")
+		t.Fatal("validator.WorkCandidates changed its input")
 	}
 }

@@ -13,9 +13,9 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/bus"
-	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/validator"
 )
 
 // TestTakeoverFromALiveLeader: the next validator in the order of one round does not hear
@@ -66,7 +66,7 @@ func TestTakeoverFromALiveLeader(t *testing.T) {
 		}
 		require.Zero(t, st.Validator.Rejections["no_lease"], "%s struck an honest trainer: %v", v.name, st.Validator.Rejections)
 		require.Empty(t, st.Validator.Quarantined, v.name)
-		foreign += st.Validator.Rejections[reasonForeignLease]
+		foreign += st.Validator.Rejections[validator.ReasonForeignLease]
 	}
 	require.Len(t, tookOver, 1, "one validator took round %d over", stalled)
 	require.Len(t, stepped, 1, "the first leader of round %d stepped aside", stalled)
@@ -293,55 +293,6 @@ func (b *lateLeaderBus) Subscribe() *bus.Inbox {
 			out.Deliver(m.From, m.Msg)
 		},
 	})
-}
-
-// TestGrantLogTellsForeignLeases: a contribution's lease is another validator's when that
-// validator granted it, to that trainer, for the same round on the same base; anything
-// else (a lease of another round, base or trainer, a lease in a grant whose record names
-// another issuer, an id nobody granted) is not, and strikes. A validator's own grants are
-// recorded too (accept tells them apart: late, from before it stepped aside).
-func TestGrantLogTellsForeignLeases(t *testing.T) {
-	base := cids.Record([]byte("base"))
-	other := cids.Record([]byte("other base"))
-	mk := func(issuer, trainer string, round uint64, b cid.Cid) lease.Lease {
-		return lease.Lease{Round: round, Base: b.Bytes(), Trainer: trainer, Microshards: []uint32{1, 2}, Expiry: 1, Issuer: issuer}
-	}
-	good := mk("B", "t1", 5, base)
-	forgedIssuer := mk("C", "t2", 5, base) // in B's grant, naming C
-	wrongRound := mk("B", "t3", 6, base)   // in B's grant of round 5
-	own := mk("A", "t1", 5, base)          // this validator's own grant
-	unknown := mk("B", "t9", 5, base)      // never granted
-	otherBase := mk("B", "t4", 5, other)   // in B's grant on base
-	g := newGrantLog()
-	g.record("B", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B",
-		Leases: []lease.Lease{good, forgedIssuer, wrongRound, otherBase}})
-	g.record("A", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "A", Leases: []lease.Lease{own}})
-	g.record("C", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B", Leases: []lease.Lease{mk("B", "t5", 5, base)}})
-	for _, tc := range []struct {
-		name    string
-		round   uint64
-		base    cid.Cid
-		l       lease.Lease
-		trainer string
-		want    string
-	}{
-		{"granted by another validator", 5, base, good, "t1", "B"},
-		{"claimed by another trainer", 5, base, good, "t2", ""},
-		{"for another round", 6, base, good, "t1", ""},
-		{"on another base", 5, other, good, "t1", ""},
-		{"lease naming another issuer than its grant", 5, base, forgedIssuer, "t2", ""},
-		{"lease of another round than its grant", 6, base, wrongRound, "t3", ""},
-		{"lease on another base than its grant", 5, other, otherBase, "t4", ""},
-		{"own grant", 5, base, own, "t1", "A"},
-		{"never granted", 5, base, unknown, "t9", ""},
-		{"grant published by another than its issuer", 5, base, mk("B", "t5", 5, base), "t5", ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, g.issuer(tc.round, tc.base, tc.l.ID(), tc.trainer))
-		})
-	}
-	g.prune(5)
-	require.Empty(t, g.issuer(5, base, good.ID(), "t1"), "closed rounds are forgotten")
 }
 
 // withLateLeader puts hook on every node of c (min_group 3), and logs every node's log if

@@ -12,13 +12,6 @@ func sprintf(format string, args ...any) string {
 	return fmt.Sprintf(format, args...)
 }
 
-func shortCID(s string) string {
-	if len(s) <= 16 {
-		return s
-	}
-	return s[:8] + "…" + s[len(s)-6:]
-}
-
 // ensureWritableDir creates dir if needed and checks that files can be created in it, so
 // that an unwritable store fails start-up in one line rather than deep inside a component.
 func ensureWritableDir(dir string) error {

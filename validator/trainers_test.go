@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"testing"
@@ -12,9 +12,9 @@ import (
 
 // TestTrainerSetCountsReturns: a trainer counts as come back (its lease in the open round
 // is lost) when it announces a new process start, or after a gap in its own announcements
-// longer than liveFor — not when the validator merely read a backlog late, not for a
+// longer than gossip.LiveFor — not when the validator merely read a backlog late, not for a
 // first announcement, not for an old announcement delivered after newer ones, and not for
-// a gap that began before the validator had listened for liveFor (announcements it missed
+// a gap that began before the validator had listened for gossip.LiveFor (announcements it missed
 // while starting).
 func TestTrainerSetCountsReturns(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
@@ -34,7 +34,7 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 		{"first announcement", []seen{{t0, ann(t0, 1)}}, 0, ""},
 		{"steady", []seen{{t0, ann(t0, 1)}, {t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)}}, 0, ""},
 		{"restarted", []seen{{t0, ann(t0, 1)}, {t0.Add(3 * time.Second), ann(t0.Add(3*time.Second), 2)}}, 1, "restarted"},
-		{"silent for longer than liveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(liveFor + 2*time.Second), ann(t0.Add(liveFor+2*time.Second), 1)}}, 1, "silent for 8s"},
+		{"silent for longer than gossip.LiveFor", []seen{{t0, ann(t0, 1)}, {t0.Add(gossip.LiveFor + 2*time.Second), ann(t0.Add(gossip.LiveFor+2*time.Second), 1)}}, 1, "silent for 8s"},
 		{"a backlog read late is no silence", []seen{
 			{t0, ann(t0, 1)},
 			{t0.Add(20 * time.Second), ann(t0.Add(2*time.Second), 1)},
@@ -45,7 +45,7 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 			{t0.Add(2 * time.Second), ann(t0.Add(2*time.Second), 1)},
 			{t0.Add(4 * time.Second), ann(t0.Add(4*time.Second), 1)},
 			{t0.Add(4 * time.Second), ann(t0, 1)},
-			{t0.Add(6 * time.Second), ann(t0.Add(liveFor+10*time.Millisecond), 1)},
+			{t0.Add(6 * time.Second), ann(t0.Add(gossip.LiveFor+10*time.Millisecond), 1)},
 		}, 0, ""},
 		{"an old announcement of the previous process is no second restart", []seen{
 			{t0, ann(t0, 1)},
@@ -56,7 +56,7 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 		{"missed while the validator started", []seen{
 			{t0.Add(2 * time.Second), nil},
 			{t0.Add(3 * time.Second), ann(t0, 1)},
-			{t0.Add(6 * time.Second), ann(t0.Add(liveFor+10*time.Millisecond), 1)},
+			{t0.Add(6 * time.Second), ann(t0.Add(gossip.LiveFor+10*time.Millisecond), 1)},
 		}, 0, ""},
 		{"silent once the validator had listened", []seen{
 			{t0.Add(2 * time.Second), nil},

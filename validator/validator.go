@@ -1,9 +1,10 @@
-package node
+package validator
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -13,9 +14,14 @@ import (
 	"time"
 
 	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/merge"
@@ -32,8 +38,7 @@ import (
 // the order lead its round (a takeover from a leader that was alive but heard late) steps
 // aside for that round and follows the new leader's proposal (stepaside.go).
 type validator struct {
-	*env
-	merger     *round.Merger
+	Params
 	trainers   *trainerSet
 	quarantine *lease.Quarantine
 	paces      *paces
@@ -69,33 +74,118 @@ type lockedHead struct {
 	msg *gossip.Head // the proposal, re-published until the round ends
 }
 
-func newValidator(e *env, merger *round.Merger) *validator {
+// Params is what the validator role uses.
+type Params struct {
+	Config     *config.Config
+	Self       string         // this node's peer ID
+	Key        crypto.PrivKey // signs heads, attestations and round notes
+	Validators []string       // the peers whose signatures make a head canonical
+	Bus        bus.Bus
+	Tips       *chain.Tips
+	Heads      *chain.Store
+	Store      *artifact.Store
+	// Merger merges a round's contributions, proposing or recomputing a proposal.
+	Merger *round.Merger
+	// Runtime makes genesis and evaluates heads; nil when the node runs no workload (it then
+	// waits for genesis from another validator and evaluates nothing).
+	Runtime Runtime
+	// Plan and PlanID are the dataset's microshard plan: genesis's ledger and the size of
+	// the windows leased.
+	Plan   *dataset.Plan
+	PlanID string
+	// FetchHead makes sure the artifacts a head needs to be merged from are in Store, from
+	// the peers hinted first.
+	FetchHead func(ctx context.Context, h *chain.Head, hints ...peer.ID) error
+	// Paces are the trainers' seconds per inner step restored from a checkpoint (nil if
+	// none); TrackPaces, when set, is handed the function that reads the current ones, for
+	// every later checkpoint.
+	Paces      map[string]float64
+	TrackPaces func(snapshot func() map[string]float64)
+	Sink       Sink
+	Log        *slog.Logger
+}
+
+// Runtime is what the validator asks of the Python worker.
+type Runtime interface {
+	Init(ctx context.Context, seed int64, out string) error
+	Evaluate(ctx context.Context, pack string) (map[string]float64, error)
+	ScratchDir() string
+}
+
+// Sink receives what the validator does, for the node's status page and metrics.
+type Sink interface {
+	// Status publishes the validator's status: fn changes a copy of the last one.
+	Status(fn func(s *Status))
+	// Event records something a user should see on the status page.
+	Event(kind, format string, args ...any)
+	// Rejected counts a contribution (or proposal) rejected, by reason.
+	Rejected(reason string)
+	// LeaseEnded counts a lease that ended without a contribution, by how.
+	LeaseEnded(how string)
+	// MetricDropped counts a held-out metric dropped for not being finite.
+	MetricDropped(name string)
+	// RoundClosed reports a round this validator proposed: how long it took, the
+	// contributions merged and its notes.
+	RoundClosed(took time.Duration, merged int, notes *chain.Notes)
+}
+
+// Validator is the validator role's loop.
+type Validator struct{ v *validator }
+
+// New returns the validator role, with the signing locks of its previous run read back
+// from LocksFile under Config.Node.StoreDir (it fails when that file cannot be read); Run
+// runs it.
+func New(p Params) (*Validator, error) {
+	v := newValidator(p)
+	if err := v.restoreLocks(); err != nil {
+		return nil, err
+	}
+	return &Validator{v}, nil
+}
+
+// Run takes part in the rounds until ctx ends: it makes or waits for genesis, then leads or
+// follows each round. A round that fails is logged and retried; Run fails only with ctx or
+// when it cannot make genesis.
+func (r *Validator) Run(ctx context.Context) error { return r.v.run(ctx) }
+
+func newValidator(p Params) *validator {
 	// Paces come back from the checkpoint and go into every later one.
 	pc := &paces{m: map[string]float64{}}
-	if e.keeper != nil {
-		maps.Copy(pc.m, e.keeper.restoredPaces())
-		e.keeper.trackPaces(pc.snapshot)
+	maps.Copy(pc.m, p.Paces)
+	if p.TrackPaces != nil {
+		p.TrackPaces(pc.snapshot)
 	}
-	return &validator{env: e, merger: merger, trainers: newTrainerSet(),
-		quarantine: lease.NewQuarantine(2, 10, uint64(e.cfg.Lease.QuarantineRounds)),
+	if p.Log == nil {
+		p.Log = slog.Default()
+	}
+	return &validator{Params: p, trainers: newTrainerSet(),
+		quarantine: lease.NewQuarantine(2, 10, uint64(p.Config.Lease.QuarantineRounds)),
 		paces:      pc, locks: map[uint64]lockedHead{}, grants: newGrantLog(), reports: map[string]staleReport{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
-			e.log.Warn("contribution rejections not logged (rate limit)", "count", n)
+			p.Log.Warn("contribution rejections not logged (rate limit)", "count", n)
 		}),
 		nonFinite: newRateLog(100*365*24*time.Hour, 0, nil), started: time.Now()}
 }
 
+func (v *validator) isValidator(p string) bool { return slices.Contains(v.Validators, p) }
+
+// done reports whether the experiment's round limit is reached.
+func (v *validator) done() bool {
+	_, h := v.Tips.Current()
+	return h != nil && v.Config.Experiment.Rounds > 0 && h.Round >= uint64(v.Config.Experiment.Rounds)
+}
+
 func (v *validator) run(ctx context.Context) error {
-	in := v.bus.Subscribe()
+	in := v.Bus.Subscribe()
 	defer in.Close()
 	if err := v.ensureGenesis(ctx); err != nil {
 		return err
 	}
 	for {
-		if v.done() { // the watcher ends the run once it has recorded the last head
+		if v.done() { // the node ends the run once it has recorded the last head
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		id, head := v.tips.Current()
+		id, head := v.Tips.Current()
 		var err error
 		if head == nil {
 			if l, locked := v.locks[0]; locked {
@@ -111,8 +201,8 @@ func (v *validator) run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		default:
-			v.log.Error("round failed", "round", roundOf(head), "err", err)
-			v.status.event("round", "round %d failed: %v", roundOf(head), err)
+			v.Log.Error("round failed", "round", roundOf(head), "err", err)
+			v.Sink.Event("round", "round %d failed: %v", roundOf(head), err)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -132,9 +222,9 @@ func roundOf(h *chain.Head) uint64 {
 // waitForHead processes messages until there is a canonical head (genesis from another
 // validator).
 func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
-	v.enter(phaseWaiting, 0)
-	changed := v.tips.Changed()
-	if id, _ := v.tips.Current(); id.Defined() {
+	v.enter(PhaseWaiting, 0)
+	changed := v.Tips.Changed()
+	if id, _ := v.Tips.Current(); id.Defined() {
 		return nil // genesis arrived before changed was taken
 	}
 	for {
@@ -159,8 +249,8 @@ func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
 func (v *validator) round(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head) error {
 	v.pruneLocks(base.Round)
 	v.forgetClosed(base.Round)
-	order := lease.Leaders(v.validators, baseID)
-	rank := slices.Index(order, v.self)
+	order := lease.Leaders(v.Validators, baseID)
+	rank := slices.Index(order, v.Self)
 	if rank == 0 {
 		return v.lead(ctx, in, baseID, base, 0)
 	}
@@ -178,28 +268,28 @@ func (v *validator) pruneLocks(below uint64) {
 // ensureGenesis makes round 0 when no head exists yet and this node is the validator that
 // makes it (the first in peer order); the others wait for it on the bus.
 func (v *validator) ensureGenesis(ctx context.Context) error {
-	if id, _ := v.tips.Current(); id.Defined() {
+	if id, _ := v.Tips.Current(); id.Defined() {
 		return nil
 	}
 	if _, locked := v.locks[0]; locked {
 		return nil // made before a restart: run sees it to its quorum
 	}
-	vs := slices.Clone(v.validators)
+	vs := slices.Clone(v.Validators)
 	slices.Sort(vs)
-	if vs[0] != v.self {
+	if vs[0] != v.Self {
 		return nil
 	}
-	if v.rt == nil {
+	if v.Runtime == nil {
 		return fmt.Errorf("genesis: this node makes round 0 but has no workload to initialise the model (set workload.*)")
 	}
-	out := filepath.Join(v.rt.ScratchDir(), "genesis.safetensors")
+	out := filepath.Join(v.Runtime.ScratchDir(), "genesis.safetensors")
 	// The pack is copied into the store; a copy left in scratch would be one more model's
 	// bytes on disk for the life of the store.
 	defer os.Remove(out)
-	if err := v.rt.Init(ctx, v.cfg.Experiment.Seed, out); err != nil {
+	if err := v.Runtime.Init(ctx, v.Config.Experiment.Seed, out); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
-	h, id, err := round.Genesis(v.store, out, v.cfg.Experiment.Network, v.cfg.Experiment.ID, v.data.planID, len(v.data.plan.Shards), v.merger.Policy)
+	h, id, err := round.Genesis(v.Store, out, v.Config.Experiment.Network, v.Config.Experiment.ID, v.PlanID, len(v.Plan.Shards), v.Merger.Policy)
 	if err != nil {
 		return err
 	}
@@ -213,23 +303,23 @@ func (v *validator) ensureGenesis(ctx context.Context) error {
 	if err := v.signNotes(id, 0, notes); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
-	lk := lockedHead{id: id, msg: &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes, Proposal: &gossip.Proposal{}}}
+	lk := lockedHead{id: id, msg: &gossip.Head{Experiment: v.Config.Experiment.ID, Signed: *sh, Notes: notes, Proposal: &gossip.Proposal{}}}
 	if err := v.lock(0, lk); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
-	if _, err := v.tips.Offer(sh); err != nil {
+	if _, err := v.Tips.Offer(sh); err != nil {
 		return fmt.Errorf("genesis: %w", err)
 	}
-	v.log.Info("made genesis", "head", id.String(), "layout", h.LayoutHash[:12])
-	return v.bus.Publish(ctx, lk.msg)
+	v.Log.Info("made genesis", "head", id.String(), "layout", h.LayoutHash[:12])
+	return v.Bus.Publish(ctx, lk.msg)
 }
 
 // signNotes signs the round notes of head id and keeps them beside the head.
 func (v *validator) signNotes(id cid.Cid, round uint64, n *chain.Notes) error {
-	if err := chain.SignNotes(v.key, id, n); err != nil {
+	if err := chain.SignNotes(v.Key, id, n); err != nil {
 		return err
 	}
-	return v.tips.SetNotes(id, round, n)
+	return v.Tips.SetNotes(id, round, n)
 }
 
 func (v *validator) sign(h *chain.Head) (*chain.SignedHead, error) {
@@ -241,7 +331,7 @@ func (v *validator) sign(h *chain.Head) (*chain.SignedHead, error) {
 	if err != nil {
 		return nil, err
 	}
-	sig, err := chain.Sign(v.key, id)
+	sig, err := chain.Sign(v.Key, id)
 	if err != nil {
 		return nil, err
 	}
@@ -251,22 +341,22 @@ func (v *validator) sign(h *chain.Head) (*chain.SignedHead, error) {
 // evaluate measures held-out metrics of a head's parameters when this node has a workload
 // and evaluation is due; failures are reported, not fatal.
 func (v *validator) evaluate(ctx context.Context, h *chain.Head) map[string]float64 {
-	every := v.cfg.Experiment.EvalEvery
-	if v.rt == nil || every <= 0 || (h.Round%uint64(every) != 0 && !(v.cfg.Experiment.Rounds > 0 && h.Round == uint64(v.cfg.Experiment.Rounds))) {
+	every := v.Config.Experiment.EvalEvery
+	if v.Runtime == nil || every <= 0 || (h.Round%uint64(every) != 0 && !(v.Config.Experiment.Rounds > 0 && h.Round == uint64(v.Config.Experiment.Rounds))) {
 		return nil
 	}
 	id, err := h.ParamsID()
 	if err != nil {
 		return nil
 	}
-	m, err := v.rt.Evaluate(ctx, v.store.BlobPath(id))
+	m, err := v.Runtime.Evaluate(ctx, v.Store.BlobPath(id))
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shutting down: the call was abandoned, not failed (a quiet Ctrl-C).
 			return nil
 		}
-		v.log.Warn("evaluate head failed", "round", h.Round, "err", err)
-		v.status.event("evaluate", "round %d: %v", h.Round, err)
+		v.Log.Warn("evaluate head failed", "round", h.Round, "err", err)
+		v.Sink.Event("evaluate", "round %d: %v", h.Round, err)
 		return nil
 	}
 	return v.finiteMetrics(h.Round, m)
@@ -280,10 +370,10 @@ func (v *validator) finiteMetrics(round uint64, m map[string]float64) map[string
 	var out map[string]float64
 	for k, x := range m {
 		if math.IsNaN(x) || math.IsInf(x, 0) {
-			v.metrics.metricDropped(k)
+			v.Sink.MetricDropped(k)
 			if v.nonFinite.allow(k) {
-				v.log.Warn("held-out metric is not finite; dropped from the head's metrics", "round", round, "metric", k, "value", fmt.Sprint(x))
-				v.status.event("evaluate", "round %d: held-out %s is %v; dropped (further ones are counted in p2ptrain_node_metrics_dropped_total)", round, k, x)
+				v.Log.Warn("held-out metric is not finite; dropped from the head's metrics", "round", round, "metric", k, "value", fmt.Sprint(x))
+				v.Sink.Event("evaluate", "round %d: held-out %s is %v; dropped (further ones are counted in p2ptrain_node_metrics_dropped_total)", round, k, x)
 			}
 			continue
 		}
@@ -299,24 +389,24 @@ func (v *validator) finiteMetrics(round uint64, m map[string]float64) map[string
 // per peer and round (and at most rejectLogBudget lines a minute in all: peer ids are free
 // to mint), and quarantines repeat offenders.
 func (v *validator) rejected(peer string, round uint64, reason, detail, artifact string) {
-	v.metrics.rejected(reason)
+	v.Sink.Rejected(reason)
 	if v.rejects.allow(fmt.Sprintf("%s/%d", peer, round)) {
-		v.log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "artifact", artifact, "detail", detail)
+		v.Log.Warn("contribution rejected", "peer", peer, "round", round, "reason", reason, "artifact", artifact, "detail", detail)
 	}
 	quarantined := false
 	// Neither a late report nor work done under another validator's lease of the round
 	// (two validators led it) is the trainer's fault.
-	if reason != "late" && reason != reasonForeignLease {
+	if reason != "late" && reason != ReasonForeignLease {
 		quarantined = v.quarantine.Reject(peer, round, reason == string(merge.ReasonLowCosine))
 	}
 	if quarantined {
-		v.log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.cfg.Lease.QuarantineRounds)
-		v.status.event("quarantine", "%s quarantined for %d rounds after repeated rejections (%s)", peer, v.cfg.Lease.QuarantineRounds, reason)
+		v.Log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.Config.Lease.QuarantineRounds)
+		v.Sink.Event("quarantine", "%s quarantined for %d rounds after repeated rejections (%s)", peer, v.Config.Lease.QuarantineRounds, reason)
 	}
 	if len(detail) > 200 {
 		detail = detail[:200]
 	}
-	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+	v.Sink.Status(func(vs *Status) {
 		counts := make(map[string]uint64, len(vs.Rejections)+1)
 		for k, n := range vs.Rejections {
 			counts[k] = n
@@ -332,37 +422,24 @@ func (v *validator) rejected(peer string, round uint64, reason, detail, artifact
 	})
 }
 
-// Validator phases (ValidatorPhase).
+// Validator phases (Phase).
 const (
-	phaseWaiting        = "waiting"
-	phaseIssuing        = "issuing"
-	phaseCollecting     = "collecting"
-	phaseProposing      = "proposing"
-	phaseAwaitingQuorum = "awaiting_quorum"
-	phaseFollowing      = "following"
-	phaseStandingAside  = "standing_aside"
+	PhaseWaiting        = "waiting"
+	PhaseIssuing        = "issuing"
+	PhaseCollecting     = "collecting"
+	PhaseProposing      = "proposing"
+	PhaseAwaitingQuorum = "awaiting_quorum"
+	PhaseFollowing      = "following"
+	PhaseStandingAside  = "standing_aside"
 )
 
 // enter records that the validator is now in phase name of round; "since" moves only when
 // the phase or the round changes.
 func (v *validator) enter(name string, round uint64) {
-	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+	v.Sink.Status(func(vs *Status) {
 		if vs.Phase == nil || vs.Phase.Name != name || vs.Phase.Round != round {
-			vs.Phase = &ValidatorPhase{Name: name, Round: round, Since: time.Now()}
+			vs.Phase = &Phase{Name: name, Round: round, Since: time.Now()}
 		}
-	})
-}
-
-// updateValidatorStatus changes a copy of the validator's status and publishes the copy,
-// so a snapshot being read is never changed under its reader.
-func (v *validator) updateValidatorStatus(fn func(vs *ValidatorStatus)) {
-	v.status.update(func(s *Status) {
-		var vs ValidatorStatus
-		if s.Validator != nil {
-			vs = *s.Validator
-		}
-		fn(&vs)
-		s.Validator = &vs
 	})
 }
 
@@ -441,6 +518,20 @@ func (r *rateLog) allow(key string) bool {
 	r.last[key] = now
 	r.lines++
 	return true
+}
+
+// RejectReasons are the values of the reason label of
+// p2ptrain_node_contributions_rejected_total that a validator produces. Each starts at 0
+// so that a panel of rejections by reason shows zeros, not "No data", on a healthy swarm.
+// A reason not listed still counts; it just appears on its first use.
+var RejectReasons = []string{
+	// Checked on arrival (leader.go).
+	"wrong_base", "forged_peer", "no_lease", ReasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", "unavailable",
+	// Screening before the merge (round/merge.go, merge/screen.go).
+	string(merge.ReasonNonFinite), string(merge.ReasonNormBound), string(merge.ReasonNormOutlier),
+	string(merge.ReasonLowCosine), "no_samples",
+	// A proposal another validator made failed verification (follower.go).
+	"bad_proposal",
 }
 
 var errHeadMoved = errors.New("canonical head moved on")

@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"context"
@@ -84,10 +84,10 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 	if !r.book.Holds(from, p.rc.id) {
 		// Its lease was settled while the update was on its way (the trainer left or gave
 		// the lease back): what arrives now is not counted.
-		v.log.Debug("update fetched after its lease was settled; not counted", "round", r.round, "peer", from, "delta", res.delta.String())
+		v.Log.Debug("update fetched after its lease was settled; not counted", "round", r.round, "peer", from, "delta", res.delta.String())
 		return
 	}
-	if res.err != nil || !v.store.Has(res.delta) {
+	if res.err != nil || !v.Store.Has(res.delta) {
 		if !time.Now().Before(r.deadline) {
 			// The transfer failed after the attempt's deadline (it ran past
 			// lease.round_timeout, or its holder went away): late, no strike toward
@@ -100,7 +100,7 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 	}
 	steps := int(l.Steps)
 	if steps == 0 {
-		steps = v.cfg.Protocol.InnerSteps
+		steps = v.Config.Protocol.InnerSteps
 	}
 	v.paces.observe(from, c.Seconds, steps)
 	v.noteSpeed(from, c)
@@ -108,7 +108,7 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 	rc.fetch = time.Since(p.start)
 	r.received[from] = rc
 	r.book.Report(from)
-	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+	v.Sink.Status(func(vs *Status) {
 		vs.Received = append(slices.Clone(vs.Received), from)
 	})
 }

@@ -1,9 +1,10 @@
-package node
+package validator
 
 import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -47,9 +48,9 @@ import (
 // errTakenOver means a validator after this one in the round's order leads the round.
 var errTakenOver = errors.New("a later validator in the order took the round over")
 
-// reasonForeignLease rejects a contribution made under another validator's lease of the
+// ReasonForeignLease rejects a contribution made under another validator's lease of the
 // round, without a strike.
-const reasonForeignLease = "foreign_lease"
+const ReasonForeignLease = "foreign_lease"
 
 // maxGrantsKept bounds the leases of one round a validator remembers from the others' grants.
 const maxGrantsKept = 1 << 14
@@ -165,15 +166,15 @@ func (v *validator) drainGrants(r *openRound, in *bus.Inbox) {
 // validator after it fall silent, as a follower would judge it, it leads the round again
 // with fresh attempts.
 func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
-	v.enter(phaseStandingAside, r.round)
-	v.log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
+	v.enter(PhaseStandingAside, r.round)
+	v.Log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
 		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
-	v.status.event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)
+	v.Sink.Event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)
 	later := r.order[r.rank+1:]
-	expect := time.Now().Add(leaseWait) // when a later validator must have shown progress by
-	// Every later validator gets its turn (takeoverStep each, as in follow) before this one
+	expect := time.Now().Add(LeaseWait) // when a later validator must have shown progress by
+	// Every later validator gets its turn (TakeoverStep each, as in follow) before this one
 	// takes the round back.
-	retakeAt := func() time.Time { return expect.Add(time.Duration(len(later)) * takeoverStep) }
+	retakeAt := func() time.Time { return expect.Add(time.Duration(len(later)) * TakeoverStep) }
 	timer := time.NewTimer(time.Until(retakeAt()))
 	defer timer.Stop()
 	reset := func() {
@@ -191,14 +192,14 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 			return
 		}
 		if l.Msg.Round == r.round && slices.Equal(l.Msg.Base, r.baseID.Bytes()) && slices.Contains(later, l.From) {
-			alive(time.UnixMilli(l.Msg.Deadline).Add(leaseGrace))
+			alive(time.UnixMilli(l.Msg.Deadline).Add(LeaseGrace))
 		}
 	}
 	onHead := func(h bus.Received[gossip.Head]) (lockedHead, bool) {
 		// A later validator's proposal of the round, re-published while it gathers its
 		// quorum, says it is alive (it sends no heartbeats once it has proposed).
 		if hd, err := h.Msg.Signed.Decode(); err == nil && h.Msg.Proposal != nil && hd.Round == r.round && slices.Contains(later, h.From) {
-			alive(time.Now().Add(republishEvery + leaseGrace))
+			alive(time.Now().Add(republishEvery + LeaseGrace))
 		}
 		v.verifyAndAttest(ctx, h.From, h.Msg)
 		l, locked := v.locks[r.round]
@@ -241,8 +242,8 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 				reset()
 				continue
 			}
-			v.log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
-			v.status.event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
+			v.Log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
+			v.Sink.Event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
 			return v.lead(ctx, in, r.baseID, r.base, r.attempt+1)
 		}
 	}
@@ -291,9 +292,9 @@ func (v *validator) hold(r *openRound, from string, id cid.Cid, artifact string)
 	}
 	r.held[k] = artifact
 	if r.book.Bar(from, reasonUnknownLease) {
-		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+		v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 	}
-	v.log.Debug("contribution under a lease no grant heard names; its verdict waits for the round's end", "round", r.round,
+	v.Log.Debug("contribution under a lease no grant heard names; its verdict waits for the round's end", "round", r.round,
 		"peer", from, "lease", id.String(), "artifact", artifact)
 	return true
 }
@@ -313,10 +314,10 @@ func (v *validator) settleHeld(r *openRound, final bool) {
 		switch issuer := v.grants.issuer(r.round, r.baseID, k.lease, k.trainer); {
 		case issuer != "":
 			r.foreign[k.trainer] = true
-			v.rejected(k.trainer, r.round, reasonForeignLease, sprintf("lease %s was granted by %s, another validator leading round %d (its grant was read after the contribution)",
+			v.rejected(k.trainer, r.round, ReasonForeignLease, fmt.Sprintf("lease %s was granted by %s, another validator leading round %d (its grant was read after the contribution)",
 				k.lease, issuer, r.round), art)
 		case final:
-			v.rejected(k.trainer, r.round, "no_lease", sprintf("lease %s was not granted to %s by any validator heard by the round's end", k.lease, k.trainer), art)
+			v.rejected(k.trainer, r.round, "no_lease", fmt.Sprintf("lease %s was not granted to %s by any validator heard by the round's end", k.lease, k.trainer), art)
 		default:
 			continue
 		}

@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"cmp"
@@ -85,7 +85,7 @@ func decodeLocks(b []byte, self, experiment string) (map[uint64]lockedHead, erro
 	return locks, nil
 }
 
-func (v *validator) locksPath() string { return filepath.Join(v.cfg.Node.StoreDir, LocksFile) }
+func (v *validator) locksPath() string { return filepath.Join(v.Config.Node.StoreDir, LocksFile) }
 
 // lock records that this validator signs head l for round, in memory and in LocksFile,
 // before the signature goes anywhere: a validator killed after it published the head
@@ -117,9 +117,9 @@ func (v *validator) restoreLocks() error {
 	}
 	var locks map[uint64]lockedHead
 	if err == nil {
-		locks, err = decodeLocks(b, v.self, v.cfg.Experiment.ID)
+		locks, err = decodeLocks(b, v.Self, v.Config.Experiment.ID)
 	}
-	_, head := v.tips.Current()
+	_, head := v.Tips.Current()
 	if err != nil {
 		// Starting without the locks could sign a second head of a round this validator
 		// had signed, and with it a second quorum for the round.
@@ -138,12 +138,12 @@ func (v *validator) restoreLocks() error {
 			delete(locks, r)
 			continue
 		}
-		if !v.heads.Has(l.id) {
-			if _, err := v.tips.Offer(&l.msg.Signed); err != nil {
-				v.log.Warn("locked head not stored again", "round", r, "head", l.id.String(), "err", err)
+		if !v.Heads.Has(l.id) {
+			if _, err := v.Tips.Offer(&l.msg.Signed); err != nil {
+				v.Log.Warn("locked head not stored again", "round", r, "head", l.id.String(), "err", err)
 			}
 		}
-		v.log.Info("restored signing lock: this validator signs no other head for the round", "round", r, "head", l.id.String())
+		v.Log.Info("restored signing lock: this validator signs no other head for the round", "round", r, "head", l.id.String())
 	}
 	v.locks = locks
 	return nil

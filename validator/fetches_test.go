@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
@@ -139,7 +140,7 @@ func newFetchingRound(t *testing.T, trainers ...string) *fetchingRound {
 	f.v, f.r = leadingValidator(t, "A", []string{"A"}, fetchRound, f.base, &chain.Head{Round: fetchRound - 1})
 	store, err := artifact.OpenStore(filepath.Join(t.TempDir(), "artifacts"), artifact.Options{})
 	require.NoError(t, err)
-	f.v.bus, f.v.store = f.gb, store
+	f.v.Bus, f.v.Store = f.gb, store
 	f.r.deadline = time.Now().Add(time.Hour)
 	for i, p := range trainers {
 		l := lease.Lease{Round: fetchRound, Base: f.base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
@@ -200,14 +201,14 @@ func TestVerifierFetchesUpdatesSideBySideFromTheProposer(t *testing.T) {
 	base := cids.Record([]byte("base of round 4"))
 	ids := map[string]peer.ID{}
 	for _, name := range []string{"proposer", "t1", "t2", "t3"} {
-		_, id := pinKey(t, name)
+		_, id := testenv.Key(t, name)
 		ids[name] = mustPeer(t, id)
 	}
 	v, _ := leadingValidator(t, "A", []string{"A", ids["proposer"].String()}, round, base, &chain.Head{Round: round - 1})
 	heads, err := chain.OpenStore(filepath.Join(t.TempDir(), "heads"))
 	require.NoError(t, err)
 	gb := &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}
-	v.bus, v.heads = gb, heads
+	v.Bus, v.Heads = gb, heads
 	prop := &gossip.Proposal{}
 	for i, name := range []string{"t1", "t2", "t3"} {
 		l := lease.Lease{Round: round, Base: base.Bytes(), Trainer: ids[name].String(), Microshards: []uint32{uint32(i)},

@@ -1,11 +1,10 @@
-package node
+package validator
 
 import (
 	"log/slog"
 	"testing"
 
 	"github.com/ipfs/go-cid"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/bus"
@@ -21,20 +20,18 @@ import (
 // as a quarantined trainer.
 func leadingValidator(t *testing.T, self string, validators []string, round uint64, base cid.Cid, head *chain.Head) (*validator, *openRound) {
 	t.Helper()
-	e := &env{cfg: config.Default(), log: slog.New(slog.DiscardHandler), self: self, status: &statusBoard{},
-		metrics: newNodeMetrics(prometheus.NewRegistry()), validators: validators}
-	v := newValidator(e, nil)
+	v := newValidator(Params{Config: config.Default(), Log: slog.New(slog.DiscardHandler), Self: self, Sink: &testSink{},
+		Validators: validators})
 	v.quarantine = lease.NewQuarantine(1, 10, 5)
 	r := newOpenRound(t.Context(), validators, self, base, head, 0)
 	return v, r
 }
 
 func rejections(v *validator) map[string]uint64 {
-	st := v.status.Snapshot()
-	if st.Validator == nil {
-		return map[string]uint64{}
+	if r := v.Sink.(*testSink).snapshot().Rejections; r != nil {
+		return r
 	}
-	return st.Validator.Rejections
+	return map[string]uint64{}
 }
 
 // TestForeignLeaseHeardAfterItsContribution: the new leader of a round (A) can read a
@@ -67,9 +64,9 @@ func TestForeignLeaseHeardAfterItsContribution(t *testing.T) {
 		want   string                        // the verdict
 		struck bool
 	}{
-		{"grant read before the contribution", []bus.Received[gossip.Leases]{grant("B", bLease)}, nil, reasonForeignLease, false},
-		{"grant read after the contribution", nil, []bus.Received[gossip.Leases]{grant("B", bLease)}, reasonForeignLease, false},
-		{"grant read after a heartbeat of its issuer", nil, []bus.Received[gossip.Leases]{grant("B"), grant("C"), grant("B", bLease)}, reasonForeignLease, false},
+		{"grant read before the contribution", []bus.Received[gossip.Leases]{grant("B", bLease)}, nil, ReasonForeignLease, false},
+		{"grant read after the contribution", nil, []bus.Received[gossip.Leases]{grant("B", bLease)}, ReasonForeignLease, false},
+		{"grant read after a heartbeat of its issuer", nil, []bus.Received[gossip.Leases]{grant("B"), grant("C"), grant("B", bLease)}, ReasonForeignLease, false},
 		{"no grant names the lease", nil, []bus.Received[gossip.Leases]{grant("B")}, "no_lease", true},
 		{"the lease is granted to another trainer", nil, []bus.Received[gossip.Leases]{grant("B", otherTrainer)}, "no_lease", true},
 		{"the lease's grant comes from a peer that is not a validator", nil, []bus.Received[gossip.Leases]{grant("X", byX)}, "no_lease", true},
@@ -149,4 +146,53 @@ func TestStaleForeignLeaseIsNoMiss(t *testing.T) {
 			require.Empty(t, rejections(v), "a report for a closed round is not judged again")
 		})
 	}
+}
+
+// TestGrantLogTellsForeignLeases: a contribution's lease is another validator's when that
+// validator granted it, to that trainer, for the same round on the same base; anything
+// else (a lease of another round, base or trainer, a lease in a grant whose record names
+// another issuer, an id nobody granted) is not, and strikes. A validator's own grants are
+// recorded too (accept tells them apart: late, from before it stepped aside).
+func TestGrantLogTellsForeignLeases(t *testing.T) {
+	base := cids.Record([]byte("base"))
+	other := cids.Record([]byte("other base"))
+	mk := func(issuer, trainer string, round uint64, b cid.Cid) lease.Lease {
+		return lease.Lease{Round: round, Base: b.Bytes(), Trainer: trainer, Microshards: []uint32{1, 2}, Expiry: 1, Issuer: issuer}
+	}
+	good := mk("B", "t1", 5, base)
+	forgedIssuer := mk("C", "t2", 5, base) // in B's grant, naming C
+	wrongRound := mk("B", "t3", 6, base)   // in B's grant of round 5
+	own := mk("A", "t1", 5, base)          // this validator's own grant
+	unknown := mk("B", "t9", 5, base)      // never granted
+	otherBase := mk("B", "t4", 5, other)   // in B's grant on base
+	g := newGrantLog()
+	g.record("B", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B",
+		Leases: []lease.Lease{good, forgedIssuer, wrongRound, otherBase}})
+	g.record("A", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "A", Leases: []lease.Lease{own}})
+	g.record("C", &gossip.Leases{Round: 5, Base: base.Bytes(), Issuer: "B", Leases: []lease.Lease{mk("B", "t5", 5, base)}})
+	for _, tc := range []struct {
+		name    string
+		round   uint64
+		base    cid.Cid
+		l       lease.Lease
+		trainer string
+		want    string
+	}{
+		{"granted by another validator", 5, base, good, "t1", "B"},
+		{"claimed by another trainer", 5, base, good, "t2", ""},
+		{"for another round", 6, base, good, "t1", ""},
+		{"on another base", 5, other, good, "t1", ""},
+		{"lease naming another issuer than its grant", 5, base, forgedIssuer, "t2", ""},
+		{"lease of another round than its grant", 6, base, wrongRound, "t3", ""},
+		{"lease on another base than its grant", 5, other, otherBase, "t4", ""},
+		{"own grant", 5, base, own, "t1", "A"},
+		{"never granted", 5, base, unknown, "t9", ""},
+		{"grant published by another than its issuer", 5, base, mk("B", "t5", 5, base), "t5", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, g.issuer(tc.round, tc.base, tc.l.ID(), tc.trainer))
+		})
+	}
+	g.prune(5)
+	require.Empty(t, g.issuer(5, base, good.ID(), "t1"), "closed rounds are forgotten")
 }

@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"context"
@@ -103,14 +103,14 @@ func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, bas
 		// Already signed a head for this round (as a follower): see it through.
 		return v.awaitQuorum(ctx, in, base.Round+1, l)
 	}
-	r := newOpenRound(ctx, v.validators, v.self, baseID, base, firstAttempt)
+	r := newOpenRound(ctx, v.Validators, v.Self, baseID, base, firstAttempt)
 	// Whatever way the round ends here, no verdict is left waiting, and no fetch goes on.
 	defer v.settleHeld(r, true)
 	defer r.fetches.stop()
-	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.cfg.Lease.RoundTimeout))
+	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.Config.Lease.RoundTimeout))
 	r.merged, r.merges = v.recentMerges(baseID)
-	changed := v.tips.Changed()
-	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+	changed := v.Tips.Changed()
+	if cur, _ := v.Tips.Current(); !cur.Equals(baseID) {
 		return errHeadMoved // before changed was taken: it would not fire for that move
 	}
 	r.started = time.Now()
@@ -161,12 +161,21 @@ func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, bas
 	}
 }
 
-// recentMerges returns the delta artifacts merged in the last replayWindow heads, and for
-// each peer the number of those heads that merged a contribution of it.
+// errEnough stops a walk of the chain that has read what it needs.
+var errEnough = errors.New("enough")
+
 func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]int) {
+	return RecentMerges(v.Heads, from)
+}
+
+// RecentMerges returns the delta artifacts merged in the last replayWindow heads from
+// from, and for each peer the number of those heads that merged a contribution of it: what
+// the leader's grant and screening read of the chain (a peer with fewer than trustMerges is
+// on probation).
+func RecentMerges(heads *chain.Store, from cid.Cid) (map[cid.Cid]bool, map[string]int) {
 	out, merges := map[cid.Cid]bool{}, map[string]int{}
 	n := 0
-	_ = v.heads.Walk(from, func(_ cid.Cid, h *chain.Head) error {
+	_ = heads.Walk(from, func(_ cid.Cid, h *chain.Head) error {
 		for _, c := range h.Contributions {
 			if id, err := cid.Cast(c.Artifact); err == nil {
 				out[id] = true
@@ -174,7 +183,7 @@ func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]int
 			merges[c.Peer]++
 		}
 		if n++; n >= replayWindow {
-			return errStopped
+			return errEnough
 		}
 		return nil
 	})
@@ -190,14 +199,14 @@ func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]int
 // the same heads, so the verdicts agree.
 const trustMerges = merge.HistoryWarmup
 
-// onProbation says whether a peer with these recent merges is on probation.
-func onProbation(merges map[string]int, peer string) bool { return merges[peer] < trustMerges }
+// OnProbation says whether a peer with these recent merges is on probation.
+func OnProbation(merges map[string]int, peer string) bool { return merges[peer] < trustMerges }
 
 // issue waits until the round's book says what to do next: it returns true when the round
 // should close with what it received, or false once it has granted the next attempt's
 // leases.
 func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
-	v.enter(phaseIssuing, r.round)
+	v.enter(PhaseIssuing, r.round)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	waitingSince := time.Now()
@@ -233,47 +242,47 @@ func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, chan
 			}
 		}
 		open := r.book.Candidates(live)
-		cands, relaxed := v.quarantine.Eligible(open, r.round, len(r.received), v.cfg.Lease.MinGroup)
+		cands, relaxed := v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)
 		// A (re)started leader leases nothing before it has heard the fleet announce.
-		heard := time.Since(v.started) > announceEvery+250*time.Millisecond
+		heard := time.Since(v.started) > gossip.AnnounceEvery+250*time.Millisecond
 		step := lease.Wait
 		if heard {
-			step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.cfg.Lease.MinGroup,
-				Candidates: len(cands), Barred: nBarred, Available: len(avail), Patience: max(r.window, v.cfg.Lease.MinDeadline)})
+			step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.Config.Lease.MinGroup,
+				Candidates: len(cands), Barred: nBarred, Available: len(avail), Patience: max(r.window, v.Config.Lease.MinDeadline)})
 		}
 		switch step {
 		case lease.Close:
-			if len(r.received) < v.cfg.Lease.MinGroup && r.book.Attempts() > 1 {
-				v.log.Info("closing the round with fewer contributions than min_group: no other trainer to lease to",
-					"round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup, "barred", nBarred)
+			if len(r.received) < v.Config.Lease.MinGroup && r.book.Attempts() > 1 {
+				v.Log.Info("closing the round with fewer contributions than min_group: no other trainer to lease to",
+					"round", r.round, "received", len(r.received), "min_group", v.Config.Lease.MinGroup, "barred", nBarred)
 			}
 			return true, nil
 		case lease.Grant:
 			if relaxed && !r.unbenched {
 				r.unbenched = true
 				q := len(v.quarantine.List(r.round))
-				v.log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
-					"available", len(open), "quarantined", q, "min_group", v.cfg.Lease.MinGroup)
-				v.status.event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
+				v.Log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
+					"available", len(open), "quarantined", q, "min_group", v.Config.Lease.MinGroup)
+				v.Sink.Event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
 			}
 			return false, v.grant(ctx, r, avail, cands)
 		case lease.NewPass:
 			why := barredReasons(barred)
-			v.log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
+			v.Log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
 				"barred", nBarred, "reasons", why, "pass", r.book.Passes()+1)
 			if r.book.Passes() > 0 && why == string(merge.ReasonLowCosine) {
 				// Retries on one base tend to fail the same way: honest updates that the
 				// cosine bar rejects pass after pass stall the run here.
-				v.log.Warn("every update of this round failed the cosine screen again: if these trainers are honest, "+
+				v.Log.Warn("every update of this round failed the cosine screen again: if these trainers are honest, "+
 					"merge.screen.cosine_tolerance (or min_cosine) is too tight for this workload", "round", r.round, "pass", r.book.Passes()+1)
 			}
-			v.status.event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
+			v.Sink.Event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
 			r.book.StartPass()
 			continue
 		}
 		if time.Since(waitingSince) > 10*time.Second {
-			v.log.Info("waiting for trainers", "round", r.round, "live", len(live), "candidates", len(cands), "barred", nBarred,
-				"received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
+			v.Log.Info("waiting for trainers", "round", r.round, "live", len(live), "candidates", len(cands), "barred", nBarred,
+				"received", len(r.received), "min_group", v.Config.Lease.MinGroup)
 			waitingSince = time.Now()
 		}
 		select {
@@ -305,7 +314,7 @@ func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, chan
 
 // heartbeat publishes, every heartbeatEvery until stop is called, an empty grant of the
 // round with a deadline 2 × heartbeatEvery ahead: a follower that hears it expects the
-// leader's next sign of life by then (plus leaseGrace), so it does not take the round over
+// leader's next sign of life by then (plus LeaseGrace), so it does not take the round over
 // from a leader that waits (for a minimum group, a backoff, contributions) or merges. The
 // deadline moves with every beat, so no two beats are the same message (gossip drops a
 // repeat). Trainers ignore a grant without a lease for them.
@@ -318,10 +327,10 @@ func (v *validator) heartbeat(ctx context.Context, r *openRound) (stop func()) {
 		t := time.NewTicker(heartbeatEvery)
 		defer t.Stop()
 		for {
-			hb := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: round, Base: base, Issuer: v.self,
+			hb := &gossip.Leases{Experiment: v.Config.Experiment.ID, Round: round, Base: base, Issuer: v.Self,
 				Deadline: time.Now().Add(2 * heartbeatEvery).UnixMilli(), Attempt: first}
-			if err := v.bus.Publish(ctx, hb); err != nil && ctx.Err() == nil {
-				v.log.Debug("publish heartbeat", "round", round, "err", err)
+			if err := v.Bus.Publish(ctx, hb); err != nil && ctx.Err() == nil {
+				v.Log.Debug("publish heartbeat", "round", round, "err", err)
 			}
 			select {
 			case <-ctx.Done():
@@ -342,7 +351,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// The data order depends on the model state (its parameters) and the attempt, not on the
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
-	work := workCandidates(cands, v.cfg.Protocol.SpeedProportional)
+	work := WorkCandidates(cands, v.Config.Protocol.SpeedProportional)
 	// The round's proposal lists every received contribution's microshards: a later attempt
 	// leases only what is left of the round's bound, so the proposal fits its message.
 	budget := lease.MaxRoundMicroshards
@@ -355,7 +364,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	plan := lease.AssignWithin(avail, work, share, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
-	steps := lease.TailSteps(lease.Steps(work, v.cfg.Protocol.InnerSteps), plan, work, share)
+	steps := lease.TailSteps(lease.Steps(work, v.Config.Protocol.InnerSteps), plan, work, share)
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)
@@ -366,17 +375,17 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Announced: v.trainers.stepSeconds(p), Steps: steps[p]})
 		r.returns[p] = v.trainers.returns(p)
 	}
-	r.window = lease.Deadline(pace, lease.Timing{Floor: v.cfg.Lease.MinDeadline, Ceiling: v.cfg.Lease.RoundTimeout,
-		Unknown: v.cfg.Lease.FirstDeadline, Blind: r.blind})
+	r.window = lease.Deadline(pace, lease.Timing{Floor: v.Config.Lease.MinDeadline, Ceiling: v.Config.Lease.RoundTimeout,
+		Unknown: v.Config.Lease.FirstDeadline, Blind: r.blind})
 	r.blindGrant, r.atGrant = !lease.PaceKnown(pace), len(r.received)
 	r.deadline = time.Now().Add(r.window)
-	msg := &gossip.Leases{Experiment: v.cfg.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.self,
+	msg := &gossip.Leases{Experiment: v.Config.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.Self,
 		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}
 	r.leases = map[cid.Cid]lease.Lease{}
 	leased := map[string]int{}
 	for _, p := range peers {
 		l := lease.Lease{Round: r.round, Base: r.baseID.Bytes(), Trainer: p, Microshards: plan[p],
-			Expiry: r.deadline.UnixMilli(), Issuer: v.self, Epoch: r.base.Ledger.Epoch, Steps: uint32(steps[p])}
+			Expiry: r.deadline.UnixMilli(), Issuer: v.Self, Epoch: r.base.Ledger.Epoch, Steps: uint32(steps[p])}
 		r.leases[l.ID()] = l
 		r.all = append(r.all, l)
 		msg.Leases = append(msg.Leases, l)
@@ -385,13 +394,13 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	r.book.Grant(msg.Leases)
 	// Its own leases too: should it step aside and lead the round again, a contribution
 	// under one of them is late, not unknown.
-	v.grants.record(v.self, msg)
-	v.updateValidatorStatus(func(vs *ValidatorStatus) {
-		*vs = ValidatorStatus{Phase: vs.Phase, Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
+	v.grants.record(v.Self, msg)
+	v.Sink.Status(func(vs *Status) {
+		*vs = Status{Phase: vs.Phase, Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
 			Quarantined: v.quarantine.List(r.round), Barred: r.book.Barred(), Rejections: vs.Rejections, Recent: vs.Recent}
 	})
-	v.log.Info("issued leases", "round", r.round, "attempt", r.attempt, "trainers", len(peers), "deadline", time.Until(r.deadline).Round(time.Millisecond).String())
-	return v.bus.Publish(ctx, msg)
+	v.Log.Info("issued leases", "round", r.round, "attempt", r.attempt, "trainers", len(peers), "deadline", time.Until(r.deadline).Round(time.Millisecond).String())
+	return v.Bus.Publish(ctx, msg)
 }
 
 // collect gathers the current attempt's contributions and releases until every lease of it
@@ -399,7 +408,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 // that did not report are barred from the round and their microshards return to the pool;
 // those whose updates are on their way keep their leases, and collect waits for them.
 func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
-	v.enter(phaseCollecting, r.round)
+	v.enter(PhaseCollecting, r.round)
 	timer := time.NewTimer(time.Until(r.deadline))
 	defer timer.Stop()
 	tick := time.NewTicker(500 * time.Millisecond)
@@ -444,14 +453,14 @@ func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, ch
 				// Contributions announced in time whose updates are still on their way keep
 				// their leases: the round waits for them (each fetch is bounded by
 				// lease.round_timeout) and closes once they are settled, above.
-				v.log.Info("deadline passed with updates still arriving; waiting for them", "round", r.round,
+				v.Log.Info("deadline passed with updates still arriving; waiting for them", "round", r.round,
 					"arriving", len(r.fetches.pending), "received", len(r.received))
 				continue
 			}
 			r.book.End(time.Now())
-			if len(r.received) < v.cfg.Lease.MinGroup {
-				v.log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.cfg.Lease.MinGroup)
-				v.status.event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.cfg.Lease.MinGroup)
+			if len(r.received) < v.Config.Lease.MinGroup {
+				v.Log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.Config.Lease.MinGroup)
+				v.Sink.Event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.Config.Lease.MinGroup)
 			}
 			return nil
 		}
@@ -469,9 +478,9 @@ func (v *validator) expire(r *openRound) {
 				n = len(l.Microshards)
 			}
 		}
-		v.metrics.leaseEnded("expired")
-		v.log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", p, "microshards", n)
-		v.status.event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, p, n)
+		v.Sink.LeaseEnded("expired")
+		v.Log.Warn("trainer did not report by the deadline; its microshards return to the pool", "round", r.round, "peer", p, "microshards", n)
+		v.Sink.Event("missing", "round %d: %s did not report by the deadline; its %d microshards return to the pool", r.round, p, n)
 		if r.foreign[p] || v.staleForeign(r, p) {
 			// It trained another validator's lease of this round, or of the round before
 			// whose head could not merge it, first (two validators led it): not its fault.
@@ -479,11 +488,11 @@ func (v *validator) expire(r *openRound) {
 		}
 		v.missed(p, r.round, "expired")
 	}
-	v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+	v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 }
 
 // noticeReturns settles the lease of a trainer of the round that left — it restarted (it
-// announced a new process start) or fell silent for longer than liveFor — so its
+// announced a new process start) or fell silent for longer than gossip.LiveFor — so its
 // microshards go back to the pool at once, and readmits it once it is heard from again, if
 // the round's book allows (lease.Book.Back: only after leaving or an expired lease, at
 // most Returns times a round).
@@ -508,16 +517,16 @@ func (v *validator) noticeReturns(r *openRound, in *bus.Inbox) {
 			if back {
 				why = v.trainers.returnedHow(p)
 			}
-			v.metrics.leaseEnded(lease.ReasonGone)
-			v.log.Warn("trainer left while holding its lease; its microshards return to the pool", "round", r.round, "peer", p, "how", why)
-			v.status.event("release", "round %d: %s %s while holding its lease; its microshards return to the pool", r.round, p, why)
+			v.Sink.LeaseEnded(lease.ReasonGone)
+			v.Log.Warn("trainer left while holding its lease; its microshards return to the pool", "round", r.round, "peer", p, "how", why)
+			v.Sink.Event("release", "round %d: %s %s while holding its lease; its microshards return to the pool", r.round, p, why)
 			v.missed(p, r.round, lease.ReasonGone)
-			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+			v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 		}
 		if back && r.book.Back(p) {
-			v.log.Info("trainer is back: it may be leased again in this round", "round", r.round, "peer", p)
-			v.status.event("release", "round %d: %s is back; it may be leased again this round", r.round, p)
-			v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+			v.Log.Info("trainer is back: it may be leased again in this round", "round", r.round, "peer", p)
+			v.Sink.Event("release", "round %d: %s is back; it may be leased again this round", r.round, p)
+			v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 		}
 	}
 }
@@ -540,20 +549,20 @@ func (v *validator) release(r *openRound, from string, m *gossip.Release) {
 		return // not a lease of the open attempt held by its sender: nothing to take back
 	}
 	r.book.Bar(from, "released")
-	v.metrics.leaseEnded("released")
-	v.log.Warn("trainer released its lease; its microshards return to the pool", "round", r.round, "peer", from,
+	v.Sink.LeaseEnded("released")
+	v.Log.Warn("trainer released its lease; its microshards return to the pool", "round", r.round, "peer", from,
 		"lease", id.String(), "reason", m.Reason)
-	v.status.event("release", "round %d: %s gave its lease back (%s)", r.round, from, m.Reason)
+	v.Sink.Event("release", "round %d: %s gave its lease back (%s)", r.round, from, m.Reason)
 	v.missed(from, r.round, "released")
-	v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+	v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 }
 
 // missed counts a lease that came to nothing toward the trainer's quarantine.
 func (v *validator) missed(peer string, round uint64, why string) {
 	if v.quarantine.Miss(peer, round) {
-		v.log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.cfg.Lease.QuarantineRounds, "reason", why)
-		v.status.event("quarantine", "%s quarantined for %d rounds after repeated missed leases (%s)", peer, v.cfg.Lease.QuarantineRounds, why)
-		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Quarantined = v.quarantine.List(round) })
+		v.Log.Warn("peer quarantined: no leases for a while", "peer", peer, "rounds", v.Config.Lease.QuarantineRounds, "reason", why)
+		v.Sink.Event("quarantine", "%s quarantined for %d rounds after repeated missed leases (%s)", peer, v.Config.Lease.QuarantineRounds, why)
+		v.Sink.Status(func(vs *Status) { vs.Quarantined = v.quarantine.List(round) })
 	}
 }
 
@@ -597,7 +606,7 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 		switch {
 		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
 			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
-		case issuer == v.self:
+		case issuer == v.Self:
 			// This validator granted it when it led the round before it stepped aside.
 			reject(false, "late", "lease %s was granted by this validator before it stepped aside in round %d", leaseID, r.round)
 		case issuer != "":
@@ -605,7 +614,7 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 			// no strike, and it may still report on its lease of this validator. Its update
 			// cannot be merged here: a proposal lists only the proposer's leases.
 			r.foreign[from] = true
-			reject(false, reasonForeignLease, "lease %s was granted by %s, another validator leading round %d",
+			reject(false, ReasonForeignLease, "lease %s was granted by %s, another validator leading round %d",
 				leaseID, issuer, r.round)
 		default:
 			// Maybe another validator's lease whose grant has not reached this one yet.
@@ -651,7 +660,7 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 	// The deadline is for announcing: an update announced in time may take what the
 	// trainer's uplink takes (a 68 MB fp32 update is 27 s at 20 Mbit/s), up to
 	// lease.round_timeout, and the artifact layer gives up on a holder that stalls.
-	r.fetches.start(v.bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, time.Now().Add(v.cfg.Lease.RoundTimeout))
+	r.fetches.start(v.Bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, time.Now().Add(v.Config.Lease.RoundTimeout))
 }
 
 // rejectContribution rejects from's contribution (update artifact delta) to round r for
@@ -661,10 +670,10 @@ func (v *validator) rejectContribution(r *openRound, from string, delta []byte, 
 	if id, err := cid.Cast(delta); err == nil {
 		art = id.String()
 	}
-	v.rejected(from, r.round, reason, sprintf(format, args...), art)
+	v.rejected(from, r.round, reason, fmt.Sprintf(format, args...), art)
 	r.rejected++
 	if bar && r.book.Bar(from, reason) {
-		v.updateValidatorStatus(func(vs *ValidatorStatus) { vs.Barred = r.book.Barred() })
+		v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 	}
 }
 
@@ -685,13 +694,13 @@ func (v *validator) noteSpeed(from string, c *gossip.Contribution) {
 // propose merges what was received and publishes the proposal (nil: nothing survived
 // screening, lease again).
 func (v *validator) propose(ctx context.Context, r *openRound, took time.Duration) (*lockedHead, error) {
-	v.enter(phaseProposing, r.round)
+	v.enter(PhaseProposing, r.round)
 	cands := make([]round.Candidate, 0, len(r.received))
 	var wire []gossip.Candidate
 	for p, rc := range r.received {
 		delta, _ := cid.Cast(rc.msg.Delta)
 		cands = append(cands, round.Candidate{Peer: p, Delta: delta, Lease: rc.id, Samples: rc.msg.Samples,
-			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: onProbation(r.merges, p)})
+			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: OnProbation(r.merges, p)})
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].Peer < cands[j].Peer })
 	var leases []lease.Lease
@@ -701,7 +710,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		leases = append(leases, r.received[c.Peer].lease)
 	}
 	mergeStart := time.Now()
-	out, err := v.merger.Merge(ctx, r.baseID, r.base, cands)
+	out, err := v.Merger.Merge(ctx, r.baseID, r.base, cands)
 	v.mergeTook = time.Since(mergeStart)
 	rejected := map[string]string{}
 	if out != nil {
@@ -721,12 +730,12 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 			r.book.Bar(rj.Peer, rj.Reason)
 		}
 	}
-	v.updateValidatorStatus(func(vs *ValidatorStatus) {
+	v.Sink.Status(func(vs *Status) {
 		vs.Rejected, vs.Barred = rejected, r.book.Barred()
 	})
 	if errors.Is(err, round.ErrNothingMerged) {
 		r.book.Discard(time.Now())
-		v.status.event("release", "round %d: no contribution passed screening; leasing again", r.round)
+		v.Sink.Event("release", "round %d: no contribution passed screening; leasing again", r.round)
 		return nil, nil
 	}
 	if err != nil {
@@ -743,20 +752,19 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	if err := v.signNotes(out.ID, out.Head.Round, notes); err != nil {
 		return nil, err
 	}
-	msg := &gossip.Head{Experiment: v.cfg.Experiment.ID, Signed: *sh, Notes: notes,
+	msg := &gossip.Head{Experiment: v.Config.Experiment.ID, Signed: *sh, Notes: notes,
 		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire}}
 	lk := lockedHead{id: out.ID, msg: msg}
 	if err := v.lock(r.round, lk); err != nil {
 		return nil, err
 	}
-	if _, err := v.tips.Offer(sh); err != nil {
+	if _, err := v.Tips.Offer(sh); err != nil {
 		return nil, err
 	}
-	v.metrics.roundClosed(took, len(out.Head.Contributions))
-	v.metrics.roundSplit(notes)
-	v.log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
+	v.Sink.RoundClosed(took, len(out.Head.Contributions), notes)
+	v.Log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
 		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened)
-	if err := v.bus.Publish(ctx, msg); err != nil {
+	if err := v.Bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
 	}
 	return &lk, nil
@@ -785,16 +793,16 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 // locked, its proposal and the new leader's compete for the validators that signed
 // neither, and whichever reaches quorum ends this wait (stepaside.go).
 func (v *validator) awaitQuorum(ctx context.Context, in *bus.Inbox, round uint64, l lockedHead) error {
-	v.enter(phaseAwaitingQuorum, round)
+	v.enter(PhaseAwaitingQuorum, round)
 	// The first re-publish comes after heartbeatEvery, within a follower's silence window
-	// (leaseWait): it tells the followers that already have the quorum that this validator
+	// (LeaseWait): it tells the followers that already have the quorum that this validator
 	// is still waiting for it (follow, baseStillOpen), and they send their attestations
 	// again.
 	t := time.NewTimer(heartbeatEvery)
 	defer t.Stop()
 	for {
-		changed := v.tips.Changed()
-		if _, h := v.tips.Current(); h != nil && h.Round >= round {
+		changed := v.Tips.Changed()
+		if _, h := v.Tips.Current(); h != nil && h.Round >= round {
 			return nil
 		}
 		select {
@@ -807,22 +815,22 @@ func (v *validator) awaitQuorum(ctx context.Context, in *bus.Inbox, round uint64
 			v.verifyAndAttest(ctx, h.From, h.Msg)
 		case <-t.C:
 			msg := *l.msg
-			if sh, _, err := v.heads.Get(l.id); err == nil {
+			if sh, _, err := v.Heads.Get(l.id); err == nil {
 				msg.Signed = *sh // with every signature gathered so far
 			}
 			msg.Sent = time.Now().UnixMilli()
-			if err := v.bus.Publish(ctx, &msg); err != nil {
-				v.log.Debug("re-publish proposal", "round", round, "err", err)
+			if err := v.Bus.Publish(ctx, &msg); err != nil {
+				v.Log.Debug("re-publish proposal", "round", round, "err", err)
 			}
 			t.Reset(republishEvery)
 		}
 	}
 }
 
-// workCandidates are the trainers as lease sizing sees them: with speed-proportional work
+// WorkCandidates are the trainers as lease sizing sees them: with speed-proportional work
 // their measured capacities, otherwise all alike (capacity unknown counts as average), so
 // every trainer gets inner_steps and the same share of microshards (windowShare).
-func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
+func WorkCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 	if proportional {
 		return cands
 	}

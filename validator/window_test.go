@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ func TestSamplesPerStep(t *testing.T) {
 }
 
 // digitsPlan is the digits demo's plan: 23 microshards, 1438 examples.
-func digitsPlan() *dataState {
+func digitsPlan() *dataset.Plan {
 	p := &dataset.Plan{}
 	for i := range 23 {
 		n := int64(62)
@@ -49,7 +49,7 @@ func digitsPlan() *dataState {
 		}
 		p.Shards = append(p.Shards, dataset.Microshard{Index: i, Examples: n})
 	}
-	return &dataState{plan: p}
+	return p
 }
 
 // TestWindowShareLeader: the leader's share follows the rule from its config and plan, and
@@ -79,8 +79,8 @@ func TestWindowShareLeader(t *testing.T) {
 				cfg.Workload.Config["batch_size"] = tc.batch
 			}
 			var logs bytes.Buffer
-			v := &validator{env: &env{cfg: cfg, data: digitsPlan(),
-				log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}}
+			v := &validator{Params: Params{Config: cfg, Plan: digitsPlan(),
+				Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}}
 			var got []int
 			for _, n := range tc.trainers {
 				got = append(got, v.windowShare(n))

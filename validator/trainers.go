@@ -1,7 +1,6 @@
-package node
+package validator
 
 import (
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -10,13 +9,6 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
-)
-
-// announceEvery is how often a node announces itself; a trainer not heard from for
-// liveFor is no longer leased to.
-const (
-	announceEvery = 2 * time.Second
-	liveFor       = 3 * announceEvery
 )
 
 // trainerSet is the validator's view of the live trainers and their capacity.
@@ -34,14 +26,14 @@ type trainerSeen struct {
 	started  int64   // the process start it announced (unix ms; 0 unknown)
 	stepSecs float64 // its own seconds per inner step (0 unknown)
 	// returns counts the times it came back: announced a new process start (a restart)
-	// or was heard from again after a gap of more than liveFor between its announcements. A leader that
+	// or was heard from again after a gap of more than gossip.LiveFor between its announcements. A leader that
 	// sees it change for a trainer it leased knows the lease is lost (lease.Book.Gone).
 	returns int
 	// how says what the last return was, for the leader's log: "restarted" (a new process
 	// start) or "silent for …" (the gap in its announcements). Both settle its lease, but
 	// only the first is a restart: a loaded machine or lost gossip makes the second.
 	how string
-	// steady: its last announcement was read once this validator had listened for liveFor,
+	// steady: its last announcement was read once this validator had listened for gossip.LiveFor,
 	// so a gap after it is the trainer's silence (see seen).
 	steady bool
 }
@@ -68,13 +60,13 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	}
 	// Silence is judged by the sender's own clock (the gap between its announcements that
 	// arrived), not by when they were read: a validator busy for a while reads a backlog.
-	// And only after an announcement read once this validator had listened for liveFor:
+	// And only after an announcement read once this validator had listened for gossip.LiveFor:
 	// the first ones it reads may have been sent before it listened, and a gap after one of
 	// those is the validator's absence. (A validator that leased in its first seconds took
 	// a trainer whose announcements it had missed while starting for one that fell silent
 	// and came back, and gave up its lease.)
 	restarted := a.Started != 0 && s.started != 0 && a.Started != s.started
-	silent := s.sent != 0 && s.steady && a.Time-s.sent > liveFor.Milliseconds()
+	silent := s.sent != 0 && s.steady && a.Time-s.sent > gossip.LiveFor.Milliseconds()
 	if known && (restarted || silent) {
 		s.returns++
 		s.how = "restarted"
@@ -83,7 +75,7 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 		}
 	}
 	s.capacity, s.at, s.sent, s.stepSecs = a.Capacity, now, a.Time, a.StepSeconds
-	s.steady = now.Sub(t.since) >= liveFor
+	s.steady = now.Sub(t.since) >= gossip.LiveFor
 	if a.Started != 0 {
 		s.started = a.Started
 	}
@@ -93,7 +85,7 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 // measured records the speed a trainer's accepted contribution reports (samples in its
 // training seconds, what the trainer itself measures and announces as its capacity), so
 // the next round's leases follow it at once rather than after the trainer's next
-// announcement: a round can be shorter than announceEvery. Only trainers heard from are
+// announcement: a round can be shorter than gossip.AnnounceEvery. Only trainers heard from are
 // updated; liveness stays with the announcements.
 func (t *trainerSet) measured(peer string, samples uint64, seconds float64) {
 	if samples == 0 || seconds <= 0 {
@@ -121,12 +113,12 @@ func (t *trainerSet) returnedHow(peer string) string {
 	return t.peers[peer].how
 }
 
-// isLive reports whether peer was heard from within liveFor.
+// isLive reports whether peer was heard from within gossip.LiveFor.
 func (t *trainerSet) isLive(peer string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s, ok := t.peers[peer]
-	return ok && t.now().Sub(s.at) <= liveFor
+	return ok && t.now().Sub(s.at) <= gossip.LiveFor
 }
 
 // stepSeconds is the seconds per inner step peer announced (0 unknown).
@@ -143,54 +135,10 @@ func (t *trainerSet) live() []lease.Trainer {
 	now := t.now()
 	var out []lease.Trainer
 	for p, s := range t.peers {
-		if now.Sub(s.at) <= liveFor {
+		if now.Sub(s.at) <= gossip.LiveFor {
 			out = append(out, lease.Trainer{Peer: p, Capacity: s.capacity})
 		}
 	}
 	slices.SortFunc(out, func(a, b lease.Trainer) int { return strings.Compare(a.Peer, b.Peer) })
 	return out
-}
-
-// peerRounds remembers the round each peer last announced.
-type peerRounds struct {
-	mu     sync.Mutex
-	rounds map[string]announced
-}
-
-type announced struct {
-	round   uint64
-	at      time.Time
-	roles   []string
-	version string
-}
-
-func (p *peerRounds) seen(from string, a *gossip.Announce) {
-	if a.Peer != from {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rounds == nil {
-		p.rounds = map[string]announced{}
-	}
-	p.rounds[from] = announced{round: a.Round, at: time.Now(), roles: a.Roles, version: a.Version}
-}
-
-// snapshot copies what each peer last announced.
-func (p *peerRounds) snapshot() map[string]announced {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return maps.Clone(p.rounds)
-}
-
-// allAt reports whether every peer heard from recently has announced at least round.
-func (p *peerRounds) allAt(round uint64) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, a := range p.rounds {
-		if time.Since(a.at) <= liveFor && a.round < round {
-			return false
-		}
-	}
-	return true
 }

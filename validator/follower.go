@@ -1,4 +1,4 @@
-package node
+package validator
 
 import (
 	"context"
@@ -13,14 +13,16 @@ import (
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
 )
 
-// Failover timing: a follower expects leases within leaseWait of a new head, and a
-// proposal within leaseGrace after the leases' deadline; the k-th validator in the order
-// takes over (k-1) × takeoverStep after that, so they do not all jump in at once.
+// Failover timing (exported for the node's cluster tests): a follower expects leases
+// within LeaseWait of a new head, and a proposal within LeaseGrace after the leases'
+// deadline; the k-th validator in the order takes over (k-1) × TakeoverStep after that,
+// so they do not all jump in at once.
 //
 // A leader that is heard but gets nowhere — cut off from every peer but one, its leases
 // and heartbeats still arrive by gossip through that link while it cannot fetch a single
@@ -30,9 +32,9 @@ import (
 // of a leader lasts at most one round timeout, so a leader that works needs one, and two
 // leave it a retry.
 const (
-	leaseWait    = 3 * time.Second
-	leaseGrace   = time.Second
-	takeoverStep = time.Second
+	LeaseWait    = 3 * time.Second
+	LeaseGrace   = time.Second
+	TakeoverStep = time.Second
 	stuckRounds  = 2
 )
 
@@ -43,31 +45,31 @@ var errLocked = errors.New("signed another proposal for this round")
 // follow is a validator's round when it is not the leader: it verifies and attests
 // proposals, and takes the round over when the validators ahead of it stay silent.
 func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) error {
-	v.enter(phaseFollowing, base.Round+1)
+	v.enter(PhaseFollowing, base.Round+1)
 	r := base.Round + 1
 	if l, locked := v.locks[r]; locked {
 		return v.awaitQuorum(ctx, in, r, l)
 	}
-	changed := v.tips.Changed()
-	if cur, _ := v.tips.Current(); !cur.Equals(baseID) {
+	changed := v.Tips.Changed()
+	if cur, _ := v.Tips.Current(); !cur.Equals(baseID) {
 		return errHeadMoved // before changed was taken: it would not fire for that move
 	}
-	expect := time.Now().Add(leaseWait) // when a validator ahead must have shown progress by
+	expect := time.Now().Add(LeaseWait) // when a validator ahead must have shown progress by
 	if !v.signedByAll(baseID, order[:rank]) {
 		// A validator ahead has not signed the base here: it may still be recomputing the
 		// base's merge, and it cannot lead before it has. This validator's own last merge
 		// tells how long that takes (twice, for a slower machine); its attestation, when it
 		// comes, restarts the clock (waiting).
-		expect = expect.Add(min(2*v.mergeTook, v.cfg.Lease.RoundTimeout))
+		expect = expect.Add(min(2*v.mergeTook, v.Config.Lease.RoundTimeout))
 	}
-	silentAt := func() time.Time { return expect.Add(time.Duration(rank-1) * takeoverStep) }
+	silentAt := func() time.Time { return expect.Add(time.Duration(rank-1) * TakeoverStep) }
 	// active is the rank of the validator ahead that leads the round now (a takeover
 	// restarts the clock); stuckAt is when it will have had its stuckRounds round timeouts.
-	active, stuckAt := 0, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout)
+	active, stuckAt := 0, time.Now().Add(stuckRounds*v.Config.Lease.RoundTimeout)
 	passOver := v.canPassOverHeardLeader()
 	takeoverAt := func() time.Time {
 		at := silentAt()
-		if s := stuckAt.Add(time.Duration(rank-active-1) * takeoverStep); passOver && s.Before(at) {
+		if s := stuckAt.Add(time.Duration(rank-active-1) * TakeoverStep); passOver && s.Before(at) {
 			at = s
 		}
 		return at
@@ -94,13 +96,13 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 		lastHeard = time.Now()
 		if k := slices.Index(order, l.From); k > active {
 			// A validator ahead took the round over: it gets its own time.
-			active, stuckAt, granted = k, time.Now().Add(stuckRounds*v.cfg.Lease.RoundTimeout), false
+			active, stuckAt, granted = k, time.Now().Add(stuckRounds*v.Config.Lease.RoundTimeout), false
 			reset()
 		}
 		if len(l.Msg.Leases) > 0 && l.From == order[active] {
 			granted = true
 		}
-		if d := time.UnixMilli(l.Msg.Deadline).Add(leaseGrace); d.After(expect) {
+		if d := time.UnixMilli(l.Msg.Deadline).Add(LeaseGrace); d.After(expect) {
 			expect = d
 			reset()
 		}
@@ -112,7 +114,7 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 	// has taken seconds. The leader is not silent, it did not know yet: its time starts now.
 	waiting := func() {
 		lastHeard = time.Now()
-		if d := time.Now().Add(leaseWait); d.After(expect) {
+		if d := time.Now().Add(LeaseWait); d.After(expect) {
 			expect = d
 			reset()
 		}
@@ -144,7 +146,7 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 			if v.waitingForFleet(granted) {
-				stuckAt = time.Now().Add(stuckRounds * v.cfg.Lease.RoundTimeout)
+				stuckAt = time.Now().Add(stuckRounds * v.Config.Lease.RoundTimeout)
 			}
 		case c := <-in.Contributions:
 			v.noteSpeed(c.From, c.Msg)
@@ -181,7 +183,7 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 			}
 			if len(v.trainers.live()) == 0 {
 				// Nothing to lead without trainers.
-				expect = time.Now().Add(leaseWait)
+				expect = time.Now().Add(LeaseWait)
 				if stuckAt.Before(expect) {
 					stuckAt = expect
 				}
@@ -189,23 +191,23 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 				continue
 			}
 			if time.Now().Before(silentAt()) && v.waitingForFleet(granted) {
-				stuckAt = time.Now().Add(stuckRounds * v.cfg.Lease.RoundTimeout)
+				stuckAt = time.Now().Add(stuckRounds * v.Config.Lease.RoundTimeout)
 				reset()
 				continue
 			}
 			if time.Now().Before(silentAt()) {
-				v.log.Warn("the leader is heard but has brought no head to quorum; taking the round over", "round", r, "rank", rank,
-					"leader", order[active], "waited", (stuckRounds * v.cfg.Lease.RoundTimeout).String())
-				v.status.event("takeover", "round %d: %s was heard but brought no head to quorum in %d round timeouts; taking the round over (rank %d)",
+				v.Log.Warn("the leader is heard but has brought no head to quorum; taking the round over", "round", r, "rank", rank,
+					"leader", order[active], "waited", (stuckRounds * v.Config.Lease.RoundTimeout).String())
+				v.Sink.Event("takeover", "round %d: %s was heard but brought no head to quorum in %d round timeouts; taking the round over (rank %d)",
 					r, order[active], stuckRounds, rank)
 			} else {
 				lastAgo := "never"
 				if !lastHeard.IsZero() {
 					lastAgo = time.Since(lastHeard).Round(time.Millisecond).String()
 				}
-				v.log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0],
+				v.Log.Warn("the validators ahead are silent; taking the round over", "round", r, "rank", rank, "leader", order[0],
 					"last_heard_ago", lastAgo, "late_by", time.Since(silentAt()).Round(time.Millisecond).String())
-				v.status.event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
+				v.Sink.Event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
 			}
 			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
 		}
@@ -215,7 +217,7 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 // signedByAll says whether every validator in vs has signed the head id as this validator
 // holds it (its own signature and those gathered by gossip so far).
 func (v *validator) signedByAll(id cid.Cid, vs []string) bool {
-	sh, _, err := v.heads.Get(id)
+	sh, _, err := v.Heads.Get(id)
 	if err != nil {
 		return false
 	}
@@ -243,7 +245,7 @@ func baseStillOpen(h bus.Received[gossip.Head], baseID cid.Cid, ahead []string) 
 // leader could start the round either. Its stuck clock (stuckRounds round timeouts) then
 // counts only from when enough trainers are heard.
 func (v *validator) waitingForFleet(granted bool) bool {
-	return !granted && len(v.trainers.live()) < v.cfg.Lease.MinGroup
+	return !granted && len(v.trainers.live()) < v.Config.Lease.MinGroup
 }
 
 // canPassOverHeardLeader says whether a follower may take over from a leader that is still
@@ -252,7 +254,7 @@ func (v *validator) waitingForFleet(granted bool) bool {
 // leader. With two validators and quorum 2, say, a takeover could only leave both locked
 // to their own proposals, and the round would never close.
 func (v *validator) canPassOverHeardLeader() bool {
-	n, q := len(v.validators), v.cfg.Experiment.Quorum
+	n, q := len(v.Validators), v.Config.Experiment.Quorum
 	return 2*q > n && n-1 >= q
 }
 
@@ -260,14 +262,14 @@ func (v *validator) canPassOverHeardLeader() bool {
 // head by recomputing it, and signs it when it matches and this validator has signed no
 // other head for that round.
 func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.Head) {
-	if m.Proposal == nil || from == v.self || !v.isValidator(from) {
+	if m.Proposal == nil || from == v.Self || !v.isValidator(from) {
 		return
 	}
 	h, err := m.Signed.Decode()
 	if err != nil {
 		return
 	}
-	baseID, base := v.tips.Current()
+	baseID, base := v.Tips.Current()
 	id := m.Signed.ID()
 	if h.Round == 0 {
 		if base == nil {
@@ -280,19 +282,19 @@ func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.
 	}
 	if l, locked := v.locks[h.Round]; locked {
 		if !l.id.Equals(id) {
-			v.log.Info("not attesting a second head for the round", "round", h.Round, "proposer", from, "signed", l.id.String())
+			v.Log.Info("not attesting a second head for the round", "round", h.Round, "proposer", from, "signed", l.id.String())
 		}
 		return
 	}
-	vctx, cancel := context.WithTimeout(ctx, v.cfg.Lease.RoundTimeout)
+	vctx, cancel := context.WithTimeout(ctx, v.Config.Lease.RoundTimeout)
 	defer cancel()
 	verifyStart := time.Now()
 	err = v.verifyProposal(vctx, from, baseID, base, m, id)
 	v.mergeTook = time.Since(verifyStart)
 	if err != nil {
-		v.log.Warn("proposal failed verification; not attesting", "round", h.Round, "proposer", from, "head", id.String(), "err", err)
-		v.status.event("verify", "round %d: proposal %s by %s failed verification: %v", h.Round, shortCID(id.String()), from, err)
-		v.metrics.rejected("bad_proposal")
+		v.Log.Warn("proposal failed verification; not attesting", "round", h.Round, "proposer", from, "head", id.String(), "err", err)
+		v.Sink.Event("verify", "round %d: proposal %s by %s failed verification: %v", h.Round, cids.Short(id.String()), from, err)
+		v.Sink.Rejected("bad_proposal")
 		return
 	}
 	v.signAndAttest(ctx, from, m, h, id)
@@ -302,18 +304,18 @@ func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.
 // what can be checked without the workload: the policy, the dataset plan and an empty
 // ledger. (The initial parameters are the maker's choice, like a model's seed.)
 func (v *validator) attestGenesis(ctx context.Context, from string, m *gossip.Head, h *chain.Head, id cid.Cid) {
-	vs := slices.Clone(v.validators)
+	vs := slices.Clone(v.Validators)
 	slices.Sort(vs)
-	want := round.GenesisLedger(v.data.planID, len(v.data.plan.Shards))
+	want := round.GenesisLedger(v.PlanID, len(v.Plan.Shards))
 	switch {
 	case from != vs[0]:
-		v.log.Warn("genesis from a validator that does not make it; ignoring", "from", from, "maker", vs[0])
+		v.Log.Warn("genesis from a validator that does not make it; ignoring", "from", from, "maker", vs[0])
 		return
-	case h.Policy != v.merger.Policy.Record():
-		v.log.Warn("genesis with another merge policy; not attesting", "from", from, "policy", h.Policy)
+	case h.Policy != v.Merger.Policy.Record():
+		v.Log.Warn("genesis with another merge policy; not attesting", "from", from, "policy", h.Policy)
 		return
 	case h.Ledger.Plan != want.Plan || h.Ledger.Shards != want.Shards || lease.Count(h.Ledger) != 0 || h.Ledger.Epoch != 0:
-		v.log.Warn("genesis for another dataset plan; not attesting", "from", from, "plan", h.Ledger.Plan, "want", want.Plan)
+		v.Log.Warn("genesis for another dataset plan; not attesting", "from", from, "plan", h.Ledger.Plan, "want", want.Plan)
 		return
 	}
 	if _, locked := v.locks[0]; locked {
@@ -326,31 +328,31 @@ func (v *validator) attestGenesis(ctx context.Context, from string, m *gossip.He
 // and publishes the attestation.
 func (v *validator) signAndAttest(ctx context.Context, from string, m *gossip.Head, h *chain.Head, id cid.Cid) {
 	hint, _ := peer.Decode(from)
-	if err := v.fetchHeadArtifacts(ctx, h, hint); err != nil {
-		v.log.Warn("cannot fetch the proposed head's artifacts; not attesting", "round", h.Round, "proposer", from, "err", err)
+	if err := v.FetchHead(ctx, h, hint); err != nil {
+		v.Log.Warn("cannot fetch the proposed head's artifacts; not attesting", "round", h.Round, "proposer", from, "err", err)
 		return
 	}
-	sig, err := chain.Sign(v.key, id)
+	sig, err := chain.Sign(v.Key, id)
 	if err != nil {
-		v.log.Error("sign attestation", "err", err)
+		v.Log.Error("sign attestation", "err", err)
 		return
 	}
 	signed := chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
 	signed.Add(sig)
 	if err := v.lock(h.Round, lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Notes: m.Notes, Proposal: m.Proposal}}); err != nil {
-		v.log.Error("not attesting: the signing lock cannot be recorded", "round", h.Round, "proposer", from, "err", err)
-		v.status.event("verify", "round %d: not attesting %s: %v", h.Round, shortCID(id.String()), err)
+		v.Log.Error("not attesting: the signing lock cannot be recorded", "round", h.Round, "proposer", from, "err", err)
+		v.Sink.Event("verify", "round %d: not attesting %s: %v", h.Round, cids.Short(id.String()), err)
 		return
 	}
-	if err := v.tips.SetNotes(id, h.Round, m.Notes); err != nil {
-		v.log.Warn("store round notes", "round", h.Round, "err", err)
+	if err := v.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
+		v.Log.Warn("store round notes", "round", h.Round, "err", err)
 	}
-	if _, err := v.tips.Offer(&signed); err != nil {
-		v.log.Warn("store attested head", "round", h.Round, "err", err)
+	if _, err := v.Tips.Offer(&signed); err != nil {
+		v.Log.Warn("store attested head", "round", h.Round, "err", err)
 	}
-	v.log.Info("attested head", "round", h.Round, "head", id.String(), "proposer", from)
-	if err := v.bus.Publish(ctx, &gossip.Attestation{Experiment: v.cfg.Experiment.ID, Head: id.Bytes(), Round: h.Round, Sig: sig}); err != nil {
-		v.log.Warn("publish attestation", "round", h.Round, "err", err)
+	v.Log.Info("attested head", "round", h.Round, "head", id.String(), "proposer", from)
+	if err := v.Bus.Publish(ctx, &gossip.Attestation{Experiment: v.Config.Experiment.ID, Head: id.Bytes(), Round: h.Round, Sig: sig}); err != nil {
+		v.Log.Warn("publish attestation", "round", h.Round, "err", err)
 	}
 }
 
@@ -377,13 +379,13 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			return fmt.Errorf("delta %s of %s was merged in an earlier round", delta, c.Peer)
 		}
 		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
-			Probation: onProbation(merges, c.Peer)})
+			Probation: OnProbation(merges, c.Peer)})
 	}
 	// The updates are fetched side by side (one after another they took the sum of the
 	// transfers), from the proposer as well as their trainers: the proposer holds every one
 	// it merged, and a trainer's home uplink need not carry its update once per validator.
 	var proposer []peer.ID
-	if p, err := peer.Decode(from); err == nil && from != v.self {
+	if p, err := peer.Decode(from); err == nil && from != v.Self {
 		proposer = append(proposer, p)
 	}
 	fetch, fctx := errgroup.WithContext(ctx)
@@ -394,7 +396,7 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			hints = append(hints, p)
 		}
 		fetch.Go(func() error {
-			if err := v.bus.Fetch(fctx, c.Delta, hints...); err != nil {
+			if err := v.Bus.Fetch(fctx, c.Delta, hints...); err != nil {
 				return fmt.Errorf("fetch delta %s of %s: %w", c.Delta, c.Peer, err)
 			}
 			return nil
@@ -403,5 +405,5 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 	if err := fetch.Wait(); err != nil {
 		return err
 	}
-	return v.merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
+	return v.Merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
 }

@@ -1,9 +1,10 @@
-package node
+package validator
 
 import (
 	"math"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/dataset"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
@@ -14,19 +15,19 @@ import (
 // where the rule cannot be checked, the leader logs it once (and again when the answer
 // changes, say as trainers join) and leases as configured.
 func (v *validator) windowShare(trainers int) int {
-	size := windowSize(v.cfg, v.data, trainers)
+	size := windowSize(v.Config, v.Plan, trainers)
 	w := lease.WindowShare(size)
 	v.logWindow(size, w)
 	return w.Share
 }
 
 // windowSize gathers what lease.WindowShare needs from the config and the plan.
-func windowSize(cfg *config.Config, data *dataState, trainers int) lease.WindowSize {
+func windowSize(cfg *config.Config, plan *dataset.Plan, trainers int) lease.WindowSize {
 	s := lease.WindowSize{PerTrainer: cfg.Lease.MicroshardsPerTrainer, InnerSteps: cfg.Protocol.InnerSteps,
 		SamplesPerStep: samplesPerStep(cfg), Trainers: trainers}
-	if data != nil && data.plan != nil {
-		s.Shards = len(data.plan.Shards)
-		for _, sh := range data.plan.Shards {
+	if plan != nil {
+		s.Shards = len(plan.Shards)
+		for _, sh := range plan.Shards {
 			s.Examples += sh.Examples
 		}
 	}
@@ -78,23 +79,23 @@ func (v *validator) logWindow(s lease.WindowSize, w lease.Window) {
 	}
 	switch {
 	case w.Need == 0:
-		v.log.Info("leases sized by lease.microshards_per_trainer alone: a window's samples are unknown "+
+		v.Log.Info("leases sized by lease.microshards_per_trainer alone: a window's samples are unknown "+
 			"(set lease.samples_per_step, or workload.config.batch_size, and give the dataset example counts)",
 			"microshards_per_trainer", s.PerTrainer, "inner_steps", s.InnerSteps, "samples_per_step", s.SamplesPerStep,
 			"plan_microshards", s.Shards, "plan_examples", s.Examples)
 	case w.Repeats() && n.warned:
-		v.log.Debug("a window still repeats its leased examples", "microshards", w.Share, "microshards_a_window_needs", w.Need,
+		v.Log.Debug("a window still repeats its leased examples", "microshards", w.Share, "microshards_a_window_needs", w.Need,
 			"trainers", n.trainers)
 	case w.Repeats():
 		v.window.warned = true
-		v.log.Warn("a window repeats its leased examples: the epoch does not hold a window's microshards for every trainer, "+
+		v.Log.Warn("a window repeats its leased examples: the epoch does not hold a window's microshards for every trainer, "+
 			"so leases stay lease.microshards_per_trainer; lower protocol.inner_steps or lease.samples_per_step "+
 			"(workload.config.batch_size), or use a larger dataset or fewer trainers",
 			"microshards_per_trainer", s.PerTrainer, "microshards_a_window_needs", w.Need, "trainers", n.trainers,
 			"plan_microshards", s.Shards, "inner_steps", s.InnerSteps, "samples_per_step", s.SamplesPerStep,
 			"examples_per_microshard", examples, "passes_per_window", float64(s.InnerSteps)*float64(s.SamplesPerStep)/(examples*float64(w.Share)))
 	case w.Share > s.PerTrainer:
-		v.log.Info("leasing more microshards than lease.microshards_per_trainer: a window's samples need them",
+		v.Log.Info("leasing more microshards than lease.microshards_per_trainer: a window's samples need them",
 			"microshards", w.Share, "microshards_per_trainer", s.PerTrainer, "inner_steps", s.InnerSteps,
 			"samples_per_step", s.SamplesPerStep, "examples_per_microshard", examples, "trainers", n.trainers)
 	}

@@ -1,0 +1,69 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/validator"
+)
+
+// validatorLoop is the validator role (package validator) wired to this node: its merger
+// logs each stage, its trainer paces come from and go to the checkpoint keeper, and its
+// signing locks are restored before it runs.
+func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error) {
+	return func(s *startup) (func(context.Context) error, error) {
+		mlog := e.log.With("component", "merge")
+		p := validator.Params{
+			Config: e.cfg, Self: e.self, Key: e.key, Validators: e.validators,
+			Bus: e.bus, Tips: e.tips, Heads: e.heads, Store: e.store,
+			Merger: &round.Merger{Store: e.store, Policy: s.policy, Observe: func(stage string, d time.Duration) {
+				mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
+			}},
+			FetchHead: e.fetchHeadArtifacts, Sink: validatorSink{e}, Log: e.log,
+		}
+		if e.rt != nil {
+			p.Runtime = e.rt
+		}
+		if e.data != nil {
+			p.Plan, p.PlanID = e.data.plan, e.data.planID
+		}
+		if e.keeper != nil {
+			p.Paces, p.TrackPaces = e.keeper.restoredPaces(), e.keeper.trackPaces
+		}
+		v, err := validator.New(p)
+		if err != nil {
+			return nil, err
+		}
+		return v.Run, nil
+	}
+}
+
+// validatorSink puts what the validator role does on the status page and the metrics.
+type validatorSink struct{ e *env }
+
+// Status changes a copy of the validator's status and publishes the copy, so a snapshot
+// being read is never changed under its reader.
+func (s validatorSink) Status(fn func(vs *validator.Status)) {
+	s.e.status.update(func(st *Status) {
+		var vs validator.Status
+		if st.Validator != nil {
+			vs = *st.Validator
+		}
+		fn(&vs)
+		st.Validator = &vs
+	})
+}
+
+func (s validatorSink) Event(kind, format string, args ...any) {
+	s.e.status.event(kind, format, args...)
+}
+func (s validatorSink) Rejected(reason string)    { s.e.metrics.rejected(reason) }
+func (s validatorSink) LeaseEnded(how string)     { s.e.metrics.leaseEnded(how) }
+func (s validatorSink) MetricDropped(name string) { s.e.metrics.metricDropped(name) }
+
+func (s validatorSink) RoundClosed(took time.Duration, merged int, notes *chain.Notes) {
+	s.e.metrics.roundClosed(took, merged)
+	s.e.metrics.roundSplit(notes)
+}
