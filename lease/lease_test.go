@@ -210,6 +210,17 @@ func TestLeaseCheck(t *testing.T) {
 		})
 	}
 	require.NotEqual(t, ok.ID(), (&Lease{Round: 5, Base: baseID.Bytes(), Trainer: "u", Microshards: []uint32{1, 2}, Issuer: "v"}).ID())
+
+	// A ledger whose bitmap is shorter than its shard count (a head built in memory, not
+	// decoded) leases nothing past the bitmap, and panics nowhere.
+	short := &chain.Head{Round: 4, Ledger: chain.Ledger{Plan: "plan", Shards: 16, Consumed: []byte{0x01}}}
+	require.NoError(t, ok.Check(baseID, short))
+	beyond := ok
+	beyond.Microshards = []uint32{8}
+	require.ErrorIs(t, beyond.Check(baseID, short), ErrInvalid)
+	require.Equal(t, []uint32{1, 2, 3, 4, 5, 6, 7}, Available(short.Ledger))
+	// Nor one with more bits set than shards.
+	require.Equal(t, []uint32{}, Available(chain.Ledger{Shards: 4, Consumed: []byte{0xff}}))
 }
 
 func TestStepsScaleWithCapacity(t *testing.T) {

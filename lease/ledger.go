@@ -17,11 +17,19 @@ func NewLedger(planID string, shards int) chain.Ledger {
 	return chain.Ledger{Plan: planID, Shards: uint32(shards), Consumed: make([]byte, (shards+7)/8)}
 }
 
-func consumed(l chain.Ledger, i uint32) bool { return l.Consumed[i/8]&(1<<(i%8)) != 0 }
+// consumed reports whether microshard i is consumed this epoch. A bit beyond the bitmap (a
+// ledger whose bitmap is shorter than Shards says, which chain.Head's decoding rejects)
+// counts as consumed: never leased, never a panic.
+func consumed(l chain.Ledger, i uint32) bool {
+	if int(i/8) >= len(l.Consumed) {
+		return true
+	}
+	return l.Consumed[i/8]&(1<<(i%8)) != 0
+}
 
 // Available lists, in ascending order, the microshards of the current epoch not yet consumed.
 func Available(l chain.Ledger) []uint32 {
-	out := make([]uint32, 0, int(l.Shards)-Count(l))
+	out := make([]uint32, 0, max(0, int(l.Shards)-Count(l)))
 	for i := uint32(0); i < l.Shards; i++ {
 		if !consumed(l, i) {
 			out = append(out, i)
