@@ -38,16 +38,23 @@ func TestLMLearningCheck(t *testing.T) {
 		preset = "small"
 	}
 	// P2PNODE_LM_CHECK_WORKLOAD=digits runs the same comparison on the digits MLP (its
-	// held-out accuracy is compared instead of the loss; no preset).
+	// held-out accuracy is compared instead of the loss; no preset), =charlm on the charlm
+	// GRU (its held-out loss, at the workload's own settings; no preset).
 	workload, metric := demo.WorkloadLM, "loss"
-	if os.Getenv("P2PNODE_LM_CHECK_WORKLOAD") == demo.WorkloadDigits {
+	switch os.Getenv("P2PNODE_LM_CHECK_WORKLOAD") {
+	case demo.WorkloadDigits:
 		workload, metric, preset = demo.WorkloadDigits, "accuracy", ""
+	case demo.WorkloadCharLM:
+		workload, preset = demo.WorkloadCharLM, ""
 	}
 	seed := int64(env("P2PNODE_LM_CHECK_SEED", 1))
 	rounds, h := env("P2PNODE_LM_CHECK_ROUNDS", 10), env("P2PNODE_LM_CHECK_H", 50)
 	wcfg := map[string]any{"preset": preset}
-	if workload == demo.WorkloadDigits {
+	switch workload {
+	case demo.WorkloadDigits:
 		wcfg = map[string]any{"hidden": 128, "batch_size": 32, "lr": 0.001}
+	case demo.WorkloadCharLM:
+		wcfg = map[string]any{}
 	}
 	if b := env("P2PNODE_LM_CHECK_BATCH", 0); b > 0 {
 		wcfg["batch_size"] = b
