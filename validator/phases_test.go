@@ -1,0 +1,397 @@
+package validator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/bus"
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/headsync"
+	"github.com/p2pnode/p2pnode/internal/testenv"
+	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/synth"
+)
+
+// phaseSink is a testSink that also records every phase the validator enters, in order.
+type phaseSink struct {
+	testSink
+	pmu    sync.Mutex
+	phases []Phase
+}
+
+func (s *phaseSink) Status(fn func(*Status)) {
+	s.testSink.Status(func(st *Status) {
+		fn(st)
+		if p := st.Phase; p != nil {
+			s.pmu.Lock()
+			if n := len(s.phases); n == 0 || s.phases[n-1] != *p {
+				s.phases = append(s.phases, *p)
+			}
+			s.pmu.Unlock()
+		}
+	})
+}
+
+// walk is the phases entered, as "name round", consecutive repeats folded.
+func (s *phaseSink) walk() []string {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	var out []string
+	for _, p := range s.phases {
+		if e := fmt.Sprintf("%s %d", p.Name, p.Round); len(out) == 0 || out[len(out)-1] != e {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// shardPaths resolves a plan's microshards to the shard store's files (the node's
+// dataState does this for the trainer).
+type shardPaths struct {
+	plan   *dataset.Plan
+	shards *dataset.ShardStore
+}
+
+func (s shardPaths) Paths(ctx context.Context, microshards []uint32) ([]string, error) {
+	var out []string
+	for _, i := range microshards {
+		p, err := s.shards.Paths(ctx, s.plan.Shards[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p...)
+	}
+	return out, nil
+}
+
+// phaseSwarm is validators on one in-memory network, with the synthetic workload's
+// dataset and model and one artifact store between them (the tests are about the
+// validators' phases, not about moving artifacts), and a trainer the test plays.
+type phaseSwarm struct {
+	t       *testing.T
+	ctx     context.Context
+	dir     string
+	cfg     config.Config
+	plan    *dataset.Plan
+	shards  *dataset.ShardStore
+	store   *artifact.Store
+	rt      *synth.Runtime
+	policy  round.Policy
+	trainer string
+	nodes   []*phaseNode
+	// published is every message a validator published, for the test to read.
+	published chan published
+}
+
+type published struct {
+	from string
+	msg  any
+}
+
+// phaseNode is one validator of the swarm, with the head sync that makes heads canonical
+// on it as their signatures arrive (as in a node).
+type phaseNode struct {
+	self string
+	v    *Validator
+	sync *headsync.Sync
+	sink *phaseSink
+	bus  *netBus
+	done chan error
+}
+
+// netBus carries what a validator publishes to every other validator of the swarm, as a
+// copy decoded from its encoding (as gossip would deliver it), and to the test.
+type netBus struct {
+	bus.Fanout
+	self string
+	net  *phaseSwarm
+}
+
+func (b *netBus) Publish(_ context.Context, msg any) error {
+	for _, n := range b.net.nodes {
+		if n.self == b.self {
+			continue
+		}
+		c, err := wireCopy(msg)
+		if err != nil {
+			return err
+		}
+		n.bus.Deliver(b.self, c)
+	}
+	select {
+	case b.net.published <- published{b.self, msg}:
+	default: // heartbeats the test does not read
+	}
+	return nil
+}
+
+func (b *netBus) Fetch(_ context.Context, id cid.Cid, _ ...peer.ID) error {
+	if !b.net.store.Has(id) {
+		return fmt.Errorf("fetch %s: not held", id)
+	}
+	return nil
+}
+
+// wireCopy is msg encoded and decoded again, as another node reads it.
+func wireCopy(msg any) (any, error) {
+	b, err := gossip.Encode(msg)
+	if err != nil {
+		return nil, err
+	}
+	switch msg.(type) {
+	case *gossip.Announce:
+		return gossip.DecodeAnnounce(b)
+	case *gossip.Leases:
+		return gossip.DecodeLeases(b)
+	case *gossip.Contribution:
+		return gossip.DecodeContribution(b)
+	case *gossip.Release:
+		return gossip.DecodeRelease(b)
+	case *gossip.Attestation:
+		return gossip.DecodeAttestation(b)
+	case *gossip.Head:
+		m, _, err := gossip.DecodeHead(b)
+		return m, err
+	}
+	return nil, fmt.Errorf("unknown message %T", msg)
+}
+
+func newPhaseSwarm(t *testing.T, rounds int) *phaseSwarm {
+	t.Helper()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	require.NoError(t, synth.WriteDataset(data, 6, 1))
+	m, err := dataset.Build(data, "synth", 1<<20)
+	require.NoError(t, err)
+	cfg := config.Default()
+	cfg.Experiment.ID = "phases"
+	cfg.Experiment.Rounds = rounds
+	cfg.Dataset.MicroshardBytes = 256
+	cfg.Protocol.InnerSteps = 5
+	cfg.Lease.MicroshardsPerTrainer = 2
+	cfg.Lease.MinGroup = 1
+	s := &phaseSwarm{t: t, ctx: t.Context(), dir: dir, cfg: *cfg, published: make(chan published, 256),
+		policy: round.Policy{Kind: cfg.Protocol.MergePolicy, Codec: diloco.FP32, Aggregator: merge.AggMean,
+			Outer: diloco.OuterConfig{LR: 1, Momentum: 0.5}}}
+	s.plan, err = dataset.NewPlan(m, cfg.Dataset.MicroshardBytes)
+	require.NoError(t, err)
+	s.store, err = artifact.OpenStore(filepath.Join(dir, "artifacts"), artifact.Options{})
+	require.NoError(t, err)
+	s.shards, err = dataset.NewShardStore(s.store, data, m, nil)
+	require.NoError(t, err)
+	s.rt = synth.New(filepath.Join(dir, "scratch"))
+	_, err = s.rt.Start(s.ctx)
+	require.NoError(t, err)
+	_, s.trainer = testenv.Key(t, "phase trainer")
+	return s
+}
+
+// start runs validators named names, all of them the experiment's validators, with a
+// quorum of quorum.
+func (s *phaseSwarm) start(quorum int, names ...string) {
+	t := s.t
+	t.Helper()
+	keys := map[string]crypto.PrivKey{}
+	var validators []string
+	for _, name := range names {
+		k, id := testenv.Key(t, name)
+		keys[id] = k
+		validators = append(validators, id)
+	}
+	for _, self := range validators {
+		cfg := s.cfg
+		cfg.Node.StoreDir = filepath.Join(s.dir, self)
+		require.NoError(t, os.MkdirAll(cfg.Node.StoreDir, 0o755))
+		heads, err := chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads"))
+		require.NoError(t, err)
+		n := &phaseNode{self: self, sink: &phaseSink{}, bus: &netBus{self: self, net: s}, done: make(chan error, 1)}
+		n.v, err = New(Params{Config: &cfg, Self: self, Key: keys[self], Validators: validators, Bus: n.bus,
+			Tips: chain.NewTips(heads, validators, quorum), Heads: heads, Store: s.store,
+			Merger: &round.Merger{Store: s.store, Policy: s.policy}, Runtime: s.rt, Plan: s.plan, PlanID: s.plan.ID().String(),
+			FetchHead: func(context.Context, *chain.Head, ...peer.ID) error { return nil },
+			Sink:      n.sink, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("validator", self[len(self)-6:])})
+		require.NoError(t, err)
+		n.sync = headsync.New(headsync.Params{Experiment: cfg.Experiment.ID, Self: self,
+			IsValidator: func(p string) bool { return slices.Contains(validators, p) }, Bus: n.bus, Tips: n.v.v.Tips,
+			Heads: heads, Peers: noPeers{}, FetchArtifacts: n.v.v.FetchHead, Log: n.v.v.Log})
+		s.nodes = append(s.nodes, n)
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	synced := make(chan error, len(s.nodes))
+	for _, n := range s.nodes {
+		go func() { n.done <- n.v.Run(ctx) }()
+		go func() { synced <- n.sync.Run(ctx) }()
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, n := range s.nodes {
+			require.ErrorIs(t, <-n.done, context.Canceled)
+			require.ErrorIs(t, <-synced, context.Canceled)
+		}
+	})
+}
+
+// waitFor waits until validator n has entered phase (as "name round").
+func (s *phaseSwarm) waitFor(n *phaseNode, phase string) {
+	s.t.Helper()
+	deadline := time.After(30 * time.Second)
+	for !slices.Contains(n.sink.walk(), phase) {
+		select {
+		case err := <-n.done:
+			s.t.Fatalf("validator stopped before %s: %v", phase, err)
+		case <-deadline:
+			s.t.Fatalf("no %s; phases %v", phase, n.sink.walk())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// train plays the trainer for one round: it announces itself to every validator until one
+// grants it a lease, trains its window on the lease's base and announces the contribution
+// to every validator. It returns the lease's issuer.
+func (s *phaseSwarm) train() string {
+	t := s.t
+	t.Helper()
+	var grant *gossip.Leases
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(30 * time.Second)
+	for grant == nil {
+		select {
+		case p := <-s.published:
+			if l, ok := p.msg.(*gossip.Leases); ok && len(l.Leases) > 0 {
+				grant = l
+			}
+		case <-tick.C:
+			for _, n := range s.nodes {
+				n.bus.Deliver(s.trainer, &gossip.Announce{Experiment: s.cfg.Experiment.ID, Peer: s.trainer,
+					Roles: []string{config.RoleTrainer}, Time: time.Now().UnixMilli(), Capacity: 1})
+			}
+		case <-deadline:
+			t.Fatal("no lease granted")
+		}
+	}
+	require.Len(t, grant.Leases, 1)
+	l := grant.Leases[0]
+	require.Equal(t, s.trainer, l.Trainer)
+	baseID, err := cid.Cast(l.Base)
+	require.NoError(t, err)
+	_, base, err := s.nodes[0].v.v.Heads.Get(baseID)
+	require.NoError(t, err)
+	require.NoError(t, l.Check(baseID, base))
+	work := &round.Trainer{Runtime: s.rt, Store: s.store, Shards: shardPaths{s.plan, s.shards}, Codec: s.policy.Codec}
+	res, err := work.Train(s.ctx, base, l.Microshards, int(l.Steps), 1)
+	require.NoError(t, err)
+	for _, n := range s.nodes {
+		n.bus.Deliver(s.trainer, &gossip.Contribution{Experiment: s.cfg.Experiment.ID, Round: l.Round, Base: l.Base,
+			Lease: l.ID().Bytes(), Peer: s.trainer, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss,
+			Microshards: l.Microshards, Seconds: res.Seconds, TrainSeconds: res.TrainSeconds})
+	}
+	return grant.Issuer
+}
+
+// canonical waits until every validator's canonical head is of round r, and returns it.
+func (s *phaseSwarm) canonical(r uint64) *chain.Head {
+	s.t.Helper()
+	var h *chain.Head
+	require.Eventually(s.t, func() bool {
+		for _, n := range s.nodes {
+			if _, h = n.v.v.Tips.Current(); h == nil || h.Round != r {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond, "round %d never became canonical everywhere", r)
+	return h
+}
+
+// The leader's walk through round 1 (issuing is also where it decides that the attempt's
+// contributions are in and the round closes, so it comes back to it before proposing).
+var leaderWalk = []string{"issuing 1", "collecting 1", "issuing 1", "proposing 1", "awaiting_quorum 1"}
+
+// TestLeaderWalksItsPhases: a lone validator (quorum 1) on the synthetic workload makes
+// genesis and leads round 1 through its named phases, each reported to its sink as it
+// enters it: issuing (it heard no trainer yet, so it waits), collecting (a trainer's
+// announcement got a lease), issuing again (the trainer's contribution arrived: the round
+// closes), proposing, and awaiting_quorum on its own proposal, which its signature alone
+// makes canonical. With the experiment's last round reached, it stays there.
+func TestLeaderWalksItsPhases(t *testing.T) {
+	s := newPhaseSwarm(t, 1)
+	s.start(1, "phase validator")
+	n := s.nodes[0]
+	s.waitFor(n, "issuing 1") // until the trainer is heard the leader waits, issuing
+	s.train()
+	h := s.canonical(1)
+	require.Len(t, h.Contributions, 1)
+	require.Equal(t, s.trainer, h.Contributions[0].Peer)
+	s.waitFor(n, "awaiting_quorum 1")
+	walk := n.sink.walk()
+	require.Equal(t, leaderWalk, walk, "phases %v", walk)
+}
+
+// TestFollowerWalksItsPhases: two validators, a quorum of both. The one that makes genesis
+// (the first by peer ID) waits for the other's attestation (awaiting_quorum 0); the other
+// waits for genesis (waiting 0) and attests it. Round 1's leader walks the leader's phases;
+// the other follows (following 1), recomputes the proposal, attests it and waits for the
+// quorum with it (awaiting_quorum 1).
+func TestFollowerWalksItsPhases(t *testing.T) {
+	s := newPhaseSwarm(t, 1)
+	s.start(2, "phase validator A", "phase validator B")
+	maker, other := s.nodes[0], s.nodes[1]
+	if other.self < maker.self {
+		maker, other = other, maker
+	}
+	s.canonical(0)
+	issuer := s.train()
+	h := s.canonical(1)
+	require.Len(t, h.Contributions, 1)
+	leader, follower := maker, other
+	if issuer == other.self {
+		leader, follower = other, maker
+	}
+	s.waitFor(leader, "awaiting_quorum 1")
+	s.waitFor(follower, "awaiting_quorum 1")
+	require.Equal(t, "waiting 0", other.sink.walk()[0], "phases %v", other.sink.walk())
+	require.Equal(t, "awaiting_quorum 0", maker.sink.walk()[0], "phases %v", maker.sink.walk())
+	lw, fw := leader.sink.walk(), follower.sink.walk()
+	i := slices.Index(lw, "issuing 1")
+	require.GreaterOrEqual(t, i, 0, "leader's phases %v", lw)
+	require.Equal(t, leaderWalk, lw[i:], "leader's phases %v", lw)
+	j := slices.Index(fw, "following 1")
+	require.GreaterOrEqual(t, j, 0, "follower's phases %v", fw)
+	require.Equal(t, []string{"following 1", "awaiting_quorum 1"}, fw[j:], "follower's phases %v", fw)
+}
+
+// noPeers is a network without the chain sync protocol: heads arrive by gossip only.
+type noPeers struct{}
+
+func (noPeers) Connected() []peer.ID { return nil }
+func (noPeers) RequestTip(context.Context, peer.ID) (*chain.Fetched, error) {
+	return nil, errors.New("no chain sync here")
+}
+func (noPeers) RequestHead(context.Context, peer.ID, cid.Cid) (*chain.Fetched, error) {
+	return nil, errors.New("no chain sync here")
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
