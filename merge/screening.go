@@ -44,7 +44,8 @@ import (
 // round of one or two updates is never held to the momentum above the floor: the
 // calibrated bars learn from merged updates only, so they cannot follow honest cosines
 // that fall while nothing is merged, and a round whose every update fails them fails on
-// every retry on its base (decideCosines). Deltas on
+// every retry on its base (decideCosines); in such a round a delta of the swarm's only
+// trainer is not held to the momentum at all (SetSole). Deltas on
 // probation (SetProbation: senders the chain has not merged often enough recently) are
 // held to at least the floor once the history is warm, whatever the calibrated bar, where
 // honest updates clear the floor by far.
@@ -71,6 +72,7 @@ type Screening struct {
 	pair     bool // two survivors: their mutual cosine is computed (U summed over both)
 
 	probation []bool // deltas held to the floor once the history is warm (SetProbation)
+	sole      []bool // deltas of the only peer the recent chain merged (SetSole)
 
 	inv      []float32 // 1/‖d_k‖ of the survivors
 	unit     []float32 // U for the current block
@@ -243,18 +245,40 @@ func (s *Screening) decideNorms() {
 // calibrated bar of a converging run can fall far below zero (the digits process rows:
 // −0.45 at round 11, when three attackers came back from quarantine and their sign flips
 // and noise were merged). Call it before the cosine pass completes; nil clears it.
-func (s *Screening) SetProbation(p []bool) error {
-	if p != nil && len(p) != s.k {
-		return fmt.Errorf("screen probation: %w: %d flags for %d deltas", ErrLengthMismatch, len(p), s.k)
-	}
-	if s.finished {
-		return fmt.Errorf("screen probation: %w: cosine pass already complete", ErrBadOption)
-	}
-	s.probation = slices.Clone(p)
-	return nil
+func (s *Screening) SetProbation(p []bool) (err error) {
+	s.probation, err = s.deltaFlags("probation", p)
+	return err
 }
 
 func (s *Screening) onProbation(k int) bool { return s.probation != nil && s.probation[k] }
+
+// SetSole marks the deltas of the only peer the recent chain merged: the swarm has had one
+// trainer. In a round of one or two updates such a delta is not held to the momentum. Its
+// cosine to the momentum is mostly its base's: an honest update that points back along the
+// last steps (charlm, one node at outer lr 1: cosines of −0.05 to −0.06 from round 8 on,
+// against a floor of 0.007) is rejected on every retry on that base, and with no other
+// trainer to merge the run stalls for good. With others merged recently the delta is
+// judged as any other, so an epoch's tail in a swarm still rejects a lone sign flip. In a
+// cohort it is judged as any other too. Call it before the cosine pass completes; nil
+// clears it.
+func (s *Screening) SetSole(p []bool) (err error) {
+	s.sole, err = s.deltaFlags("sole", p)
+	return err
+}
+
+func (s *Screening) isSole(k int) bool { return s.sole != nil && s.sole[k] }
+
+// deltaFlags checks one flag per delta (nil for none), set before the cosine pass
+// completes, and copies them.
+func (s *Screening) deltaFlags(what string, p []bool) ([]bool, error) {
+	if p != nil && len(p) != s.k {
+		return nil, fmt.Errorf("screen %s: %w: %d flags for %d deltas", what, ErrLengthMismatch, len(p), s.k)
+	}
+	if s.finished {
+		return nil, fmt.Errorf("screen %s: %w: cosine pass already complete", what, ErrBadOption)
+	}
+	return slices.Clone(p), nil
+}
 
 // NeedsCosines reports, once the first pass is complete, whether a second pass
 // (AddCosines) is needed.
@@ -414,6 +438,9 @@ func (s *Screening) decideCosines() {
 			// rejected). Above the floor an update points along the momentum better than
 			// noise does, so the floor still rejects noise and sign flips where honest
 			// updates clear it.
+			if s.isSole(k) {
+				continue // the swarm's only trainer (SetSole)
+			}
 			v.Bar = min(refBar, floor)
 			if s.onProbation(k) && refProbation {
 				v.Bar = max(v.Bar, floor)

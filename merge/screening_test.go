@@ -401,6 +401,62 @@ func TestLoneSignFlipConverged(t *testing.T) {
 	}
 }
 
+// TestLoneUpdateOfTheOnlyTrainer: a swarm of one trainer (one node's run, charlm at outer
+// lr 1) made honest updates that pointed back along the last steps, −0.05 to −0.06 to the
+// momentum against a floor of 0.007, on every retry on their base: the run stalled. A
+// delta of the only peer the recent chain merged (SetSole) is not held to the momentum in
+// a round of one or two; any other lone delta still is (an epoch's tail in a swarm rejects
+// a lone sign flip, TestLoneSignFlipConverged), and in a cohort the flag changes nothing.
+func TestLoneUpdateOfTheOnlyTrainer(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	deltas, g := attackedCohort(n, 11, flipAttack)
+	back := scaled(deltas[0], -1) // an honest update pointing back along the momentum
+	hist := convergedHistory()
+	screen := func(ds [][]float32, sole []bool) []Verdict {
+		t.Helper()
+		s, err := NewScreening(cfg, hist, len(ds), n, true, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetSole(sole); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AddNorms(0, ds); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AddCosines(0, ds, g); err != nil {
+			t.Fatal(err)
+		}
+		v, err := s.Verdicts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name   string
+		deltas [][]float32
+		sole   []bool
+		want   []Reason
+	}{
+		{"lone, pointing back, others merged recently", [][]float32{back}, []bool{false}, []Reason{ReasonLowCosine}},
+		{"lone, pointing back, the only trainer", [][]float32{back}, []bool{true}, []Reason{""}},
+		{"lone, the only trainer, no flags", [][]float32{back}, nil, []Reason{ReasonLowCosine}},
+		{"pair: the only trainer's and a newcomer's flip", [][]float32{back, scaled(deltas[1], -1)}, []bool{true, false},
+			[]Reason{"", ReasonLowCosine}},
+		{"cohort: the flag changes nothing", deltas, []bool{false, false, false, false, false, false, true, false, false},
+			[]Reason{"", "", "", "", "", "", ReasonLowCosine, ReasonLowCosine, ReasonLowCosine}},
+	} {
+		v := screen(tc.deltas, tc.sole)
+		for j, want := range tc.want {
+			if v[j].Reason != want {
+				t.Errorf("%s, delta %d: %q, want %q (%+v)", tc.name, j, v[j].Reason, want, v[j])
+			}
+		}
+	}
+}
+
 // TestHonestConvergedUpdatesKept: six honest trainers over 300 rounds of a converging run
 // (pairwise cosines about 0.1 and about 0.01) lose under 2 % of their updates to
 // screening with the noise bar.
@@ -557,6 +613,16 @@ func TestSetProbationErrors(t *testing.T) {
 	}
 	if err := s.SetProbation([]bool{true, true, true}); !errors.Is(err, ErrBadOption) {
 		t.Errorf("after the cosine pass: %v, want ErrBadOption", err)
+	}
+	if err := s.SetSole([]bool{true, true, true}); !errors.Is(err, ErrBadOption) {
+		t.Errorf("sole after the cosine pass: %v, want ErrBadOption", err)
+	}
+	s, err = NewScreening(cfg, History{}, 3, 4, false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSole([]bool{true}); !errors.Is(err, ErrLengthMismatch) {
+		t.Errorf("sole: 1 flag for 3 deltas: %v, want ErrLengthMismatch", err)
 	}
 }
 

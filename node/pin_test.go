@@ -235,7 +235,8 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 			res, err := trainers[p].Train(ctx, base, l.Microshards, int(l.Steps), trainer.Seed(cfg.Experiment.Seed, r, attempt, p))
 			require.NoError(t, err, "round %d trainer %s", r, p)
 			cands = append(cands, round.Candidate{Peer: p, Delta: res.Delta, Lease: l.ID(), Samples: res.Samples,
-				Microshards: l.Microshards, Loss: res.Loss, Probation: validator.OnProbation(merges, p)})
+				Microshards: l.Microshards, Loss: res.Loss, Probation: validator.OnProbation(merges, p),
+				Sole: validator.Sole(merges, p)})
 		}
 		// Candidates reach the leader in any order; the merge sorts them by peer.
 		slices.Reverse(cands)

@@ -60,6 +60,10 @@ type Candidate struct {
 	// merge.Screening.SetProbation): the peer has not been merged often enough in recent
 	// heads to be trusted. Every validator derives it from the chain the same way.
 	Probation bool
+	// Sole says the peer is the only one merged in recent heads: the swarm has had one
+	// trainer, and a round of its update alone is not judged by direction (see
+	// merge.Screening.SetSole). Every validator derives it from the chain the same way.
+	Sole bool
 }
 
 // Rejection says why a candidate was not merged.
@@ -194,11 +198,14 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
-	probation := make([]bool, len(kept))
+	probation, sole := make([]bool, len(kept)), make([]bool, len(kept))
 	for k, c := range kept {
-		probation[k] = c.Probation
+		probation[k], sole[k] = c.Probation, c.Sole
 	}
 	if err := screen.SetProbation(probation); err != nil {
+		return nil, err
+	}
+	if err := screen.SetSole(sole); err != nil {
 		return nil, err
 	}
 	in := newInputs(srcs, n, B)

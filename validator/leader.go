@@ -202,6 +202,11 @@ const trustMerges = merge.HistoryWarmup
 // OnProbation says whether a peer with these recent merges is on probation.
 func OnProbation(merges map[string]int, peer string) bool { return merges[peer] < trustMerges }
 
+// Sole says whether peer is the only one these recent merges name: the swarm has had one
+// trainer (one node's run), and a round of its update alone is not judged by direction
+// (round.Candidate.Sole). Every validator counts the same heads, so the verdicts agree.
+func Sole(merges map[string]int, peer string) bool { return len(merges) == 1 && merges[peer] > 0 }
+
 // issue waits until the round's book says what to do next: it returns true when the round
 // should close with what it received, or false once it has granted the next attempt's
 // leases.
@@ -700,7 +705,8 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	for p, rc := range r.received {
 		delta, _ := cid.Cast(rc.msg.Delta)
 		cands = append(cands, round.Candidate{Peer: p, Delta: delta, Lease: rc.id, Samples: rc.msg.Samples,
-			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: OnProbation(r.merges, p)})
+			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: OnProbation(r.merges, p),
+			Sole: Sole(r.merges, p)})
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].Peer < cands[j].Peer })
 	var leases []lease.Lease
