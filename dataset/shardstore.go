@@ -93,6 +93,29 @@ func (s *ShardStore) Paths(ctx context.Context, ms Microshard) ([]string, error)
 	return paths, nil
 }
 
+// PlanFiles resolves a plan's microshards, by index, to their files in a shard store: what
+// a trainer hands its worker for a lease (round.ShardPaths).
+type PlanFiles struct {
+	Plan   *Plan
+	Shards *ShardStore
+}
+
+// Paths returns the files of the microshards, in order (ShardStore.Paths of each).
+func (f PlanFiles) Paths(ctx context.Context, microshards []uint32) ([]string, error) {
+	var out []string
+	for _, i := range microshards {
+		if int(i) >= len(f.Plan.Shards) {
+			return nil, fmt.Errorf("microshard %d out of range (plan has %d)", i, len(f.Plan.Shards))
+		}
+		p, err := f.Shards.Paths(ctx, f.Plan.Shards[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p...)
+	}
+	return out, nil
+}
+
 // check refuses a microshard from a plan of another manifest: its id would not match.
 func (s *ShardStore) check(ms Microshard) error {
 	for _, i := range ms.Files {

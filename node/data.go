@@ -27,18 +27,7 @@ type dataState struct {
 
 // Paths resolves microshard indices of the plan to verified local files.
 func (d *dataState) Paths(ctx context.Context, microshards []uint32) ([]string, error) {
-	var out []string
-	for _, i := range microshards {
-		if int(i) >= len(d.plan.Shards) {
-			return nil, fmt.Errorf("microshard %d out of range (plan has %d)", i, len(d.plan.Shards))
-		}
-		p, err := d.shards.Paths(ctx, d.plan.Shards[i])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p...)
-	}
-	return out, nil
+	return dataset.PlanFiles{Plan: d.plan, Shards: d.shards}.Paths(ctx, microshards)
 }
 
 // loadData reads the dataset manifest, first preparing the dataset with the workload when

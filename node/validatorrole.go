@@ -11,7 +11,8 @@ import (
 
 // validatorLoop is the validator role (package validator) wired to this node: its merger
 // logs each stage, its trainer paces come from and go to the checkpoint keeper, and its
-// signing locks are restored before it runs.
+// signing locks are restored before it runs. A node without a workload has a nil e.rt,
+// which stays nil as a validator.Runtime.
 func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error) {
 	return func(s *startup) (func(context.Context) error, error) {
 		mlog := e.log.With("component", "merge")
@@ -21,10 +22,7 @@ func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error)
 			Merger: &round.Merger{Store: e.store, Policy: s.policy, Observe: func(stage string, d time.Duration) {
 				mlog.Debug("merge stage", "stage", stage, "seconds", d.Seconds())
 			}},
-			FetchHead: e.fetchHeadArtifacts, Sink: validatorSink{e}, Log: e.log,
-		}
-		if e.rt != nil {
-			p.Runtime = e.rt
+			Runtime: e.rt, FetchHead: e.fetchHeadArtifacts, Sink: validatorSink{e}, Log: e.log,
 		}
 		if e.data != nil {
 			p.Plan, p.PlanID = e.data.plan, e.data.planID

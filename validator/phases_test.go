@@ -64,25 +64,6 @@ func (s *phaseSink) walk() []string {
 	return out
 }
 
-// shardPaths resolves a plan's microshards to the shard store's files (the node's
-// dataState does this for the trainer).
-type shardPaths struct {
-	plan   *dataset.Plan
-	shards *dataset.ShardStore
-}
-
-func (s shardPaths) Paths(ctx context.Context, microshards []uint32) ([]string, error) {
-	var out []string
-	for _, i := range microshards {
-		p, err := s.shards.Paths(ctx, s.plan.Shards[i])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p...)
-	}
-	return out, nil
-}
-
 // phaseSwarm is validators on one in-memory network, with the synthetic workload's
 // dataset and model and one artifact store between them (the tests are about the
 // validators' phases, not about moving artifacts), and a trainer the test plays.
@@ -298,7 +279,7 @@ func (s *phaseSwarm) train() string {
 	_, base, err := s.nodes[0].v.v.Heads.Get(baseID)
 	require.NoError(t, err)
 	require.NoError(t, l.Check(baseID, base))
-	work := &round.Trainer{Runtime: s.rt, Store: s.store, Shards: shardPaths{s.plan, s.shards}, Codec: s.policy.Codec}
+	work := &round.Trainer{Runtime: s.rt, Store: s.store, Shards: dataset.PlanFiles{Plan: s.plan, Shards: s.shards}, Codec: s.policy.Codec}
 	res, err := work.Train(s.ctx, base, l.Microshards, int(l.Steps), 1)
 	require.NoError(t, err)
 	for _, n := range s.nodes {
