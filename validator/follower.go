@@ -3,20 +3,14 @@ package validator
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
 	"github.com/ipfs/go-cid"
-	"github.com/libp2p/go-libp2p/core/peer"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
-	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
-	"github.com/p2pnode/p2pnode/lease"
-	"github.com/p2pnode/p2pnode/round"
 )
 
 // Failover timing (exported for the node's cluster tests): a follower expects leases
@@ -127,15 +121,13 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 		}
 	}
 	// onHead takes in a head: the base re-published by a validator ahead, or a proposal
-	// for this round to verify and attest; it returns the lock when this validator signed.
-	onHead := func(h bus.Received[gossip.Head]) (lockedHead, bool) {
+	// for this round to check (checks.go).
+	onHead := func(h bus.Received[gossip.Head]) {
 		if baseStillOpen(h, baseID, ahead) {
 			waiting()
-			return lockedHead{}, false
+			return
 		}
-		v.verifyAndAttest(ctx, h.From, h.Msg)
-		l, locked := v.locks[r]
-		return l, locked
+		v.proposed(ctx, h.From, h.Msg)
 	}
 	for {
 		select {
@@ -156,12 +148,14 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 		case a := <-in.Attestations:
 			attested(a)
 		case h := <-in.Heads:
-			if l, locked := onHead(h); locked {
-				return v.awaitQuorum(ctx, in, r, l)
+			onHead(h)
+		case res := <-v.checks.done:
+			if v.checkDone(ctx, res, r) {
+				return v.awaitQuorum(ctx, in, r, v.locks[r])
 			}
 		case <-timer.C:
 			// Grants, heartbeats, attestations and re-published proposals queued while this
-			// loop was busy (verifying a proposal, or starved of CPU) come first: a leader is
+			// loop was busy (starved of CPU) come first: a leader is
 			// silent only if nothing of it arrived, not because nothing was read.
 			for drained := false; !drained; {
 				select {
@@ -170,12 +164,17 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 				case a := <-in.Attestations:
 					attested(a)
 				case h := <-in.Heads:
-					if l, locked := onHead(h); locked {
-						return v.awaitQuorum(ctx, in, r, l)
-					}
+					onHead(h)
 				default:
 					drained = true
 				}
+			}
+			if v.checks.busy(r) {
+				// A proposal of the round is being checked: no takeover before its verdict (the
+				// timer looks again in LeaseGrace).
+				timer.Stop()
+				timer = time.NewTimer(LeaseGrace)
+				continue
 			}
 			if time.Now().Before(takeoverAt()) {
 				reset()
@@ -229,9 +228,6 @@ func (v *validator) signedByAll(id cid.Cid, vs []string) bool {
 	return true
 }
 
-// maxVerifyFetches bounds the updates a validator fetches at once to verify a proposal.
-const maxVerifyFetches = 16
-
 // baseStillOpen says whether h is the base's proposal re-published by a validator ahead:
 // that validator has not seen the base reach its quorum yet (awaitQuorum re-publishes it
 // with the signatures gathered so far; head sync sends this validator's attestation again
@@ -256,154 +252,4 @@ func (v *validator) waitingForFleet(granted bool) bool {
 func (v *validator) canPassOverHeardLeader() bool {
 	n, q := len(v.Validators), v.Config.Experiment.Quorum
 	return 2*q > n && n-1 >= q
-}
-
-// verifyAndAttest checks another validator's proposal for the round after the canonical
-// head by recomputing it, and signs it when it matches and this validator has signed no
-// other head for that round.
-func (v *validator) verifyAndAttest(ctx context.Context, from string, m *gossip.Head) {
-	if m.Proposal == nil || from == v.Self || !v.isValidator(from) {
-		return
-	}
-	h, err := m.Signed.Decode()
-	if err != nil {
-		return
-	}
-	baseID, base := v.Tips.Current()
-	id := m.Signed.ID()
-	if h.Round == 0 {
-		if base == nil {
-			v.attestGenesis(ctx, from, m, h, id)
-		}
-		return
-	}
-	if base == nil || h.Round != base.Round+1 || !slices.Equal(h.Parent, baseID.Bytes()) {
-		return // not for the open round; head sync deals with heads of other rounds
-	}
-	if l, locked := v.locks[h.Round]; locked {
-		if !l.id.Equals(id) {
-			v.Log.Info("not attesting a second head for the round", "round", h.Round, "proposer", from, "signed", l.id.String())
-		}
-		return
-	}
-	vctx, cancel := context.WithTimeout(ctx, v.Config.Lease.RoundTimeout)
-	defer cancel()
-	verifyStart := time.Now()
-	err = v.verifyProposal(vctx, from, baseID, base, m, id)
-	v.mergeTook = time.Since(verifyStart)
-	if err != nil {
-		v.Log.Warn("proposal failed verification; not attesting", "round", h.Round, "proposer", from, "head", id.String(), "err", err)
-		v.Sink.Event("verify", "round %d: proposal %s by %s failed verification: %v", h.Round, cids.Short(id.String()), from, err)
-		v.Sink.Rejected("bad_proposal")
-		return
-	}
-	v.signAndAttest(ctx, from, m, h, id)
-}
-
-// attestGenesis signs the genesis proposed by the validator that makes it, after checking
-// what can be checked without the workload: the policy, the dataset plan and an empty
-// ledger. (The initial parameters are the maker's choice, like a model's seed.)
-func (v *validator) attestGenesis(ctx context.Context, from string, m *gossip.Head, h *chain.Head, id cid.Cid) {
-	vs := slices.Clone(v.Validators)
-	slices.Sort(vs)
-	want := round.GenesisLedger(v.PlanID, len(v.Plan.Shards))
-	switch {
-	case from != vs[0]:
-		v.Log.Warn("genesis from a validator that does not make it; ignoring", "from", from, "maker", vs[0])
-		return
-	case h.Policy != v.Merger.Policy.Record():
-		v.Log.Warn("genesis with another merge policy; not attesting", "from", from, "policy", h.Policy)
-		return
-	case h.Ledger.Plan != want.Plan || h.Ledger.Shards != want.Shards || lease.Count(h.Ledger) != 0 || h.Ledger.Epoch != 0:
-		v.Log.Warn("genesis for another dataset plan; not attesting", "from", from, "plan", h.Ledger.Plan, "want", want.Plan)
-		return
-	}
-	if _, locked := v.locks[0]; locked {
-		return
-	}
-	v.signAndAttest(ctx, from, m, h, id)
-}
-
-// signAndAttest signs a verified head, locks this validator to it for its round, stores it
-// and publishes the attestation.
-func (v *validator) signAndAttest(ctx context.Context, from string, m *gossip.Head, h *chain.Head, id cid.Cid) {
-	hint, _ := peer.Decode(from)
-	if err := v.FetchHead(ctx, h, hint); err != nil {
-		v.Log.Warn("cannot fetch the proposed head's artifacts; not attesting", "round", h.Round, "proposer", from, "err", err)
-		return
-	}
-	sig, err := chain.Sign(v.Key, id)
-	if err != nil {
-		v.Log.Error("sign attestation", "err", err)
-		return
-	}
-	signed := chain.SignedHead{Head: m.Signed.Head, Sigs: slices.Clone(m.Signed.Sigs)}
-	signed.Add(sig)
-	if err := v.lock(h.Round, lockedHead{id: id, msg: &gossip.Head{Experiment: m.Experiment, Signed: signed, Notes: m.Notes, Proposal: m.Proposal}}); err != nil {
-		v.Log.Error("not attesting: the signing lock cannot be recorded", "round", h.Round, "proposer", from, "err", err)
-		v.Sink.Event("verify", "round %d: not attesting %s: %v", h.Round, cids.Short(id.String()), err)
-		return
-	}
-	if err := v.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
-		v.Log.Warn("store round notes", "round", h.Round, "err", err)
-	}
-	if _, err := v.Tips.Offer(&signed); err != nil {
-		v.Log.Warn("store attested head", "round", h.Round, "err", err)
-	}
-	v.Log.Info("attested head", "round", h.Round, "head", id.String(), "proposer", from)
-	if err := v.Bus.Publish(ctx, &gossip.Attestation{Experiment: v.Config.Experiment.ID, Head: id.Bytes(), Round: h.Round, Sig: sig}); err != nil {
-		v.Log.Warn("publish attestation", "round", h.Round, "err", err)
-	}
-}
-
-// verifyProposal recomputes a proposal: leases granted by the proposer on the right base,
-// no replayed deltas, and the same merge result.
-func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.Cid, base *chain.Head, m *gossip.Head, id cid.Cid) error {
-	for _, l := range m.Proposal.Leases {
-		if l.Issuer != from {
-			return fmt.Errorf("%w: a lease for %s was issued by %s, not the proposer", lease.ErrInvalid, l.Trainer, l.Issuer)
-		}
-	}
-	recent, merges := v.recentMerges(baseID)
-	cands := make([]round.Candidate, 0, len(m.Proposal.Candidates))
-	for _, c := range m.Proposal.Candidates {
-		delta, err := cid.Cast(c.Delta)
-		if err != nil {
-			return err
-		}
-		lid, err := cid.Cast(c.Lease)
-		if err != nil {
-			return err
-		}
-		if recent[delta] {
-			return fmt.Errorf("delta %s of %s was merged in an earlier round", delta, c.Peer)
-		}
-		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
-			Probation: OnProbation(merges, c.Peer), Sole: Sole(merges, c.Peer)})
-	}
-	// The updates are fetched side by side (one after another they took the sum of the
-	// transfers), from the proposer as well as their trainers: the proposer holds every one
-	// it merged, and a trainer's home uplink need not carry its update once per validator.
-	var proposer []peer.ID
-	if p, err := peer.Decode(from); err == nil && from != v.Self {
-		proposer = append(proposer, p)
-	}
-	fetch, fctx := errgroup.WithContext(ctx)
-	fetch.SetLimit(maxVerifyFetches)
-	for _, c := range cands {
-		hints := slices.Clone(proposer)
-		if p, err := peer.Decode(c.Peer); err == nil {
-			hints = append(hints, p)
-		}
-		fetch.Go(func() error {
-			if err := v.Bus.Fetch(fctx, c.Delta, hints...); err != nil {
-				return fmt.Errorf("fetch delta %s of %s: %w", c.Delta, c.Peer, err)
-			}
-			return nil
-		})
-	}
-	if err := fetch.Wait(); err != nil {
-		return err
-	}
-	return v.Merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
 }

@@ -125,19 +125,24 @@ func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, bas
 		if err == nil && !closeNow {
 			err = v.collect(ctx, in, r, changed)
 		}
-		if errors.Is(err, errLocked) {
-			stopBeat()
-			return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
-		}
 		if err == nil && closeNow {
 			// A takeover that queued while this validator collected still comes before its
 			// proposal: two proposals of one round split the validators' locks.
 			v.drainGrants(r, in)
 			if r.takenBy != "" {
 				err = errTakenOver
+			} else if locked, serr := v.settleChecks(ctx, r.round); serr != nil {
+				err = serr
+			} else if locked {
+				// Another validator's proposal of the round, checked meanwhile, was signed.
+				err = errLocked
 			} else {
 				v.settleHeld(r, true) // before the proposal: its notes count the rejections
 			}
+		}
+		if errors.Is(err, errLocked) {
+			stopBeat()
+			return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
 		}
 		if errors.Is(err, errTakenOver) {
 			stopBeat()
@@ -298,8 +303,9 @@ func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, chan
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 		case h := <-in.Heads:
-			v.verifyAndAttest(ctx, h.From, h.Msg)
-			if _, locked := v.locks[r.round]; locked {
+			v.proposed(ctx, h.From, h.Msg)
+		case res := <-v.checks.done:
+			if v.checkDone(ctx, res, r.round) {
 				return false, errLocked
 			}
 		case c := <-in.Contributions:
@@ -435,8 +441,9 @@ func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, ch
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 		case h := <-in.Heads:
-			v.verifyAndAttest(ctx, h.From, h.Msg)
-			if _, locked := v.locks[r.round]; locked {
+			v.proposed(ctx, h.From, h.Msg)
+		case res := <-v.checks.done:
+			if v.checkDone(ctx, res, r.round) {
 				return errLocked
 			}
 		case c := <-in.Contributions:
@@ -502,7 +509,7 @@ func (v *validator) expire(r *openRound) {
 // the round's book allows (lease.Book.Back: only after leaving or an expired lease, at
 // most Returns times a round).
 func (v *validator) noticeReturns(r *openRound, in *bus.Inbox) {
-	// Announcements queued while the loop was busy (verifying a head, say) come first: a trainer
+	// Announcements queued while the loop was busy (merging, say) come first: a trainer
 	// is silent only if nothing of it arrived, not because nothing was read.
 	for drained := false; !drained; {
 		select {
@@ -818,7 +825,9 @@ func (v *validator) awaitQuorum(ctx context.Context, in *bus.Inbox, round uint64
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 		case h := <-in.Heads:
-			v.verifyAndAttest(ctx, h.From, h.Msg)
+			v.proposed(ctx, h.From, h.Msg)
+		case res := <-v.checks.done:
+			v.checkDone(ctx, res, round)
 		case <-t.C:
 			msg := *l.msg
 			if sh, _, err := v.Heads.Get(l.id); err == nil {

@@ -75,7 +75,7 @@ func (f *lockFixture) validator(experiment string, tip int) *validator {
 	return newValidator(p)
 }
 
-// lockOf is the lock of the fixture's head of round r, as signAndAttest makes it.
+// lockOf is the lock of the fixture's head of round r, as attest makes it.
 func (f *lockFixture) lockOf(r uint64) lockedHead {
 	sh := f.heads[r]
 	return lockedHead{id: sh.ID(), msg: &gossip.Head{Experiment: "e", Signed: *sh,

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +106,10 @@ type netBus struct {
 	bus.Fanout
 	self string
 	net  *phaseSwarm
+	// gate, when set, holds this validator's fetches until it is closed (a slow link);
+	// gated counts the fetches held.
+	gate  atomic.Pointer[chan struct{}]
+	gated atomic.Int32
 }
 
 func (b *netBus) Publish(_ context.Context, msg any) error {
@@ -125,7 +130,15 @@ func (b *netBus) Publish(_ context.Context, msg any) error {
 	return nil
 }
 
-func (b *netBus) Fetch(_ context.Context, id cid.Cid, _ ...peer.ID) error {
+func (b *netBus) Fetch(ctx context.Context, id cid.Cid, _ ...peer.ID) error {
+	if g := b.gate.Load(); g != nil {
+		b.gated.Add(1)
+		select {
+		case <-*g:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if !b.net.store.Has(id) {
 		return fmt.Errorf("fetch %s: not held", id)
 	}
@@ -170,6 +183,7 @@ func newPhaseSwarm(t *testing.T, rounds int) *phaseSwarm {
 	cfg.Protocol.InnerSteps = 5
 	cfg.Lease.MicroshardsPerTrainer = 2
 	cfg.Lease.MinGroup = 1
+	cfg.Lease.FirstDeadline = 5 * time.Second // the trainer the test plays is quick
 	s := &phaseSwarm{t: t, ctx: t.Context(), dir: dir, cfg: *cfg, published: make(chan published, 256),
 		policy: round.Policy{Kind: cfg.Protocol.MergePolicy, Codec: diloco.FP32, Aggregator: merge.AggMean,
 			Outer: diloco.OuterConfig{LR: 1, Momentum: 0.5}}}
@@ -246,10 +260,18 @@ func (s *phaseSwarm) waitFor(n *phaseNode, phase string) {
 	}
 }
 
-// train plays the trainer for one round: it announces itself to every validator until one
-// grants it a lease, trains its window on the lease's base and announces the contribution
-// to every validator. It returns the lease's issuer.
+// train plays the trainer for one round (lease, then contribute). It returns the lease's
+// issuer.
 func (s *phaseSwarm) train() string {
+	s.t.Helper()
+	grant := s.lease()
+	s.contribute(grant)
+	return grant.Issuer
+}
+
+// lease announces the trainer to every validator until one grants it a lease, and returns
+// the grant.
+func (s *phaseSwarm) lease() *gossip.Leases {
 	t := s.t
 	t.Helper()
 	var grant *gossip.Leases
@@ -272,6 +294,14 @@ func (s *phaseSwarm) train() string {
 		}
 	}
 	require.Len(t, grant.Leases, 1)
+	return grant
+}
+
+// contribute trains the window of grant's lease on its base and announces the
+// contribution to every validator.
+func (s *phaseSwarm) contribute(grant *gossip.Leases) {
+	t := s.t
+	t.Helper()
 	l := grant.Leases[0]
 	require.Equal(t, s.trainer, l.Trainer)
 	baseID, err := cid.Cast(l.Base)
@@ -287,7 +317,6 @@ func (s *phaseSwarm) train() string {
 			Lease: l.ID().Bytes(), Peer: s.trainer, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss,
 			Microshards: l.Microshards, Seconds: res.Seconds, TrainSeconds: res.TrainSeconds})
 	}
-	return grant.Issuer
 }
 
 // canonical waits until every validator's canonical head is of round r, and returns it.
@@ -360,6 +389,61 @@ func TestFollowerWalksItsPhases(t *testing.T) {
 	j := slices.Index(fw, "following 1")
 	require.GreaterOrEqual(t, j, 0, "follower's phases %v", fw)
 	require.Equal(t, []string{"following 1", "awaiting_quorum 1"}, fw[j:], "follower's phases %v", fw)
+}
+
+// TestFollowerReadsWhileItChecks: two validators, a quorum of both. The follower's fetch
+// of round 1's update hangs (a slow link) while it checks the leader's proposal. Meanwhile
+// it goes on reading its inbox — a trainer that announces itself now is live to it at
+// once — and it does not take the round over, though the leader, having proposed, sends
+// nothing but its proposal again until well past the time a silent leader is passed over.
+// Once the update arrives, it attests the proposal, and round 1 is canonical everywhere.
+func TestFollowerReadsWhileItChecks(t *testing.T) {
+	s := newPhaseSwarm(t, 1)
+	s.start(2, "phase validator A", "phase validator B")
+	s.canonical(0)
+	grant := s.lease()
+	leader, follower := s.nodes[0], s.nodes[1]
+	if grant.Issuer != leader.self {
+		leader, follower = follower, leader
+	}
+	gate := make(chan struct{})
+	follower.bus.gate.Store(&gate)
+	s.contribute(grant)
+	s.waitFor(leader, "awaiting_quorum 1")
+	require.Eventually(t, func() bool { return follower.bus.gated.Load() > 0 }, 30*time.Second, 10*time.Millisecond,
+		"the follower never fetched the proposal's update")
+
+	_, newcomer := testenv.Key(t, "phase newcomer")
+	follower.bus.Deliver(newcomer, &gossip.Announce{Experiment: s.cfg.Experiment.ID, Peer: newcomer,
+		Roles: []string{config.RoleTrainer}, Time: time.Now().UnixMilli(), Capacity: 1})
+	require.Eventually(t, func() bool { return follower.v.v.trainers.isLive(newcomer) }, 5*time.Second, 10*time.Millisecond,
+		"the follower read nothing while it checked the proposal")
+
+	// A follower passes over a leader silent for LeaseWait past its grant's deadline (and
+	// its last heartbeat's); this one waits well beyond that, for the check's verdict.
+	until := time.UnixMilli(grant.Deadline).Add(LeaseGrace + LeaseWait + 2*time.Second)
+	if d := time.Now().Add(LeaseWait + 2*heartbeatEvery + LeaseGrace + 2*time.Second); d.After(until) {
+		until = d
+	}
+	for wait := time.After(time.Until(until)); ; {
+		select {
+		case p := <-s.published:
+			if l, ok := p.msg.(*gossip.Leases); ok && p.from == follower.self {
+				t.Fatalf("the follower took round %d over while it checked the leader's proposal (grant of %d leases)", l.Round, len(l.Leases))
+			}
+			continue
+		case <-wait:
+		}
+		break
+	}
+	fw := follower.sink.walk()
+	require.Equal(t, "following 1", fw[len(fw)-1], "follower's phases %v", fw)
+
+	close(gate)
+	h := s.canonical(1)
+	require.Len(t, h.Contributions, 1)
+	require.Equal(t, s.trainer, h.Contributions[0].Peer)
+	s.waitFor(follower, "awaiting_quorum 1")
 }
 
 // noPeers is a network without the chain sync protocol: heads arrive by gossip only.

@@ -195,15 +195,13 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 			alive(time.UnixMilli(l.Msg.Deadline).Add(LeaseGrace))
 		}
 	}
-	onHead := func(h bus.Received[gossip.Head]) (lockedHead, bool) {
+	onHead := func(h bus.Received[gossip.Head]) {
 		// A later validator's proposal of the round, re-published while it gathers its
 		// quorum, says it is alive (it sends no heartbeats once it has proposed).
 		if hd, err := h.Msg.Signed.Decode(); err == nil && h.Msg.Proposal != nil && hd.Round == r.round && slices.Contains(later, h.From) {
 			alive(time.Now().Add(republishEvery + LeaseGrace))
 		}
-		v.verifyAndAttest(ctx, h.From, h.Msg)
-		l, locked := v.locks[r.round]
-		return l, locked
+		v.proposed(ctx, h.From, h.Msg)
 	}
 	for {
 		select {
@@ -221,8 +219,10 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 		case l := <-in.Leases:
 			heard(l)
 		case h := <-in.Heads:
-			if l, locked := onHead(h); locked {
-				return v.awaitQuorum(ctx, in, r.round, l)
+			onHead(h)
+		case res := <-v.checks.done:
+			if v.checkDone(ctx, res, r.round) {
+				return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
 			}
 		case <-timer.C:
 			// What queued while this loop was busy comes first, as in follow.
@@ -231,12 +231,17 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 				case l := <-in.Leases:
 					heard(l)
 				case h := <-in.Heads:
-					if l, locked := onHead(h); locked {
-						return v.awaitQuorum(ctx, in, r.round, l)
-					}
+					onHead(h)
 				default:
 					drained = true
 				}
+			}
+			if v.checks.busy(r.round) {
+				// A proposal of the round is being checked: no retake before its verdict (the
+				// timer looks again in LeaseGrace).
+				timer.Stop()
+				timer = time.NewTimer(LeaseGrace)
+				continue
 			}
 			if time.Now().Before(retakeAt()) {
 				reset()

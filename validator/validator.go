@@ -40,6 +40,7 @@ import (
 type validator struct {
 	Params
 	trainers   *trainerSet
+	checks     *checks // the proposals of other validators being checked (checks.go)
 	quarantine *lease.Quarantine
 	paces      *paces
 	// locks records, per round, the head this validator signed (proposed or attested): it
@@ -158,7 +159,7 @@ func newValidator(p Params) *validator {
 	if p.Log == nil {
 		p.Log = slog.Default()
 	}
-	return &validator{Params: p, trainers: newTrainerSet(),
+	return &validator{Params: p, trainers: newTrainerSet(), checks: newChecks(),
 		quarantine: lease.NewQuarantine(2, 10, uint64(p.Config.Lease.QuarantineRounds)),
 		paces:      pc, locks: map[uint64]lockedHead{}, grants: newGrantLog(), reports: map[string]staleReport{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
 			p.Log.Warn("contribution rejections not logged (rate limit)", "count", n)
@@ -239,7 +240,9 @@ func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
 		case l := <-in.Leases:
 			v.recordGrant(l)
 		case h := <-in.Heads:
-			v.verifyAndAttest(ctx, h.From, h.Msg)
+			v.proposed(ctx, h.From, h.Msg)
+		case res := <-v.checks.done:
+			v.checkDone(ctx, res, 0)
 		}
 	}
 }
@@ -249,6 +252,7 @@ func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
 func (v *validator) round(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head) error {
 	v.pruneLocks(base.Round)
 	v.forgetClosed(base.Round)
+	v.checks.closed(base.Round)
 	order := lease.Leaders(v.Validators, baseID)
 	rank := slices.Index(order, v.Self)
 	if rank == 0 {
