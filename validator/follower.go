@@ -36,17 +36,18 @@ const (
 // leading: it follows that proposal instead of making its own.
 var errLocked = errors.New("signed another proposal for this round")
 
-// follow is a validator's round when it is not the leader: it verifies and attests
-// proposals, and takes the round over when the validators ahead of it stay silent.
-func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) error {
+// follow is a validator's round when it is not the leader: it checks and attests
+// proposals, and hands over to awaiting the quorum of the one it signed, or to leading the
+// round when the validators ahead of it stay silent (a takeover).
+func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, rank int, order []string) (next, error) {
 	v.enter(PhaseFollowing, base.Round+1)
 	r := base.Round + 1
 	if l, locked := v.locks[r]; locked {
-		return v.awaitQuorum(ctx, in, r, l)
+		return awaiting(r, l), nil
 	}
 	changed := v.Tips.Changed()
 	if cur, _ := v.Tips.Current(); !cur.Equals(baseID) {
-		return errHeadMoved // before changed was taken: it would not fire for that move
+		return next{}, errHeadMoved // before changed was taken: it would not fire for that move
 	}
 	expect := time.Now().Add(LeaseWait) // when a validator ahead must have shown progress by
 	if !v.signedByAll(baseID, order[:rank]) {
@@ -132,9 +133,9 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return next{}, ctx.Err()
 		case <-changed:
-			return errHeadMoved
+			return next{}, errHeadMoved
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 			if v.waitingForFleet(granted) {
@@ -151,7 +152,7 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 			onHead(h)
 		case res := <-v.checks.done:
 			if v.checkDone(ctx, res, r) {
-				return v.awaitQuorum(ctx, in, r, v.locks[r])
+				return awaiting(r, v.locks[r]), nil
 			}
 		case <-timer.C:
 			// Grants, heartbeats, attestations and re-published proposals queued while this
@@ -208,7 +209,7 @@ func (v *validator) follow(ctx context.Context, in *bus.Inbox, baseID cid.Cid, b
 					"last_heard_ago", lastAgo, "late_by", time.Since(silentAt()).Round(time.Millisecond).String())
 				v.Sink.Event("takeover", "round %d: %s was silent; taking the round over (rank %d)", r, order[0], rank)
 			}
-			return v.lead(ctx, in, baseID, base, uint64(rank)<<16)
+			return leading(baseID, base, uint64(rank)<<16), nil
 		}
 	}
 }

@@ -96,12 +96,15 @@ type received struct {
 	fetch time.Duration
 }
 
-// lead runs one round as its leader. firstAttempt separates the lease ids of a validator
-// that took the round over from those of the leaders before it.
-func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, firstAttempt uint64) error {
+// lead runs one round as its leader (issuing, collecting, proposing; standing aside when a
+// later validator takes it over) until it hands over to awaiting the quorum of the head it
+// signed, or to leading the round again. firstAttempt separates the lease ids of a
+// validator that took the round over from those of the leaders before it. Whatever way it
+// ends, no verdict it held is left waiting and none of its fetches goes on.
+func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, firstAttempt uint64) (next, error) {
 	if l, locked := v.locks[base.Round+1]; locked {
 		// Already signed a head for this round (as a follower): see it through.
-		return v.awaitQuorum(ctx, in, base.Round+1, l)
+		return awaiting(base.Round+1, l), nil
 	}
 	r := newOpenRound(ctx, v.Validators, v.Self, baseID, base, firstAttempt)
 	// Whatever way the round ends here, no verdict is left waiting, and no fetch goes on.
@@ -111,13 +114,13 @@ func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, bas
 	r.merged, r.merges = v.recentMerges(baseID)
 	changed := v.Tips.Changed()
 	if cur, _ := v.Tips.Current(); !cur.Equals(baseID) {
-		return errHeadMoved // before changed was taken: it would not fire for that move
+		return next{}, errHeadMoved // before changed was taken: it would not fire for that move
 	}
 	r.started = time.Now()
 	// Until it proposes, the leader says it is alive every heartbeatEvery: while it waits
 	// for a minimum group, for the backoff, for contributions or for its merge, the other
 	// validators (a late-joining one too, which never saw its grant) must not take the
-	// round over.
+	// round over. The beats stop when the leader hands over (or stands aside).
 	stopBeat := v.heartbeat(ctx, r)
 	defer stopBeat()
 	for {
@@ -141,28 +144,26 @@ func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, bas
 			}
 		}
 		if errors.Is(err, errLocked) {
-			stopBeat()
-			return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
+			return awaiting(r.round, v.locks[r.round]), nil
 		}
 		if errors.Is(err, errTakenOver) {
 			stopBeat()
 			return v.standAside(ctx, in, r, changed)
 		}
 		if err != nil {
-			return err
+			return next{}, err
 		}
 		if !closeNow {
 			continue
 		}
 		proposal, err := v.propose(ctx, r, time.Since(r.started))
 		if err != nil {
-			return err
+			return next{}, err
 		}
 		if proposal == nil {
 			continue
 		}
-		stopBeat() // the proposal, re-published, says the rest
-		return v.awaitQuorum(ctx, in, r.round, *proposal)
+		return awaiting(r.round, *proposal), nil // the proposal, re-published, says the rest
 	}
 }
 

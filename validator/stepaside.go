@@ -163,9 +163,9 @@ func (v *validator) drainGrants(r *openRound, in *bus.Inbox) {
 // verifies and attests the new leader's proposal like any follower, and follows it to
 // quorum. Leases it granted before are not withdrawn: their trainers' contributions reach
 // the new leader, which rejects them without a strike (foreign_lease). Should every
-// validator after it fall silent, as a follower would judge it, it leads the round again
-// with fresh attempts.
-func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
+// validator after it fall silent, as a follower would judge it, it hands over to leading the
+// round again with fresh attempts.
+func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) (next, error) {
 	v.enter(PhaseStandingAside, r.round)
 	v.Log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
 		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
@@ -206,9 +206,9 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return next{}, ctx.Err()
 		case <-changed:
-			return errHeadMoved
+			return next{}, errHeadMoved
 		case a := <-in.Announces:
 			v.trainers.seen(a.From, a.Msg)
 		case c := <-in.Contributions:
@@ -222,7 +222,7 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 			onHead(h)
 		case res := <-v.checks.done:
 			if v.checkDone(ctx, res, r.round) {
-				return v.awaitQuorum(ctx, in, r.round, v.locks[r.round])
+				return awaiting(r.round, v.locks[r.round]), nil
 			}
 		case <-timer.C:
 			// What queued while this loop was busy comes first, as in follow.
@@ -249,7 +249,7 @@ func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound,
 			}
 			v.Log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
 			v.Sink.Event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
-			return v.lead(ctx, in, r.baseID, r.base, r.attempt+1)
+			return leading(r.baseID, r.base, r.attempt+1), nil
 		}
 	}
 }

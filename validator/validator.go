@@ -181,29 +181,21 @@ func (v *validator) run(ctx context.Context) error {
 	if err := v.ensureGenesis(ctx); err != nil {
 		return err
 	}
+	// One phase runs at a time, and says which comes next (step): phases do not call each
+	// other, so a round led, stepped aside from and led again nests nothing.
+	var n next
 	for {
-		if v.done() { // the node ends the run once it has recorded the last head
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		id, head := v.Tips.Current()
 		var err error
-		if head == nil {
-			if l, locked := v.locks[0]; locked {
-				err = v.awaitQuorum(ctx, in, 0, l) // our genesis, waiting for attestations
-			} else {
-				err = v.waitForHead(ctx, in)
-			}
-		} else {
-			err = v.round(ctx, in, id, head)
-		}
+		n, err = v.step(ctx, in, n)
 		switch {
 		case err == nil, errors.Is(err, errHeadMoved):
 		case ctx.Err() != nil:
 			return ctx.Err()
 		default:
+			_, head := v.Tips.Current()
 			v.Log.Error("round failed", "round", roundOf(head), "err", err)
 			v.Sink.Event("round", "round %d failed: %v", roundOf(head), err)
+			n = next{}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -211,6 +203,47 @@ func (v *validator) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// next is the phase a phase hands over to: awaiting the quorum of the head this validator
+// signed for a round (lock set), or leading a round on base from attempt (after a takeover,
+// or again after stepping aside). The zero value starts from the canonical head.
+type next struct {
+	round   uint64
+	lock    *lockedHead
+	lead    bool
+	baseID  cid.Cid
+	base    *chain.Head
+	attempt uint64
+}
+
+// awaiting is the hand-over to awaitQuorum on l, the head signed for round.
+func awaiting(round uint64, l lockedHead) next { return next{round: round, lock: &l} }
+
+// leading is the hand-over to leading the round after base from attempt.
+func leading(baseID cid.Cid, base *chain.Head, attempt uint64) next {
+	return next{round: base.Round + 1, lead: true, baseID: baseID, base: base, attempt: attempt}
+}
+
+// step runs the phase n names (from the canonical head when none) and returns the next.
+func (v *validator) step(ctx context.Context, in *bus.Inbox, n next) (next, error) {
+	switch {
+	case n.lock != nil:
+		return next{}, v.awaitQuorum(ctx, in, n.round, *n.lock)
+	case n.lead:
+		return v.lead(ctx, in, n.baseID, n.base, n.attempt)
+	case v.done(): // the node ends the run once it has recorded the last head
+		<-ctx.Done()
+		return next{}, ctx.Err()
+	}
+	id, head := v.Tips.Current()
+	if head != nil {
+		return v.round(ctx, in, id, head)
+	}
+	if l, locked := v.locks[0]; locked {
+		return awaiting(0, l), nil // our genesis, waiting for attestations
+	}
+	return next{}, v.waitForHead(ctx, in)
 }
 
 func roundOf(h *chain.Head) uint64 {
@@ -249,7 +282,7 @@ func (v *validator) waitForHead(ctx context.Context, in *bus.Inbox) error {
 
 // round runs this validator's part in the round after base: it leads when it is first in
 // the order, and follows (verifying, attesting, ready to take over) otherwise.
-func (v *validator) round(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head) error {
+func (v *validator) round(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head) (next, error) {
 	v.pruneLocks(base.Round)
 	v.forgetClosed(base.Round)
 	v.checks.closed(base.Round)
