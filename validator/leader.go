@@ -96,75 +96,298 @@ type received struct {
 	fetch time.Duration
 }
 
-// lead runs one round as its leader (issuing, collecting, proposing; standing aside when a
-// later validator takes it over) until it hands over to awaiting the quorum of the head it
-// signed, or to leading the round again. firstAttempt separates the lease ids of a
-// validator that took the round over from those of the leaders before it. Whatever way it
-// ends, no verdict it held is left waiting and none of its fetches goes on.
-func (v *validator) lead(ctx context.Context, in *bus.Inbox, baseID cid.Cid, base *chain.Head, firstAttempt uint64) (next, error) {
-	if l, locked := v.locks[base.Round+1]; locked {
+// leadPhase runs one round as its leader: issuing (it waits until the round's book says
+// what to do next, and grants an attempt's leases or closes the round), collecting (the
+// attempt's contributions and releases, until every lease of it is settled or its
+// deadline passes), proposing (it merges what it received), and standing aside when a
+// later validator takes the round over (stepaside.go). It hands over to awaiting the
+// quorum of the head it signed, or to leading the round again. firstAttempt separates the
+// lease ids of a validator that took the round over from those of the leaders before it.
+// Whatever way it ends, no verdict it held is left waiting and none of its fetches goes
+// on.
+type leadPhase struct {
+	v            *validator
+	baseID       cid.Cid
+	base         *chain.Head
+	firstAttempt uint64
+	r            *openRound
+	sub          string // PhaseIssuing, PhaseCollecting or PhaseStandingAside
+	stopBeat     func()
+	tick         *time.Ticker
+	deadline     *time.Timer // the attempt's, while collecting
+	// waitingSince is when issuing last logged that it waits for trainers.
+	waitingSince time.Time
+	aside        *aside // while standing aside
+}
+
+func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
+	v := p.v
+	if l, locked := v.locks[p.base.Round+1]; locked {
 		// Already signed a head for this round (as a follower): see it through.
-		return awaiting(base.Round+1, l), nil
+		return awaiting(p.base.Round+1, l), nil
 	}
-	r := newOpenRound(ctx, v.Validators, v.Self, baseID, base, firstAttempt)
-	// Whatever way the round ends here, no verdict is left waiting, and no fetch goes on.
-	defer v.settleHeld(r, true)
-	defer r.fetches.stop()
+	r := newOpenRound(ctx, v.Validators, v.Self, p.baseID, p.base, p.firstAttempt)
+	p.r = r
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.Config.Lease.RoundTimeout))
-	r.merged, r.merges = v.recentMerges(baseID)
-	changed := v.Tips.Changed()
-	if cur, _ := v.Tips.Current(); !cur.Equals(baseID) {
-		return next{}, errHeadMoved // before changed was taken: it would not fire for that move
+	r.merged, r.merges = v.recentMerges(p.baseID)
+	if cur, _ := v.Tips.Current(); !cur.Equals(p.baseID) {
+		return nil, errHeadMoved // before the loop took changed: it would not fire for that move
 	}
 	r.started = time.Now()
 	// Until it proposes, the leader says it is alive every heartbeatEvery: while it waits
 	// for a minimum group, for the backoff, for contributions or for its merge, the other
 	// validators (a late-joining one too, which never saw its grant) must not take the
-	// round over. The beats stop when the leader hands over (or stands aside).
-	stopBeat := v.heartbeat(ctx, r)
-	defer stopBeat()
-	for {
-		closeNow, err := v.issue(ctx, in, r, changed)
-		if err == nil && !closeNow {
-			err = v.collect(ctx, in, r, changed)
+	// round over. The beats stop when the leader hands over or stands aside.
+	p.stopBeat = v.heartbeat(ctx, r)
+	p.tick = time.NewTicker(250 * time.Millisecond)
+	p.issuing()
+	return p.advance(ctx, in)
+}
+
+func (p *leadPhase) issuing() {
+	p.sub = PhaseIssuing
+	p.v.enter(PhaseIssuing, p.r.round)
+	p.waitingSince = time.Now()
+}
+
+func (p *leadPhase) collecting() {
+	p.sub = PhaseCollecting
+	p.v.enter(PhaseCollecting, p.r.round)
+	p.deadline = time.NewTimer(time.Until(p.r.deadline))
+}
+
+func (p *leadPhase) waits() waits {
+	switch p.sub {
+	case PhaseStandingAside:
+		return waits{reads: readsAll, wake: p.aside.timer.C}
+	case PhaseCollecting:
+		return waits{reads: readsAll &^ readsAttestations, wake: p.deadline.C, tick: p.tick.C, fetched: p.r.fetches.done}
+	}
+	return waits{reads: readsAll &^ readsAttestations, tick: p.tick.C, fetched: p.r.fetches.done}
+}
+
+func (p *leadPhase) moved() *next { return startOver() }
+
+func (p *leadPhase) end() {
+	if p.stopBeat != nil {
+		p.stopBeat()
+	}
+	for _, t := range []*time.Timer{p.deadline, p.aside.timerOrNil()} {
+		if t != nil {
+			t.Stop()
 		}
-		if err == nil && closeNow {
-			// A takeover that queued while this validator collected still comes before its
-			// proposal: two proposals of one round split the validators' locks.
-			v.drainGrants(r, in)
-			if r.takenBy != "" {
-				err = errTakenOver
-			} else if locked, serr := v.settleChecks(ctx, r.round); serr != nil {
-				err = serr
-			} else if locked {
-				// Another validator's proposal of the round, checked meanwhile, was signed.
-				err = errLocked
-			} else {
-				v.settleHeld(r, true) // before the proposal: its notes count the rejections
-			}
-		}
-		if errors.Is(err, errLocked) {
+	}
+	if p.tick != nil {
+		p.tick.Stop()
+	}
+	if p.r != nil {
+		p.r.fetches.stop()
+		p.v.settleHeld(p.r, true)
+	}
+}
+
+func (p *leadPhase) on(ctx context.Context, in *bus.Inbox, ev event) (*next, error) {
+	if p.sub == PhaseStandingAside {
+		return p.onAside(ctx, in, ev)
+	}
+	v, r := p.v, p.r
+	switch {
+	case ev.head != nil:
+		v.proposed(ctx, ev.head.From, ev.head.Msg)
+	case ev.checked != nil:
+		if v.checkDone(ctx, *ev.checked, r.round) {
+			// It signed another validator's proposal of this round: it follows that one.
 			return awaiting(r.round, v.locks[r.round]), nil
 		}
-		if errors.Is(err, errTakenOver) {
-			stopBeat()
-			return v.standAside(ctx, in, r, changed)
-		}
-		if err != nil {
-			return next{}, err
-		}
-		if !closeNow {
-			continue
-		}
-		proposal, err := v.propose(ctx, r, time.Since(r.started))
-		if err != nil {
-			return next{}, err
-		}
-		if proposal == nil {
-			continue
-		}
-		return awaiting(r.round, *proposal), nil // the proposal, re-published, says the rest
+	case ev.contribution != nil:
+		// Its lease may be another validator's, granted just now. (While issuing no lease
+		// is outstanding: anything for this round is late, unleased or made under another
+		// validator's lease.)
+		v.drainGrants(r, in)
+		v.accept(r, ev.contribution.From, ev.contribution.Msg)
+	case ev.fetched != nil:
+		v.fetchedDelta(r, *ev.fetched)
+	case ev.leases != nil:
+		v.grantHeard(r, *ev.leases)
+	case ev.release != nil && p.sub == PhaseCollecting:
+		v.release(r, ev.release.From, ev.release.Msg)
+	case ev.wake && p.sub == PhaseCollecting:
+		p.expired()
 	}
+	return p.advance(ctx, in)
+}
+
+// expired is the attempt's deadline, passed: the trainers that did not report are barred
+// from the round and their microshards return to the pool; those whose updates are on
+// their way keep their leases, and the round waits for them.
+func (p *leadPhase) expired() {
+	v, r := p.v, p.r
+	v.expire(r)
+	if r.blindGrant && len(r.received) == r.atGrant && len(r.fetches.pending) == 0 {
+		r.blind++ // the first-deadline guess was too short for this workload
+	}
+	if len(r.fetches.pending) > 0 {
+		// Contributions announced in time whose updates are still on their way keep their
+		// leases: the round waits for them (each fetch is bounded by lease.round_timeout)
+		// and closes once they are settled (advance).
+		v.Log.Info("deadline passed with updates still arriving; waiting for them", "round", r.round,
+			"arriving", len(r.fetches.pending), "received", len(r.received))
+		return
+	}
+	r.book.End(time.Now())
+	if len(r.received) < v.Config.Lease.MinGroup {
+		v.Log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.Config.Lease.MinGroup)
+		v.Sink.Event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.Config.Lease.MinGroup)
+	}
+	p.issuing()
+}
+
+// advance does what the round's state calls for after an event: collecting ends when
+// every lease of the attempt is settled; issuing grants the next attempt, closes the round
+// and proposes, or waits, as the round's book says. A leader that heard a later validator
+// lead the round stands aside.
+func (p *leadPhase) advance(ctx context.Context, in *bus.Inbox) (*next, error) {
+	v, r := p.v, p.r
+	for p.sub != PhaseStandingAside {
+		v.noticeReturns(r, in)
+		if r.takenBy != "" {
+			p.standAside()
+			return nil, nil
+		}
+		if p.sub == PhaseCollecting {
+			if !r.book.Settled() {
+				return nil, nil
+			}
+			r.book.End(time.Now())
+			p.issuing()
+			continue
+		}
+		st := p.nextStep()
+		switch st.step {
+		case lease.Close:
+			if len(r.received) < v.Config.Lease.MinGroup && r.book.Attempts() > 1 {
+				v.Log.Info("closing the round with fewer contributions than min_group: no other trainer to lease to",
+					"round", r.round, "received", len(r.received), "min_group", v.Config.Lease.MinGroup, "barred", st.barred)
+			}
+			n, err := p.close(ctx, in)
+			if n != nil || err != nil || p.sub == PhaseStandingAside {
+				return n, err
+			}
+			p.issuing() // nothing survived screening: lease again
+			continue
+		case lease.Grant:
+			if st.relaxed && !r.unbenched {
+				r.unbenched = true
+				q := len(v.quarantine.List(r.round))
+				v.Log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
+					"available", st.open, "quarantined", q, "min_group", v.Config.Lease.MinGroup)
+				v.Sink.Event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
+			}
+			if err := v.grant(ctx, r, st.avail, st.cands); err != nil {
+				return nil, err
+			}
+			p.collecting()
+			continue
+		case lease.NewPass:
+			why := barredReasons(r.book.Barred())
+			v.Log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
+				"barred", st.barred, "reasons", why, "pass", r.book.Passes()+1)
+			if r.book.Passes() > 0 && why == string(merge.ReasonLowCosine) {
+				// Retries on one base tend to fail the same way: honest updates that the
+				// cosine bar rejects pass after pass stall the run here.
+				v.Log.Warn("every update of this round failed the cosine screen again: if these trainers are honest, "+
+					"merge.screen.cosine_tolerance (or min_cosine) is too tight for this workload", "round", r.round, "pass", r.book.Passes()+1)
+			}
+			v.Sink.Event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, st.barred, r.book.Passes()+1)
+			r.book.StartPass()
+			continue
+		}
+		if time.Since(p.waitingSince) > 10*time.Second {
+			v.Log.Info("waiting for trainers", "round", r.round, "live", st.live, "candidates", len(st.cands), "barred", st.barred,
+				"received", len(r.received), "min_group", v.Config.Lease.MinGroup)
+			p.waitingSince = time.Now()
+		}
+		return nil, nil
+	}
+	return nil, nil
+}
+
+// issueStep is what the round's book says to do now (step), with the microshards available,
+// the trainers that may be leased (relaxed: quarantined ones among them, too few others),
+// and how many trainers are live, open to a lease and barred from the round.
+type issueStep struct {
+	step               lease.Step
+	avail              []uint32
+	cands              []lease.Trainer
+	live, open, barred int
+	relaxed            bool
+}
+
+func (p *leadPhase) nextStep() issueStep {
+	v, r := p.v, p.r
+	taken := map[uint32]bool{}
+	for _, rc := range r.received {
+		for _, s := range rc.msg.Microshards {
+			taken[s] = true
+		}
+	}
+	for _, pf := range r.fetches.pending {
+		for _, s := range pf.rc.msg.Microshards {
+			taken[s] = true
+		}
+	}
+	var st issueStep
+	for _, s := range lease.Available(r.base.Ledger) {
+		if !taken[s] {
+			st.avail = append(st.avail, s)
+		}
+	}
+	live := v.trainers.live()
+	barred := r.book.Barred()
+	for i, t := range live {
+		live[i].Proven = r.merges[t.Peer] > 0
+		if barred[t.Peer] != "" {
+			st.barred++
+		}
+	}
+	open := r.book.Candidates(live)
+	st.live, st.open = len(live), len(open)
+	st.cands, st.relaxed = v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)
+	// A (re)started leader leases nothing before it has heard the fleet announce.
+	st.step = lease.Wait
+	if time.Since(v.started) > gossip.AnnounceEvery+250*time.Millisecond {
+		st.step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.Config.Lease.MinGroup,
+			Candidates: len(st.cands), Barred: st.barred, Available: len(st.avail), Patience: max(r.window, v.Config.Lease.MinDeadline)})
+	}
+	return st
+}
+
+// close ends the round with what it received: it proposes the merge, unless a takeover
+// or another validator's proposal of the round comes first. A nil next and no error with
+// the leader still issuing means nothing survived screening.
+func (p *leadPhase) close(ctx context.Context, in *bus.Inbox) (*next, error) {
+	v, r := p.v, p.r
+	// A takeover that queued while this validator collected still comes before its
+	// proposal: two proposals of one round split the validators' locks.
+	v.drainGrants(r, in)
+	if r.takenBy != "" {
+		p.standAside()
+		return nil, nil
+	}
+	locked, err := v.settleChecks(ctx, r.round)
+	if err != nil {
+		return nil, err
+	}
+	if locked {
+		// Another validator's proposal of the round, checked meanwhile, was signed.
+		return awaiting(r.round, v.locks[r.round]), nil
+	}
+	v.settleHeld(r, true) // before the proposal: its notes count the rejections
+	proposal, err := v.propose(ctx, r, time.Since(r.started))
+	if err != nil || proposal == nil {
+		return nil, err
+	}
+	return awaiting(r.round, *proposal), nil // the proposal, re-published, says the rest
 }
 
 // errEnough stops a walk of the chain that has read what it needs.
@@ -212,117 +435,6 @@ func OnProbation(merges map[string]int, peer string) bool { return merges[peer] 
 // trainer (one node's run), and a round of its update alone is not judged by direction
 // (round.Candidate.Sole). Every validator counts the same heads, so the verdicts agree.
 func Sole(merges map[string]int, peer string) bool { return len(merges) == 1 && merges[peer] > 0 }
-
-// issue waits until the round's book says what to do next: it returns true when the round
-// should close with what it received, or false once it has granted the next attempt's
-// leases.
-func (v *validator) issue(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) (bool, error) {
-	v.enter(PhaseIssuing, r.round)
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	waitingSince := time.Now()
-	for {
-		v.noticeReturns(r, in)
-		if r.takenBy != "" {
-			return false, errTakenOver
-		}
-		taken := map[uint32]bool{}
-		for _, rc := range r.received {
-			for _, s := range rc.msg.Microshards {
-				taken[s] = true
-			}
-		}
-		for _, p := range r.fetches.pending {
-			for _, s := range p.rc.msg.Microshards {
-				taken[s] = true
-			}
-		}
-		var avail []uint32
-		for _, s := range lease.Available(r.base.Ledger) {
-			if !taken[s] {
-				avail = append(avail, s)
-			}
-		}
-		live := v.trainers.live()
-		barred := r.book.Barred()
-		nBarred := 0
-		for i, t := range live {
-			live[i].Proven = r.merges[t.Peer] > 0
-			if barred[t.Peer] != "" {
-				nBarred++
-			}
-		}
-		open := r.book.Candidates(live)
-		cands, relaxed := v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)
-		// A (re)started leader leases nothing before it has heard the fleet announce.
-		heard := time.Since(v.started) > gossip.AnnounceEvery+250*time.Millisecond
-		step := lease.Wait
-		if heard {
-			step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.Config.Lease.MinGroup,
-				Candidates: len(cands), Barred: nBarred, Available: len(avail), Patience: max(r.window, v.Config.Lease.MinDeadline)})
-		}
-		switch step {
-		case lease.Close:
-			if len(r.received) < v.Config.Lease.MinGroup && r.book.Attempts() > 1 {
-				v.Log.Info("closing the round with fewer contributions than min_group: no other trainer to lease to",
-					"round", r.round, "received", len(r.received), "min_group", v.Config.Lease.MinGroup, "barred", nBarred)
-			}
-			return true, nil
-		case lease.Grant:
-			if relaxed && !r.unbenched {
-				r.unbenched = true
-				q := len(v.quarantine.List(r.round))
-				v.Log.Warn("too few trainers outside quarantine: leasing to quarantined peers this round", "round", r.round,
-					"available", len(open), "quarantined", q, "min_group", v.Config.Lease.MinGroup)
-				v.Sink.Event("quarantine", "round %d: too few trainers outside quarantine; leasing to the %d quarantined too", r.round, q)
-			}
-			return false, v.grant(ctx, r, avail, cands)
-		case lease.NewPass:
-			why := barredReasons(barred)
-			v.Log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
-				"barred", nBarred, "reasons", why, "pass", r.book.Passes()+1)
-			if r.book.Passes() > 0 && why == string(merge.ReasonLowCosine) {
-				// Retries on one base tend to fail the same way: honest updates that the
-				// cosine bar rejects pass after pass stall the run here.
-				v.Log.Warn("every update of this round failed the cosine screen again: if these trainers are honest, "+
-					"merge.screen.cosine_tolerance (or min_cosine) is too tight for this workload", "round", r.round, "pass", r.book.Passes()+1)
-			}
-			v.Sink.Event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, nBarred, r.book.Passes()+1)
-			r.book.StartPass()
-			continue
-		}
-		if time.Since(waitingSince) > 10*time.Second {
-			v.Log.Info("waiting for trainers", "round", r.round, "live", len(live), "candidates", len(cands), "barred", nBarred,
-				"received", len(r.received), "min_group", v.Config.Lease.MinGroup)
-			waitingSince = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-changed:
-			return false, errHeadMoved
-		case a := <-in.Announces:
-			v.trainers.seen(a.From, a.Msg)
-		case h := <-in.Heads:
-			v.proposed(ctx, h.From, h.Msg)
-		case res := <-v.checks.done:
-			if v.checkDone(ctx, res, r.round) {
-				return false, errLocked
-			}
-		case c := <-in.Contributions:
-			// No lease is outstanding: anything for this round is late, unleased or made
-			// under another validator's lease.
-			v.drainGrants(r, in)
-			v.accept(r, c.From, c.Msg)
-		case res := <-r.fetches.done:
-			v.fetchedDelta(r, res)
-		case l := <-in.Leases:
-			v.grantHeard(r, l)
-		case <-in.Releases:
-		case <-tick.C:
-		}
-	}
-}
 
 // heartbeat publishes, every heartbeatEvery until stop is called, an empty grant of the
 // round with a deadline 2 × heartbeatEvery ahead: a follower that hears it expects the
@@ -413,71 +525,6 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	})
 	v.Log.Info("issued leases", "round", r.round, "attempt", r.attempt, "trainers", len(peers), "deadline", time.Until(r.deadline).Round(time.Millisecond).String())
 	return v.Bus.Publish(ctx, msg)
-}
-
-// collect gathers the current attempt's contributions and releases until every lease of it
-// is settled (reported, rejected or released) or its deadline passes, when the trainers
-// that did not report are barred from the round and their microshards return to the pool;
-// those whose updates are on their way keep their leases, and collect waits for them.
-func (v *validator) collect(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) error {
-	v.enter(PhaseCollecting, r.round)
-	timer := time.NewTimer(time.Until(r.deadline))
-	defer timer.Stop()
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		v.noticeReturns(r, in)
-		if r.takenBy != "" {
-			return errTakenOver
-		}
-		if r.book.Settled() {
-			r.book.End(time.Now())
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-			return errHeadMoved
-		case a := <-in.Announces:
-			v.trainers.seen(a.From, a.Msg)
-		case h := <-in.Heads:
-			v.proposed(ctx, h.From, h.Msg)
-		case res := <-v.checks.done:
-			if v.checkDone(ctx, res, r.round) {
-				return errLocked
-			}
-		case c := <-in.Contributions:
-			v.drainGrants(r, in) // its lease may be another validator's, granted just now
-			v.accept(r, c.From, c.Msg)
-		case res := <-r.fetches.done:
-			v.fetchedDelta(r, res)
-		case l := <-in.Leases:
-			v.grantHeard(r, l)
-		case rl := <-in.Releases:
-			v.release(r, rl.From, rl.Msg)
-		case <-tick.C:
-		case <-timer.C:
-			v.expire(r)
-			if r.blindGrant && len(r.received) == r.atGrant && len(r.fetches.pending) == 0 {
-				r.blind++ // the first-deadline guess was too short for this workload
-			}
-			if len(r.fetches.pending) > 0 {
-				// Contributions announced in time whose updates are still on their way keep
-				// their leases: the round waits for them (each fetch is bounded by
-				// lease.round_timeout) and closes once they are settled, above.
-				v.Log.Info("deadline passed with updates still arriving; waiting for them", "round", r.round,
-					"arriving", len(r.fetches.pending), "received", len(r.received))
-				continue
-			}
-			r.book.End(time.Now())
-			if len(r.received) < v.Config.Lease.MinGroup {
-				v.Log.Warn("round deadline passed without the minimum group", "round", r.round, "received", len(r.received), "min_group", v.Config.Lease.MinGroup)
-				v.Sink.Event("release", "round %d: deadline passed with %d of %d contributions", r.round, len(r.received), v.Config.Lease.MinGroup)
-			}
-			return nil
-		}
-	}
 }
 
 // expire bars the trainers that did not report by the deadline: their microshards go back
@@ -799,48 +846,6 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 		n.CommSeconds = max(n.CommSeconds, rc.msg.FetchSeconds+rc.fetch.Seconds())
 	}
 	return n
-}
-
-// awaitQuorum keeps a signed proposal in circulation until the canonical head moves on
-// (quorum reached here or elsewhere): a validator that has signed a head for a round signs
-// no other. A takeover of the round heard now changes nothing here: this validator is
-// locked, its proposal and the new leader's compete for the validators that signed
-// neither, and whichever reaches quorum ends this wait (stepaside.go).
-func (v *validator) awaitQuorum(ctx context.Context, in *bus.Inbox, round uint64, l lockedHead) error {
-	v.enter(PhaseAwaitingQuorum, round)
-	// The first re-publish comes after heartbeatEvery, within a follower's silence window
-	// (LeaseWait): it tells the followers that already have the quorum that this validator
-	// is still waiting for it (follow, baseStillOpen), and they send their attestations
-	// again.
-	t := time.NewTimer(heartbeatEvery)
-	defer t.Stop()
-	for {
-		changed := v.Tips.Changed()
-		if _, h := v.Tips.Current(); h != nil && h.Round >= round {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		case a := <-in.Announces:
-			v.trainers.seen(a.From, a.Msg)
-		case h := <-in.Heads:
-			v.proposed(ctx, h.From, h.Msg)
-		case res := <-v.checks.done:
-			v.checkDone(ctx, res, round)
-		case <-t.C:
-			msg := *l.msg
-			if sh, _, err := v.Heads.Get(l.id); err == nil {
-				msg.Signed = *sh // with every signature gathered so far
-			}
-			msg.Sent = time.Now().UnixMilli()
-			if err := v.Bus.Publish(ctx, &msg); err != nil {
-				v.Log.Debug("re-publish proposal", "round", round, "err", err)
-			}
-			t.Reset(republishEvery)
-		}
-	}
 }
 
 // WorkCandidates are the trainers as lease sizing sees them: with speed-proportional work

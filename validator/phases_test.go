@@ -27,6 +27,7 @@ import (
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/headsync"
 	"github.com/p2pnode/p2pnode/internal/testenv"
+	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/synth"
@@ -444,6 +445,40 @@ func TestFollowerReadsWhileItChecks(t *testing.T) {
 	require.Len(t, h.Contributions, 1)
 	require.Equal(t, s.trainer, h.Contributions[0].Peer)
 	s.waitFor(follower, "awaiting_quorum 1")
+}
+
+// TestLeaderStandsAsideAndRetakes: two validators, a quorum of both. Round 1's leader,
+// issuing (it hears no trainer yet), hears the other validator — the later one in the
+// round's order — grant round 1 on the same base: a takeover. It stands aside
+// (standing_aside 1). The other sends nothing more (it has no trainer to lead either), so
+// once its silence window has passed the leader leads the round again (issuing 1), and the
+// round closes with it.
+func TestLeaderStandsAsideAndRetakes(t *testing.T) {
+	s := newPhaseSwarm(t, 1)
+	s.start(2, "phase validator A", "phase validator B")
+	s.canonical(0)
+	baseID, _ := s.nodes[0].v.v.Tips.Current()
+	order := lease.Leaders(s.nodes[0].v.v.Validators, baseID)
+	leader, other := s.nodes[0], s.nodes[1]
+	if leader.self != order[0] {
+		leader, other = other, leader
+	}
+	s.waitFor(leader, "issuing 1")
+	leader.bus.Deliver(other.self, &gossip.Leases{Experiment: s.cfg.Experiment.ID, Round: 1, Base: baseID.Bytes(), Issuer: other.self,
+		Deadline: time.Now().Add(time.Second).UnixMilli(), Attempt: 1 << 16})
+	s.waitFor(leader, "standing_aside 1")
+	require.Eventually(t, func() bool {
+		w := leader.sink.walk()
+		i := slices.Index(w, "standing_aside 1")
+		return i >= 0 && slices.Contains(w[i:], "issuing 1")
+	}, 30*time.Second, 10*time.Millisecond, "the leader never led the round again")
+	require.Equal(t, leader.self, s.train(), "the lease was not the retaking leader's")
+	h := s.canonical(1)
+	require.Len(t, h.Contributions, 1)
+	w := leader.sink.walk()
+	i := slices.Index(w, "issuing 1")
+	require.Equal(t, []string{"issuing 1", "standing_aside 1", "issuing 1", "collecting 1", "issuing 1", "proposing 1", "awaiting_quorum 1"}, w[i:],
+		"leader's phases %v", w)
 }
 
 // noPeers is a network without the chain sync protocol: heads arrive by gossip only.

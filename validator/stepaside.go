@@ -3,7 +3,6 @@ package validator
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -29,12 +28,12 @@ import (
 //     it grants and collects nothing more, proposes nothing, and verifies and attests
 //     the new leader's proposal like a follower (standAside). It has signed no head of
 //     the round then (a leader signs only its own proposal, and one that has proposed
-//     waits in awaitQuorum), so the lock rule lets it attest.
+//     is awaiting its quorum), so the lock rule lets it attest.
 //   - a leader that had already proposed when the takeover came stays locked to its own
 //     proposal (a validator never signs two heads of one round). The two proposals then
 //     compete for the validators that signed neither: with an odd number of validators
 //     and a majority quorum one of two proposals always gets it, and the other proposer's
-//     awaitQuorum ends when that head becomes canonical, so the next round starts. (With
+//     wait for its quorum ends when that head becomes canonical, so the next round starts. (With
 //     an even number the signatures can split evenly and the round waits, as before this
 //     rule; stepping aside before proposing is what keeps that rare.)
 //   - a contribution made under the lease of another validator of the experiment, for the
@@ -44,9 +43,6 @@ import (
 //     lease (that validator's messages reach it late): its verdict then waits for the
 //     round's end here (hold, settleHeld); a lease no validator is known to have granted by
 //     then still strikes (no_lease).
-
-// errTakenOver means a validator after this one in the round's order leads the round.
-var errTakenOver = errors.New("a later validator in the order took the round over")
 
 // ReasonForeignLease rejects a contribution made under another validator's lease of the
 // round, without a strike.
@@ -158,100 +154,118 @@ func (v *validator) drainGrants(r *openRound, in *bus.Inbox) {
 	}
 }
 
-// standAside is the rest of round r for a leader that heard a validator after it in the
-// order lead the round (grantHeard). It grants, collects and proposes nothing; it
-// verifies and attests the new leader's proposal like any follower, and follows it to
-// quorum. Leases it granted before are not withdrawn: their trainers' contributions reach
-// the new leader, which rejects them without a strike (foreign_lease). Should every
-// validator after it fall silent, as a follower would judge it, it hands over to leading the
-// round again with fresh attempts.
-func (v *validator) standAside(ctx context.Context, in *bus.Inbox, r *openRound, changed <-chan struct{}) (next, error) {
+// standAside is the rest of the round for a leader that heard a validator after it in the
+// order lead the round (grantHeard): standing aside. It grants, collects and proposes
+// nothing, and stops its heartbeats; it checks and attests the new leader's proposal like
+// any follower, and follows it to quorum. Leases it granted before are not withdrawn: their
+// trainers' contributions reach the new leader, which rejects them without a strike
+// (foreign_lease). Should every validator after it fall silent, as a follower would judge
+// it, it hands over to leading the round again with fresh attempts.
+func (p *leadPhase) standAside() {
+	v, r := p.v, p.r
+	p.sub = PhaseStandingAside
+	p.stopBeat()
 	v.enter(PhaseStandingAside, r.round)
 	v.Log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
 		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
 	v.Sink.Event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)
-	later := r.order[r.rank+1:]
-	expect := time.Now().Add(LeaseWait) // when a later validator must have shown progress by
-	// Every later validator gets its turn (TakeoverStep each, as in follow) before this one
-	// takes the round back.
-	retakeAt := func() time.Time { return expect.Add(time.Duration(len(later)) * TakeoverStep) }
-	timer := time.NewTimer(time.Until(retakeAt()))
-	defer timer.Stop()
-	reset := func() {
-		timer.Stop()
-		timer = time.NewTimer(time.Until(retakeAt()))
+	p.aside = &aside{later: r.order[r.rank+1:], expect: time.Now().Add(LeaseWait)}
+	p.aside.timer = time.NewTimer(time.Until(p.aside.retakeAt()))
+}
+
+// aside is the state of a leader standing aside.
+type aside struct {
+	later  []string  // the validators after this one in the round's order
+	expect time.Time // when a later validator must have shown progress by
+	timer  *time.Timer
+}
+
+// retakeAt is when this validator takes the round back: every later validator gets its
+// turn (TakeoverStep each, as in following) first.
+func (a *aside) retakeAt() time.Time { return a.expect.Add(time.Duration(len(a.later)) * TakeoverStep) }
+
+func (a *aside) reset() {
+	a.timer.Stop()
+	a.timer = time.NewTimer(time.Until(a.retakeAt()))
+}
+
+func (a *aside) alive(until time.Time) {
+	if until.After(a.expect) {
+		a.expect = until
+		a.reset()
 	}
-	alive := func(until time.Time) {
-		if until.After(expect) {
-			expect = until
-			reset()
-		}
+}
+
+func (a *aside) timerOrNil() *time.Timer {
+	if a == nil {
+		return nil
 	}
-	heard := func(l bus.Received[gossip.Leases]) {
-		if !v.recordGrant(l) {
-			return
-		}
-		if l.Msg.Round == r.round && slices.Equal(l.Msg.Base, r.baseID.Bytes()) && slices.Contains(later, l.From) {
-			alive(time.UnixMilli(l.Msg.Deadline).Add(LeaseGrace))
-		}
+	return a.timer
+}
+
+// asideHeard takes in a grant or heartbeat while standing aside.
+func (p *leadPhase) asideHeard(l bus.Received[gossip.Leases]) {
+	r := p.r
+	if !p.v.recordGrant(l) {
+		return
 	}
-	onHead := func(h bus.Received[gossip.Head]) {
-		// A later validator's proposal of the round, re-published while it gathers its
-		// quorum, says it is alive (it sends no heartbeats once it has proposed).
-		if hd, err := h.Msg.Signed.Decode(); err == nil && h.Msg.Proposal != nil && hd.Round == r.round && slices.Contains(later, h.From) {
-			alive(time.Now().Add(republishEvery + LeaseGrace))
-		}
-		v.proposed(ctx, h.From, h.Msg)
+	if l.Msg.Round == r.round && slices.Equal(l.Msg.Base, r.baseID.Bytes()) && slices.Contains(p.aside.later, l.From) {
+		p.aside.alive(time.UnixMilli(l.Msg.Deadline).Add(LeaseGrace))
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return next{}, ctx.Err()
-		case <-changed:
-			return next{}, errHeadMoved
-		case a := <-in.Announces:
-			v.trainers.seen(a.From, a.Msg)
-		case c := <-in.Contributions:
-			v.noteSpeed(c.From, c.Msg)
-			v.noteReport(c.From, c.Msg, r.round)
-		case <-in.Attestations:
-		case <-in.Releases:
-		case l := <-in.Leases:
-			heard(l)
-		case h := <-in.Heads:
-			onHead(h)
-		case res := <-v.checks.done:
-			if v.checkDone(ctx, res, r.round) {
-				return awaiting(r.round, v.locks[r.round]), nil
+}
+
+// asideHead takes in a head while standing aside: a later validator's proposal of the
+// round, re-published while it gathers its quorum, says it is alive (it sends no
+// heartbeats once it has proposed); a proposal is checked.
+func (p *leadPhase) asideHead(ctx context.Context, h bus.Received[gossip.Head]) {
+	if hd, err := h.Msg.Signed.Decode(); err == nil && h.Msg.Proposal != nil && hd.Round == p.r.round && slices.Contains(p.aside.later, h.From) {
+		p.aside.alive(time.Now().Add(republishEvery + LeaseGrace))
+	}
+	p.v.proposed(ctx, h.From, h.Msg)
+}
+
+func (p *leadPhase) onAside(ctx context.Context, in *bus.Inbox, ev event) (*next, error) {
+	v, r := p.v, p.r
+	switch {
+	case ev.contribution != nil:
+		v.noteSpeed(ev.contribution.From, ev.contribution.Msg)
+		v.noteReport(ev.contribution.From, ev.contribution.Msg, r.round)
+	case ev.leases != nil:
+		p.asideHeard(*ev.leases)
+	case ev.head != nil:
+		p.asideHead(ctx, *ev.head)
+	case ev.checked != nil:
+		if v.checkDone(ctx, *ev.checked, r.round) {
+			return awaiting(r.round, v.locks[r.round]), nil
+		}
+	case ev.wake:
+		// What queued while the loop was busy comes first, as in following.
+		for drained := false; !drained; {
+			select {
+			case l := <-in.Leases:
+				p.asideHeard(l)
+			case h := <-in.Heads:
+				p.asideHead(ctx, h)
+			default:
+				drained = true
 			}
-		case <-timer.C:
-			// What queued while this loop was busy comes first, as in follow.
-			for drained := false; !drained; {
-				select {
-				case l := <-in.Leases:
-					heard(l)
-				case h := <-in.Heads:
-					onHead(h)
-				default:
-					drained = true
-				}
-			}
-			if v.checks.busy(r.round) {
-				// A proposal of the round is being checked: no retake before its verdict (the
-				// timer looks again in LeaseGrace).
-				timer.Stop()
-				timer = time.NewTimer(LeaseGrace)
-				continue
-			}
-			if time.Now().Before(retakeAt()) {
-				reset()
-				continue
-			}
-			v.Log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
-			v.Sink.Event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
-			return leading(r.baseID, r.base, r.attempt+1), nil
 		}
+		if v.checks.busy(r.round) {
+			// A proposal of the round is being checked: no retake before its verdict (the
+			// timer looks again in LeaseGrace).
+			p.aside.timer.Stop()
+			p.aside.timer = time.NewTimer(LeaseGrace)
+			return nil, nil
+		}
+		if time.Now().Before(p.aside.retakeAt()) {
+			p.aside.reset()
+			return nil, nil
+		}
+		v.Log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
+		v.Sink.Event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
+		return leading(r.baseID, r.base, r.attempt+1), nil
 	}
+	return nil, nil
 }
 
 // maxHeldPerTrainer bounds the contributions of one trainer under unknown leases whose
