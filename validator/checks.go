@@ -233,6 +233,15 @@ func (v *validator) settleCheck(ctx context.Context, res checkResult) {
 	v.attest(ctx, c)
 }
 
+// verdict takes in a check's verdict in a phase of round: the hand-over to awaiting the
+// quorum of the head this validator then signed for round, if it did.
+func (v *validator) verdict(ctx context.Context, res checkResult, round uint64) *next {
+	if v.checkDone(ctx, res, round) {
+		return awaiting(round, v.locks[round])
+	}
+	return nil
+}
+
 // settleChecks waits for the verdicts on the proposals of round being checked, and says
 // whether this validator signed one of them: a leader about to propose its own head of
 // the round signs no second one, and runs no second merge beside a recomputation.

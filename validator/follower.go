@@ -176,8 +176,7 @@ func (p *followPhase) on(ctx context.Context, in *bus.Inbox, ev event) (*next, e
 			p.stuckAt = time.Now().Add(stuckRounds * v.Config.Lease.RoundTimeout)
 		}
 	case ev.contribution != nil:
-		v.noteSpeed(ev.contribution.From, ev.contribution.Msg)
-		v.noteReport(ev.contribution.From, ev.contribution.Msg, p.r)
+		v.overheard(*ev.contribution, p.r)
 	case ev.leases != nil:
 		p.heard(*ev.leases)
 	case ev.attestation != nil:
@@ -185,9 +184,7 @@ func (p *followPhase) on(ctx context.Context, in *bus.Inbox, ev event) (*next, e
 	case ev.head != nil:
 		p.onHead(ctx, *ev.head)
 	case ev.checked != nil:
-		if v.checkDone(ctx, *ev.checked, p.r) {
-			return awaiting(p.r, v.locks[p.r]), nil
-		}
+		return v.verdict(ctx, *ev.checked, p.r), nil
 	case ev.wake:
 		return p.due(ctx, in), nil
 	}

@@ -195,9 +195,8 @@ func (p *leadPhase) on(ctx context.Context, in *bus.Inbox, ev event) (*next, err
 	case ev.head != nil:
 		v.proposed(ctx, ev.head.From, ev.head.Msg)
 	case ev.checked != nil:
-		if v.checkDone(ctx, *ev.checked, r.round) {
-			// It signed another validator's proposal of this round: it follows that one.
-			return awaiting(r.round, v.locks[r.round]), nil
+		if n := v.verdict(ctx, *ev.checked, r.round); n != nil {
+			return n, nil // it signed another validator's proposal of this round: it follows that one
 		}
 	case ev.contribution != nil:
 		// Its lease may be another validator's, granted just now. (While issuing no lease

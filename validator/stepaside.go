@@ -228,16 +228,13 @@ func (p *leadPhase) onAside(ctx context.Context, in *bus.Inbox, ev event) (*next
 	v, r := p.v, p.r
 	switch {
 	case ev.contribution != nil:
-		v.noteSpeed(ev.contribution.From, ev.contribution.Msg)
-		v.noteReport(ev.contribution.From, ev.contribution.Msg, r.round)
+		v.overheard(*ev.contribution, r.round)
 	case ev.leases != nil:
 		p.asideHeard(*ev.leases)
 	case ev.head != nil:
 		p.asideHead(ctx, *ev.head)
 	case ev.checked != nil:
-		if v.checkDone(ctx, *ev.checked, r.round) {
-			return awaiting(r.round, v.locks[r.round]), nil
-		}
+		return v.verdict(ctx, *ev.checked, r.round), nil
 	case ev.wake:
 		// What queued while the loop was busy comes first, as in following.
 		for drained := false; !drained; {
@@ -352,6 +349,14 @@ type staleReport struct {
 	round  uint64
 	lease  cid.Cid
 	readIn uint64
+}
+
+// overheard takes in a contribution read while this validator does not lead the round
+// (following, standing aside): its trainer's speed, and what it tells of a lease of the
+// round before (noteReport).
+func (v *validator) overheard(c bus.Received[gossip.Contribution], open uint64) {
+	v.noteSpeed(c.From, c.Msg)
+	v.noteReport(c.From, c.Msg, open)
 }
 
 // noteReport takes in a contribution read while round open is open here, in any loop
