@@ -53,7 +53,8 @@ type check struct {
 
 type checkResult struct {
 	*check
-	err  error
+	err error
+	// took is how long the recomputation took (0: none ran, as for genesis).
 	took time.Duration
 }
 
@@ -70,6 +71,22 @@ func (c *checks) busy(round uint64) bool {
 		return true
 	}
 	return slices.ContainsFunc(c.queued, func(q *check) bool { return q.h.Round == round })
+}
+
+// holdBack says whether a takeover (or a retake) of round that is due now waits for the
+// verdict on a proposal of the round being checked. since is when checks first held it
+// back (zero: they do not now); they hold it back for at most limit, one recomputation's
+// bound: a proposer whose heads keep failing without being refuted (their updates cannot
+// be fetched, say), re-published and checked again and again, is passed over then.
+func (c *checks) holdBack(round uint64, since *time.Time, limit time.Duration) bool {
+	if !c.busy(round) {
+		*since = time.Time{}
+		return false
+	}
+	if since.IsZero() {
+		*since = time.Now()
+	}
+	return time.Since(*since) < limit
 }
 
 // closed cancels the check running for a round up to closed (the canonical head has moved
@@ -158,36 +175,41 @@ func (v *validator) genesisAcceptable(from string, h *chain.Head, warn bool) boo
 	return why == ""
 }
 
-// startCheck checks c in a goroutine, within one round timeout; its verdict arrives on
-// checks.done.
+// startCheck checks c in a goroutine; its verdict arrives on checks.done.
 func (v *validator) startCheck(ctx context.Context, c *check) {
-	cctx, cancel := context.WithTimeout(ctx, v.Config.Lease.RoundTimeout)
+	cctx, cancel := context.WithCancel(ctx)
 	c.cancel = cancel
 	v.checks.running = c
 	go func() {
 		defer cancel()
-		start := time.Now()
-		err := v.runCheck(cctx, c)
+		res := v.runCheck(cctx, c)
 		select {
-		case v.checks.done <- checkResult{check: c, err: err, took: time.Since(start)}:
+		case v.checks.done <- res:
 		case <-ctx.Done():
 		}
 	}()
 }
 
-// runCheck recomputes c's merge (not for genesis) and fetches what the head needs. It
-// reads nothing the loop writes.
-func (v *validator) runCheck(ctx context.Context, c *check) error {
+// runCheck recomputes c's merge (not for genesis), within one round timeout, and fetches
+// what the head needs: a genesis model over a slow link may take longer than that, and
+// the artifact layer's stall detection bounds the fetch. It reads nothing the loop writes.
+func (v *validator) runCheck(ctx context.Context, c *check) checkResult {
+	res := checkResult{check: c}
 	if c.base != nil {
-		if err := v.verifyProposal(ctx, c.from, c.baseID, c.base, c.m, c.id); err != nil {
-			return err
+		vctx, cancel := context.WithTimeout(ctx, v.Config.Lease.RoundTimeout)
+		start := time.Now()
+		res.err = v.verifyProposal(vctx, c.from, c.baseID, c.base, c.m, c.id)
+		res.took = time.Since(start)
+		cancel()
+		if res.err != nil {
+			return res
 		}
 	}
 	hint, _ := peer.Decode(c.from)
 	if err := v.FetchHead(ctx, c.h, hint); err != nil {
-		return fmt.Errorf("%w: %w", errNoArtifacts, err)
+		res.err = fmt.Errorf("%w: %w", errNoArtifacts, err)
 	}
-	return nil
+	return res
 }
 
 // checkDone takes in the verdict on a proposal: the validator attests it if it passed and
@@ -196,6 +218,9 @@ func (v *validator) runCheck(ctx context.Context, c *check) error {
 // head of round.
 func (v *validator) checkDone(ctx context.Context, res checkResult, round uint64) bool {
 	v.checks.running = nil
+	if res.took > 0 {
+		v.mergeTook = res.took
+	}
 	v.settleCheck(ctx, res)
 	for v.checks.running == nil && len(v.checks.queued) > 0 {
 		q := v.checks.queued[0]
@@ -215,6 +240,8 @@ func (v *validator) settleCheck(ctx context.Context, res checkResult) {
 		return // the canonical head moved on, or this validator signed a head of the round meanwhile
 	}
 	switch {
+	case errors.Is(res.err, context.Canceled):
+		return // given up (settleChecks), not failed
 	case errors.Is(res.err, errNoArtifacts):
 		v.Log.Warn("cannot fetch the proposed head's artifacts; not attesting", "round", c.h.Round, "proposer", c.from, "err", res.err)
 		return
@@ -226,9 +253,6 @@ func (v *validator) settleCheck(ctx context.Context, res checkResult) {
 		v.Sink.Event("verify", "round %d: proposal %s by %s failed verification: %v", c.h.Round, cids.Short(c.id.String()), c.from, res.err)
 		v.Sink.Rejected("bad_proposal")
 		return
-	}
-	if c.base != nil {
-		v.mergeTook = res.took
 	}
 	v.attest(ctx, c)
 }
@@ -242,16 +266,34 @@ func (v *validator) verdict(ctx context.Context, res checkResult, round uint64) 
 	return nil
 }
 
-// settleChecks waits for the verdicts on the proposals of round being checked, and says
-// whether this validator signed one of them: a leader about to propose its own head of
-// the round signs no second one, and runs no second merge beside a recomputation.
-func (v *validator) settleChecks(ctx context.Context, round uint64) (bool, error) {
-	for v.checks.busy(round) {
+// settleChecks waits until no check runs — for the verdicts on the proposals of the round
+// after baseID, and for a check of a closed round to wind down — and says whether this
+// validator signed one of them: a leader about to propose its own head of the round signs
+// no second one, and runs no second merge beside a recomputation. It fails with
+// errHeadMoved when the canonical head moves on meanwhile. It waits one recomputation's
+// bound (lease.round_timeout) at most: then it cancels what still runs and drops what
+// waits (a proposal that is re-published is checked again later).
+func (v *validator) settleChecks(ctx context.Context, baseID cid.Cid, round uint64) (bool, error) {
+	limit := time.NewTimer(v.Config.Lease.RoundTimeout)
+	defer limit.Stop()
+	for {
+		changed := v.Tips.Changed()
+		if cur, _ := v.Tips.Current(); !cur.Equals(baseID) {
+			return false, errHeadMoved
+		}
+		if v.checks.running == nil {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()
+		case <-changed:
 		case res := <-v.checks.done:
 			v.checkDone(ctx, res, round)
+		case <-limit.C:
+			v.Log.Warn("proposals of the round still being checked after a round timeout; proposing without their verdict", "round", round)
+			v.checks.queued = nil
+			v.checks.running.cancel()
 		}
 	}
 	_, locked := v.locks[round]

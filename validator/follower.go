@@ -56,6 +56,9 @@ type followPhase struct {
 	// beats that arrived late (a starved process).
 	lastHeard time.Time
 	timer     *time.Timer
+	// deferred is since when checks of the round's proposals have held the takeover back
+	// (checks.holdBack).
+	deferred time.Time
 }
 
 func (p *followPhase) begin(context.Context, *bus.Inbox) (*next, error) {
@@ -210,7 +213,7 @@ func (p *followPhase) due(ctx context.Context, in *bus.Inbox) *next {
 			drained = true
 		}
 	}
-	if v.checks.busy(p.r) {
+	if v.checks.holdBack(p.r, &p.deferred, v.Config.Lease.RoundTimeout) {
 		// A proposal of the round is being checked: no takeover before its verdict (the
 		// timer looks again in LeaseGrace).
 		p.setTimer(LeaseGrace)

@@ -118,6 +118,11 @@ type leadPhase struct {
 	// waitingSince is when issuing last logged that it waits for trainers.
 	waitingSince time.Time
 	aside        *aside // while standing aside
+	// held are verdicts carried over from standing aside in this round (next.held).
+	held map[heldKey]string
+	// checking is since when checks of another validator's proposal of the round have held
+	// the leases back (checks.holdBack).
+	checking time.Time
 }
 
 func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
@@ -128,6 +133,9 @@ func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
 	}
 	r := newOpenRound(ctx, v.Validators, v.Self, p.baseID, p.base, p.firstAttempt)
 	p.r = r
+	if p.held != nil {
+		r.held = p.held
+	}
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.Config.Lease.RoundTimeout))
 	r.merged, r.merges = v.recentMerges(p.baseID)
 	if cur, _ := v.Tips.Current(); !cur.Equals(p.baseID) {
@@ -352,9 +360,13 @@ func (p *leadPhase) nextStep() issueStep {
 	open := r.book.Candidates(live)
 	st.live, st.open = len(live), len(open)
 	st.cands, st.relaxed = v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)
-	// A (re)started leader leases nothing before it has heard the fleet announce.
+	// A (re)started leader leases nothing before it has heard the fleet announce, nor while
+	// it checks another validator's proposal of the round (it follows that one if it
+	// passes: its trainers' work on new leases would be lost), for one recomputation's
+	// bound at most (checks.holdBack).
 	st.step = lease.Wait
-	if time.Since(v.started) > gossip.AnnounceEvery+250*time.Millisecond {
+	checking := v.checks.holdBack(r.round, &p.checking, v.Config.Lease.RoundTimeout)
+	if time.Since(v.started) > gossip.AnnounceEvery+250*time.Millisecond && !checking {
 		st.step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.Config.Lease.MinGroup,
 			Candidates: len(st.cands), Barred: st.barred, Available: len(st.avail), Patience: max(r.window, v.Config.Lease.MinDeadline)})
 	}
@@ -366,20 +378,21 @@ func (p *leadPhase) nextStep() issueStep {
 // the leader still issuing means nothing survived screening.
 func (p *leadPhase) close(ctx context.Context, in *bus.Inbox) (*next, error) {
 	v, r := p.v, p.r
-	// A takeover that queued while this validator collected still comes before its
-	// proposal: two proposals of one round split the validators' locks.
-	v.drainGrants(r, in)
-	if r.takenBy != "" {
-		p.standAside()
-		return nil, nil
-	}
-	locked, err := v.settleChecks(ctx, r.round)
+	locked, err := v.settleChecks(ctx, r.baseID, r.round)
 	if err != nil {
 		return nil, err
 	}
 	if locked {
 		// Another validator's proposal of the round, checked meanwhile, was signed.
 		return awaiting(r.round, v.locks[r.round]), nil
+	}
+	// A takeover that queued while this validator collected (or waited for a verdict
+	// above) still comes before its proposal: two proposals of one round split the
+	// validators' locks.
+	v.drainGrants(r, in)
+	if r.takenBy != "" {
+		p.standAside()
+		return nil, nil
 	}
 	v.settleHeld(r, true) // before the proposal: its notes count the rejections
 	proposal, err := v.propose(ctx, r, time.Since(r.started))

@@ -99,6 +99,9 @@ type next struct {
 	baseID  cid.Cid
 	base    *chain.Head
 	attempt uint64
+	// held are the verdicts a leader that stood aside still holds: leading the round
+	// again, it settles them by the round's end, as if it had led it throughout.
+	held map[heldKey]string
 }
 
 // awaiting is the hand-over to awaiting the quorum of l, the head signed for round.
@@ -181,6 +184,8 @@ func (v *validator) run(ctx context.Context) error {
 			v.Log.Error("round failed", "round", roundOf(head), "err", err)
 			v.Sink.Event("round", "round %d failed: %v", roundOf(head), err)
 			n = startOver()
+			ph.end() // no heartbeat or fetch of the failed round goes on through the back-off
+			ph = nil
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -199,7 +204,7 @@ func (v *validator) phaseFor(n next) phase {
 	case n.lock != nil:
 		return &awaitingPhase{v: v, round: n.round, lock: *n.lock}
 	case n.lead:
-		return &leadPhase{v: v, baseID: n.baseID, base: n.base, firstAttempt: n.attempt}
+		return &leadPhase{v: v, baseID: n.baseID, base: n.base, firstAttempt: n.attempt, held: n.held}
 	case v.done(): // the node ends the run once it has recorded the last head
 		return idlePhase{}
 	}

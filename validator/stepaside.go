@@ -178,6 +178,9 @@ type aside struct {
 	later  []string  // the validators after this one in the round's order
 	expect time.Time // when a later validator must have shown progress by
 	timer  *time.Timer
+	// deferred is since when checks of the round's proposals have held the retake back
+	// (checks.holdBack).
+	deferred time.Time
 }
 
 // retakeAt is when this validator takes the round back: every later validator gets its
@@ -247,7 +250,7 @@ func (p *leadPhase) onAside(ctx context.Context, in *bus.Inbox, ev event) (*next
 				drained = true
 			}
 		}
-		if v.checks.busy(r.round) {
+		if v.checks.holdBack(r.round, &p.aside.deferred, v.Config.Lease.RoundTimeout) {
 			// A proposal of the round is being checked: no retake before its verdict (the
 			// timer looks again in LeaseGrace).
 			p.aside.timer.Stop()
@@ -260,7 +263,9 @@ func (p *leadPhase) onAside(ctx context.Context, in *bus.Inbox, ev event) (*next
 		}
 		v.Log.Warn("the validators that took the round over are silent; leading it again", "round", r.round, "rank", r.rank)
 		v.Sink.Event("takeover", "round %d: the validators after this one in the order fell silent; leading the round again", r.round)
-		return leading(r.baseID, r.base, r.attempt+1), nil
+		n := leading(r.baseID, r.base, r.attempt+1)
+		n.held, r.held = r.held, map[heldKey]string{} // their verdicts wait for the round's end
+		return n, nil
 	}
 	return nil, nil
 }
