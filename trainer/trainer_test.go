@@ -254,6 +254,13 @@ func TestTrainerTrainsItsLease(t *testing.T) {
 			h.work.mu.Lock()
 			require.Equal(t, []windowCall{{5, []uint32{2, 9}, tc.wantSteps, Seed(7, 5, 2, self)}}, h.work.calls)
 			h.work.mu.Unlock()
+			// The lease is let go when the window ends: after the contribution is published,
+			// so the test may read the contribution first.
+			require.Eventually(t, func() bool {
+				h.sink.mu.Lock()
+				defer h.sink.mu.Unlock()
+				return len(h.sink.holding) == 2
+			}, 10*time.Second, time.Millisecond, "the lease was not let go")
 			h.sink.mu.Lock()
 			defer h.sink.mu.Unlock()
 			require.Equal(t, []Trained{{Round: 5, Delta: cids.Raw([]byte{1}), Samples: 40, Loss: 1.5, Seconds: 2, TrainSeconds: 1,
