@@ -214,9 +214,8 @@ func (v *validator) runCheck(ctx context.Context, c *check) checkResult {
 
 // checkDone takes in the verdict on a proposal: the validator attests it if it passed and
 // is still for the open round, with no other head signed for that round meanwhile. The
-// next proposal waiting is checked then. It says whether this validator is now locked to a
-// head of round.
-func (v *validator) checkDone(ctx context.Context, res checkResult, round uint64) bool {
+// next proposal waiting is checked then.
+func (v *validator) checkDone(ctx context.Context, res checkResult) {
 	v.checks.running = nil
 	if res.took > 0 {
 		v.mergeTook = res.took
@@ -229,8 +228,6 @@ func (v *validator) checkDone(ctx context.Context, res checkResult, round uint64
 			v.startCheck(ctx, c)
 		}
 	}
-	_, locked := v.locks[round]
-	return locked
 }
 
 func (v *validator) settleCheck(ctx context.Context, res checkResult) {
@@ -260,8 +257,9 @@ func (v *validator) settleCheck(ctx context.Context, res checkResult) {
 // verdict takes in a check's verdict in a phase of round: the hand-over to awaiting the
 // quorum of the head this validator then signed for round, if it did.
 func (v *validator) verdict(ctx context.Context, res checkResult, round uint64) *next {
-	if v.checkDone(ctx, res, round) {
-		return awaiting(round, v.locks[round])
+	v.checkDone(ctx, res)
+	if l, locked := v.locks[round]; locked {
+		return awaiting(round, l)
 	}
 	return nil
 }
@@ -289,7 +287,7 @@ func (v *validator) settleChecks(ctx context.Context, baseID cid.Cid, round uint
 			return false, ctx.Err()
 		case <-changed:
 		case res := <-v.checks.done:
-			v.checkDone(ctx, res, round)
+			v.checkDone(ctx, res)
 		case <-limit.C:
 			v.Log.Warn("proposals of the round still being checked after a round timeout; proposing without their verdict", "round", round)
 			v.checks.queued = nil

@@ -102,8 +102,7 @@ func (p *followPhase) takeoverAt() time.Time {
 func (p *followPhase) reset() { p.setTimer(time.Until(p.takeoverAt())) }
 
 func (p *followPhase) setTimer(d time.Duration) {
-	p.timer.Stop()
-	p.timer = time.NewTimer(d)
+	p.timer.Reset(d)
 }
 
 func (p *followPhase) waits() waits {

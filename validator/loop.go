@@ -93,7 +93,7 @@ type event struct {
 // signed for a round (lock set), or leading a round on base from attempt (after a takeover,
 // or again after stepping aside). The zero value starts over from the canonical head.
 type next struct {
-	round   uint64
+	round   uint64 // the round of lock
 	lock    *lockedHead
 	lead    bool
 	baseID  cid.Cid
@@ -109,7 +109,7 @@ func awaiting(round uint64, l lockedHead) *next { return &next{round: round, loc
 
 // leading is the hand-over to leading the round after base from attempt.
 func leading(baseID cid.Cid, base *chain.Head, attempt uint64) *next {
-	return &next{round: base.Round + 1, lead: true, baseID: baseID, base: base, attempt: attempt}
+	return &next{lead: true, baseID: baseID, base: base, attempt: attempt}
 }
 
 // startOver is the hand-over to the phase the canonical head calls for.
@@ -263,7 +263,7 @@ func (p *waitingPhase) on(ctx context.Context, _ *bus.Inbox, ev event) (*next, e
 	case ev.head != nil:
 		v.proposed(ctx, ev.head.From, ev.head.Msg)
 	case ev.checked != nil:
-		v.checkDone(ctx, *ev.checked, 0)
+		v.checkDone(ctx, *ev.checked)
 	}
 	return nil, nil
 }
@@ -309,7 +309,7 @@ func (p *awaitingPhase) on(ctx context.Context, _ *bus.Inbox, ev event) (*next, 
 	case ev.head != nil:
 		v.proposed(ctx, ev.head.From, ev.head.Msg)
 	case ev.checked != nil:
-		v.checkDone(ctx, *ev.checked, p.round)
+		v.checkDone(ctx, *ev.checked)
 	case ev.wake:
 		msg := *p.lock.msg
 		if sh, _, err := v.Heads.Get(p.lock.id); err == nil {

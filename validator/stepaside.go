@@ -188,8 +188,7 @@ type aside struct {
 func (a *aside) retakeAt() time.Time { return a.expect.Add(time.Duration(len(a.later)) * TakeoverStep) }
 
 func (a *aside) reset() {
-	a.timer.Stop()
-	a.timer = time.NewTimer(time.Until(a.retakeAt()))
+	a.timer.Reset(time.Until(a.retakeAt()))
 }
 
 func (a *aside) alive(until time.Time) {
@@ -253,8 +252,7 @@ func (p *leadPhase) onAside(ctx context.Context, in *bus.Inbox, ev event) (*next
 		if v.checks.holdBack(r.round, &p.aside.deferred, v.Config.Lease.RoundTimeout) {
 			// A proposal of the round is being checked: no retake before its verdict (the
 			// timer looks again in LeaseGrace).
-			p.aside.timer.Stop()
-			p.aside.timer = time.NewTimer(LeaseGrace)
+			p.aside.timer.Reset(LeaseGrace)
 			return nil, nil
 		}
 		if time.Now().Before(p.aside.retakeAt()) {
