@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 15 item 6 on a GPU machine: TestLMLearningCheck (e2e/lmcheck_test.go) for several
+# seeds and outer settings side by side, one GPU shared. Needs bin/p2pnode (the attack build,
+# as the e2e harness runs it) and bin/e2e.test, built where Go is:
+#   make build TAGS=attack && go test -c -o bin/e2e.test ./e2e/
+# Usage: scripts/lmcheck-gpu.sh OUTDIR ROUNDS H SECONDS "seed:lr,momentum,nesterov" ...
+# Environment: PRESET (small), PRECISION (bf16), EVAL_BYTES (65536), PYTHON (python3).
+# Each run's table goes to OUTDIR/<seed>-<outer>.txt, its progress to the .log beside it.
+set -u
+out=$1 rounds=$2 h=$3 secs=$4
+shift 4
+root=$(cd "$(dirname "$0")/.." && pwd)
+for b in p2pnode e2e.test; do
+  [ -x "$root/bin/$b" ] || { echo "lmcheck-gpu: $root/bin/$b is missing (see the header)" >&2; exit 2; }
+done
+py=${PYTHON:-python3}
+"$py" -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' || exit 2
+mkdir -p "$out"
+(while sleep 20; do nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; done) >"$out/gpu.txt" 2>&1 &
+mon=$!
+pids=()
+for run in "$@"; do
+  seed=${run%%:*} outer=${run#*:}
+  name="seed$seed-${outer//,/_}"
+  P2PNODE_E2E_BINARY="$root/bin/p2pnode" P2PNODE_LM_CHECK=1 P2PNODE_LM_CHECK_PRESET=${PRESET:-small} P2PNODE_LM_CHECK_PYTHON=$py \
+    P2PNODE_LM_CHECK_ROUNDS=$rounds P2PNODE_LM_CHECK_H=$h P2PNODE_LM_CHECK_SEED=$seed \
+    P2PNODE_LM_CHECK_OUTER=$outer P2PNODE_LM_CHECK_DECAY=fit \
+    P2PNODE_LM_CHECK_PRECISION=${PRECISION:-bf16} P2PNODE_LM_CHECK_EVAL_BYTES=${EVAL_BYTES:-65536} \
+    P2PNODE_LM_CHECK_OUT="$out/$name.txt" \
+    "$root/bin/e2e.test" -test.run '^TestLMLearningCheck$' -test.v -test.count=1 -test.timeout "${secs}s" \
+    >"$out/$name.log" 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+kill $mon 2>/dev/null
+echo "GPU utilization, memory every 20 s:"; tr "\n" " " <"$out/gpu.txt"; echo
+for f in "$out"/*.log; do
+  echo "== $f"
+  t=${f%.log}.txt
+  if [ -s "$t" ]; then sed '/^swarm:/,$d' "$t"; else grep -E 'lmcheck_test.go:[0-9]+: [0-9]+s \||^--- ' "$f"; fi
+done
