@@ -1,0 +1,168 @@
+"""DiLoCo on the lm workload in plain PyTorch, without the node: what DiLoCo itself costs.
+
+    cd pyruntime/python
+    python3 -m p2ptrain.tools.diloco_lm_reference --preset tiny --seeds 1 --rounds 24 --h 100 \\
+        --outer 1.0:0.5:plain
+
+The lm counterpart of ``diloco_reference`` (digits), for issue 15 item 6: the transformer of
+``p2ptrain.workloads.lm`` (its corpus split, model, ScheduledAdamW, loss and held-out
+evaluation, imported, not copied) trained two ways from the same initial parameters, as
+``TestLMLearningCheck`` (e2e/lmcheck_test.go) trains it through the node:
+
+- **DiLoCo**: K workers each load the global parameters, run H steps on their microshards
+  and send global − local; the pseudo-gradients are averaged weighted by the samples each
+  read and ``torch.optim.SGD`` takes the outer step (its momentum lives across rounds);
+- **one node**: one worker, K·H steps a round, outer lr 1 and no momentum: plain training.
+
+Each worker keeps its own optimizer (moments and step count) across rounds, as a trainer
+does. With ``--decay fit`` (the default, like ``P2PNODE_LM_CHECK_DECAY=fit``) each run's
+cosine ends at its own last step: H·rounds for the workers, K·H·rounds for the one node.
+
+Data, as the node leases it: a microshard is one shard file (a ``shard_bytes`` block of the
+corpus's training part, ``len // context`` examples); the epoch's microshards are shuffled
+and dealt out in shares that ``lease.WindowShare`` sizes (the microshards an H-step window
+reads without repeating, where the dataset holds that many; ``diloco_reference.Plan``). A
+window draws batches of random ``context + 1`` byte spans from its microshards' bytes, as
+the workload's ``batches`` does. Differences from the node: the permutations and seeds; the
+node's screening and codecs (fp32 is exact) play no part; every worker always contributes.
+"""
+
+import argparse
+import copy
+import json
+import sys
+import time
+
+import torch
+
+from ..workloads import lm
+from .diloco_reference import Outer, Plan, outer_step, window_share
+
+
+class Worker:
+    """A trainer: its model (loaded from the global parameters each round) and its optimizer."""
+
+    def __init__(self, workload, init_state, device, bf16=False):
+        self.workload, self.device, self.bf16 = workload, device, bf16
+        self.model = workload.build_model().to(device)
+        self.model.load_state_dict(init_state)
+        self.opt = workload.build_optimizer(self.model)
+
+    def train(self, global_model, data, steps, seed):
+        """``steps`` steps from the global parameters on the byte tensor ``data``; returns
+        the samples read."""
+        with torch.no_grad():
+            for p, g in zip(self.model.parameters(), global_model.parameters()):
+                p.copy_(g)
+        self.model.train()
+        gen = torch.Generator().manual_seed(seed)
+        T, B = self.workload.context, self.workload.batch_size
+        span = torch.arange(T + 1)
+        for _ in range(steps):
+            off = torch.randint(0, len(data) - T, (B,), generator=gen)
+            w = data[off[:, None] + span].to(self.device)
+            # --bf16: the loss under autocast, as the worker's workload.precision bf16 does.
+            with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.bf16):
+                loss = self.workload.loss(self.model, (w[:, :-1], w[:, 1:]))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss {float(loss)} in a window of {steps} steps (seed {seed})")
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+        return steps * B
+
+
+def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_trainer, device, on_round=None, bf16=False):
+    """``rounds`` rounds of DiLoCo (``workers`` × ``h`` steps, ``outer``); returns the held-out
+    metrics after every round."""
+    examples = sum(len(b) // workload.context for b in blocks)
+    share = window_share(h, workload.batch_size, len(blocks), examples, workers, per_trainer)
+    plan = Plan(len(blocks), workers, share, h, seed)
+    global_model = workload.build_model().to(device)
+    global_model.load_state_dict(init_state)
+    outer_opt = torch.optim.SGD(global_model.parameters(), lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov)
+    ws = [Worker(workload, init_state, device, bf16) for _ in range(workers)]
+    curve = []
+    for r in range(1, rounds + 1):
+        trained, weights = [], []
+        for k, (got, steps) in enumerate(plan.next_round()):
+            if steps == 0:
+                continue
+            data = torch.frombuffer(bytearray(b"".join(blocks[i] for i in got)), dtype=torch.uint8).long()
+            trained.append(ws[k].model)
+            weights.append(ws[k].train(global_model, data, steps, seed * 1_000_003 + r * 1009 + k))
+        outer_step(global_model, outer_opt, trained, weights)
+        global_model.eval()
+        with torch.no_grad():
+            m = workload.evaluate(global_model)
+        curve.append(m)
+        if on_round:
+            on_round(r, m)
+    return curve
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m p2ptrain.tools.diloco_lm_reference", description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="tiny", help="lm preset (tiny, small, base)")
+    ap.add_argument("--config", default="", help="more workload.config keys, key=value,key=value (e.g. eval_bytes=65536)")
+    ap.add_argument("--seeds", default="1", help="comma-separated seeds (model init, data order)")
+    ap.add_argument("--rounds", type=int, default=24)
+    ap.add_argument("--h", type=int, default=100, help="inner steps per worker per round")
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--outer", type=Outer.parse, action="append",
+                    help="lr:momentum[:nesterov|plain], repeatable (default 1.0:0.5:plain)")
+    ap.add_argument("--per-trainer", type=int, default=2, help="lease.microshards_per_trainer before WindowShare raises it")
+    ap.add_argument("--decay", choices=("fit", "preset"), default="fit",
+                    help="fit: each run's cosine ends at its last step; preset: the preset's decay_steps")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (workload.precision: bf16)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    a = ap.parse_args(argv)
+    outers = a.outer or [Outer(1.0, 0.5, False)]
+    seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    extra = {}
+    for kv in filter(None, a.config.split(",")):
+        k, _, v = kv.partition("=")
+        extra[k] = json.loads(v)
+    torch.set_num_threads(a.threads)
+
+    def workload(steps_per_round):
+        cfg = dict(extra, preset=a.preset)
+        if a.decay == "fit":
+            cfg["decay_steps"] = steps_per_round * a.rounds
+        w = lm.LM(cfg)
+        w.device = a.device
+        return w
+
+    wl, base_wl = workload(a.h), workload(a.workers * a.h)
+    blocks, _ = wl.split()
+    lo = min(a.rounds - a.rounds // 3 + 1, a.rounds)
+    print(f"lm {a.preset}: {a.workers} workers x H={a.h} vs one node x {a.workers * a.h} steps a round; "
+          f"{a.rounds} rounds; decay {a.decay}; {len(blocks)} microshards; mean over rounds {lo}-{a.rounds}")
+    t0 = time.perf_counter()
+    rows = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        init = copy.deepcopy(wl.build_model().state_dict())
+        base = run(base_wl, blocks, init, 1, a.workers * a.h, Outer(1.0), seed, a.rounds, a.per_trainer * a.workers,
+                   a.device, lambda r, m: print(f"seed {seed} one node round {r}: loss {m['loss']:.4f}", flush=True), a.bf16)
+        for o in outers:
+            dl = run(wl, blocks, init, a.workers, a.h, o, seed, a.rounds, a.per_trainer, a.device,
+                     lambda r, m: print(f"seed {seed} {o} round {r}: loss {m['loss']:.4f}", flush=True), a.bf16)
+            print(f"\n### seed {seed}, {o}\n\n| round | DiLoCo loss | one node loss | DiLoCo / one node |\n|---|---|---|---|")
+            for r, (d, b) in enumerate(zip(dl, base), 1):
+                print(f"| {r} | {d['loss']:.4f} | {b['loss']:.4f} | {100 * (d['loss'] / b['loss'] - 1):+.1f} % |")
+            d = sum(m["loss"] for m in dl[lo - 1 :]) / len(dl[lo - 1 :])
+            b = sum(m["loss"] for m in base[lo - 1 :]) / len(base[lo - 1 :])
+            rows.append((o, seed, d, b, dl[-1]["loss"], base[-1]["loss"]))
+            sys.stdout.flush()
+    print(f"\n## Summary: held-out loss, mean over rounds {lo}-{a.rounds} and at round {a.rounds} "
+          f"({time.perf_counter() - t0:.0f} s)\n")
+    print("| outer | seed | DiLoCo | one node | gap | DiLoCo last | one node last | gap last |\n|---|---|---|---|---|---|---|---|")
+    for o, seed, d, b, dlast, blast in rows:
+        print(f"| {o} | {seed} | {d:.4f} | {b:.4f} | {100 * (d / b - 1):+.2f} % | {dlast:.4f} | {blast:.4f} | "
+              f"{100 * (dlast / blast - 1):+.2f} % |")
+
+
+if __name__ == "__main__":
+    main()
