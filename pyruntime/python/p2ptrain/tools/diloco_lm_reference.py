@@ -36,7 +36,7 @@ import time
 import torch
 
 from ..workloads import lm
-from .diloco_reference import Outer, Plan, outer_step, window_share
+from .diloco_reference import Outer, Plan, diloco, window_share
 
 
 class Worker:
@@ -80,25 +80,13 @@ def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_train
     plan = Plan(len(blocks), workers, share, h, seed)
     global_model = workload.build_model().to(device)
     global_model.load_state_dict(init_state)
-    outer_opt = torch.optim.SGD(global_model.parameters(), lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov)
+
+    def train(worker, got, steps, window_seed):
+        data = torch.frombuffer(bytearray(b"".join(blocks[i] for i in got)), dtype=torch.uint8).long()
+        return worker.train(global_model, data, steps, window_seed)
+
     ws = [Worker(workload, init_state, device, bf16) for _ in range(workers)]
-    curve = []
-    for r in range(1, rounds + 1):
-        trained, weights = [], []
-        for k, (got, steps) in enumerate(plan.next_round()):
-            if steps == 0:
-                continue
-            data = torch.frombuffer(bytearray(b"".join(blocks[i] for i in got)), dtype=torch.uint8).long()
-            trained.append(ws[k].model)
-            weights.append(ws[k].train(global_model, data, steps, seed * 1_000_003 + r * 1009 + k))
-        outer_step(global_model, outer_opt, trained, weights)
-        global_model.eval()
-        with torch.no_grad():
-            m = workload.evaluate(global_model)
-        curve.append(m)
-        if on_round:
-            on_round(r, m)
-    return curve
+    return diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_round)
 
 
 def main(argv=None):

@@ -158,26 +158,21 @@ def outer_step(global_model, outer_opt, workers_models, weights):
     outer_opt.zero_grad(set_to_none=True)
 
 
-def run(workload, x, y, init_state, workers, h, outer, seed, rounds, per_trainer, per_shard, on_round=None):
-    """Train ``rounds`` rounds of DiLoCo (``workers`` × ``h`` steps, ``outer``); returns the
-    held-out metrics after every round, ``[{"accuracy", "loss"}]``."""
-    shards = microshards(len(y), per_shard)
-    share = window_share(h, workload.batch_size, len(shards), len(y), workers, per_trainer)
-    plan = Plan(len(shards), workers, share, h, seed)
-    global_model = workload.build_model()
-    global_model.load_state_dict(init_state)
+def diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_round=None):
+    """The rounds themselves, shared with the lm reference (``diloco_lm_reference``): each
+    round ``plan`` deals the microshards, ``train(worker, microshards, steps, window_seed)``
+    trains a worker's window from ``global_model`` and returns the samples it read, the
+    pseudo-gradients are averaged weighted by those and ``outer`` steps ``global_model``.
+    Returns the held-out metrics after every round."""
     outer_opt = torch.optim.SGD(global_model.parameters(), lr=outer.lr, momentum=outer.momentum, nesterov=outer.nesterov)
-    ws = [Worker(workload, init_state) for _ in range(workers)]
     curve = []
     for r in range(1, rounds + 1):
         trained, weights = [], []
         for k, (got, steps) in enumerate(plan.next_round()):
             if steps == 0:
                 continue
-            rows = np.concatenate([np.arange(*shards[i]) for i in got])
-            n = ws[k].train(global_model, x[rows], y[rows], steps, seed * 1_000_003 + r * 1009 + k)
+            weights.append(train(ws[k], got, steps, seed * 1_000_003 + r * 1009 + k))
             trained.append(ws[k].model)
-            weights.append(n)
         outer_step(global_model, outer_opt, trained, weights)
         global_model.eval()
         with torch.no_grad():
@@ -186,6 +181,23 @@ def run(workload, x, y, init_state, workers, h, outer, seed, rounds, per_trainer
         if on_round:
             on_round(r, m)
     return curve
+
+
+def run(workload, x, y, init_state, workers, h, outer, seed, rounds, per_trainer, per_shard, on_round=None):
+    """Train ``rounds`` rounds of DiLoCo (``workers`` × ``h`` steps, ``outer``); returns the
+    held-out metrics after every round, ``[{"accuracy", "loss"}]``."""
+    shards = microshards(len(y), per_shard)
+    share = window_share(h, workload.batch_size, len(shards), len(y), workers, per_trainer)
+    plan = Plan(len(shards), workers, share, h, seed)
+    global_model = workload.build_model()
+    global_model.load_state_dict(init_state)
+
+    def train(worker, got, steps, window_seed):
+        rows = np.concatenate([np.arange(*shards[i]) for i in got])
+        return worker.train(global_model, x[rows], y[rows], steps, window_seed)
+
+    ws = [Worker(workload, init_state) for _ in range(workers)]
+    return diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_round)
 
 
 def window_mean(curve, lo, hi):
