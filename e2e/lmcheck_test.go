@@ -175,15 +175,14 @@ func TestLMLearningCheck(t *testing.T) {
 			}
 		}
 	}()
+	stopProgress := func() { close(stop); <-progressDone }
 	for _, p := range append(swarm, solo...) {
 		if err := p.Wait(60 * time.Minute); err != nil {
-			close(stop)
-			<-progressDone
+			stopProgress()
 			t.Fatalf("%s: %v", p.Name, err)
 		}
 	}
-	close(stop)
-	<-progressDone
+	stopProgress()
 	var b strings.Builder
 	fmt.Fprintf(&b, "preset %s %v (decay fit %v, precision %q): swarm of 3 trainers x H=%d (outer %+v) vs one node x %d steps per round, %d rounds, %.0fs\n",
 		preset, wcfg, fit, precision, h, swarm[0].Cfg.Protocol.DiLoCo, 3*h, rounds, time.Since(start).Seconds())
