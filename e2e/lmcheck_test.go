@@ -23,8 +23,8 @@ import (
 // the demo's 1.0/0.5) and by one node with the same compute per round (3H steps, outer lr 1
 // and no momentum: the head is its local model, so this is plain training). Leases start at
 // 2 microshards per trainer and 6 for the one node; lease.WindowShare raises both to what a
-// window reads where the dataset holds it (small at H 100: 7 per trainer, 19), so both read
-// about the same text per round. Both evaluate every head on the same held-out text; the
+// window reads where the dataset holds it (small at H 100: 7 per trainer, 21 a round, and
+// 19), so both read about the same text per round. Both evaluate every head on the same held-out text; the
 // test logs the rows as they come and, at the end, both curves, the swarm's excess loss and
 // its mean over the last third of the rounds. It fails only if a run breaks.
 // scripts/lmcheck-gpu.sh runs several side by side; docs/diloco-cost.md has the results.
