@@ -22,9 +22,10 @@ Data, as the node leases it: a microshard is one shard file (a ``shard_bytes`` b
 corpus's training part, ``len // context`` examples); the epoch's microshards are shuffled
 and dealt out in shares that ``lease.WindowShare`` sizes (the microshards an H-step window
 reads without repeating, where the dataset holds that many; ``diloco_reference.Plan``). A
-window draws batches of random ``context + 1`` byte spans from its microshards' bytes, as
-the workload's ``batches`` does. Differences from the node: the permutations and seeds; the
-node's screening and codecs (fp32 is exact) play no part; every worker always contributes.
+window draws batches of random ``context + 1`` byte spans from its microshards' bytes with
+the workload's own ``window_batch`` (what its ``batches`` yields). Differences from the
+node: the permutations and seeds; the node's screening and codecs (fp32 is exact) play no
+part; every worker always contributes.
 """
 
 import argparse
@@ -36,7 +37,7 @@ import time
 import torch
 
 from ..workloads import lm
-from .diloco_reference import Outer, Plan, diloco, window_share
+from .diloco_reference import Outer, Plan, diloco, load_global, window_mean, window_share
 
 
 class Worker:
@@ -51,25 +52,20 @@ class Worker:
     def train(self, global_model, data, steps, seed):
         """``steps`` steps from the global parameters on the byte tensor ``data``; returns
         the samples read."""
-        with torch.no_grad():
-            for p, g in zip(self.model.parameters(), global_model.parameters()):
-                p.copy_(g)
+        load_global(self.model, global_model)
         self.model.train()
         gen = torch.Generator().manual_seed(seed)
-        T, B = self.workload.context, self.workload.batch_size
-        span = torch.arange(T + 1)
         for _ in range(steps):
-            off = torch.randint(0, len(data) - T, (B,), generator=gen)
-            w = data[off[:, None] + span].to(self.device)
+            x, y = (t.to(self.device) for t in self.workload.window_batch(data, gen))
             # --bf16: the loss under autocast, as the worker's workload.precision bf16 does.
             with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.bf16):
-                loss = self.workload.loss(self.model, (w[:, :-1], w[:, 1:]))
+                loss = self.workload.loss(self.model, (x, y))
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss {float(loss)} in a window of {steps} steps (seed {seed})")
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
-        return steps * B
+        return steps * self.workload.batch_size
 
 
 def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_trainer, device, on_round=None, bf16=False):
@@ -140,8 +136,7 @@ def main(argv=None):
             print(f"\n### seed {seed}, {o}\n\n| round | DiLoCo loss | one node loss | DiLoCo / one node |\n|---|---|---|---|")
             for r, (d, b) in enumerate(zip(dl, base), 1):
                 print(f"| {r} | {d['loss']:.4f} | {b['loss']:.4f} | {100 * (d['loss'] / b['loss'] - 1):+.1f} % |")
-            d = sum(m["loss"] for m in dl[lo - 1 :]) / len(dl[lo - 1 :])
-            b = sum(m["loss"] for m in base[lo - 1 :]) / len(base[lo - 1 :])
+            d, b = window_mean(dl, lo, a.rounds)[1], window_mean(base, lo, a.rounds)[1]
             rows.append((o, seed, d, b, dl[-1]["loss"], base[-1]["loss"]))
             sys.stdout.flush()
     print(f"\n## Summary: held-out loss, mean over rounds {lo}-{a.rounds} and at round {a.rounds} "

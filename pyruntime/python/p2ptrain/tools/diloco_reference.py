@@ -112,6 +112,13 @@ class Plan:
         return out
 
 
+def load_global(model, global_model):
+    """Copy the global parameters into a worker's model, as a trainer loads its base head."""
+    with torch.no_grad():
+        for p, g in zip(model.parameters(), global_model.parameters()):
+            p.copy_(g)
+
+
 class Worker:
     """A trainer: its model (loaded from the global parameters each round) and its AdamW."""
 
@@ -123,9 +130,7 @@ class Worker:
 
     def train(self, global_model, x, y, steps, seed):
         """H steps from the global parameters on rows (x, y); returns examples read."""
-        with torch.no_grad():
-            for p, g in zip(self.model.parameters(), global_model.parameters()):
-                p.copy_(g)
+        load_global(self.model, global_model)
         self.model.train()
         torch.manual_seed(seed)
         bs = self.workload.batch_size

@@ -322,13 +322,17 @@ class LM(Workload):
     def batches(self, shard_paths):
         """Random windows of context+1 bytes; one pass is about as many tokens as the shards hold."""
         data = self._data(shard_paths)
-        T, B = self.context, self.batch_size
-        n_batches = max(1, (len(data) - 1) // (T * B))
-        span = torch.arange(T + 1)
+        n_batches = max(1, (len(data) - 1) // (self.context * self.batch_size))
         for _ in range(n_batches):
-            off = torch.randint(0, len(data) - T, (B,))
-            w = data[off[:, None] + span]
-            yield w[:, :-1], w[:, 1:]
+            yield self.window_batch(data)
+
+    def window_batch(self, data, generator=None):
+        """One batch: ``batch_size`` spans of context+1 bytes at random offsets in ``data``
+        (an int64 tensor), as (inputs, next-byte targets)."""
+        T = self.context
+        off = torch.randint(0, len(data) - T, (self.batch_size,), generator=generator)
+        w = data[off[:, None] + torch.arange(T + 1)]
+        return w[:, :-1], w[:, 1:]
 
     def loss(self, model, batch):
         x, y = batch
