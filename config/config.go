@@ -140,6 +140,10 @@ const (
 	PolicyEMA    = "ema"
 )
 
+// OverlapEager is protocol.overlap's one mode: trainers train their next window while
+// the round closes.
+const OverlapEager = "eager"
+
 // Protocol is how rounds train and merge.
 type Protocol struct {
 	MergePolicy string `yaml:"merge_policy"`
@@ -152,8 +156,13 @@ type Protocol struct {
 	Int8Block         int    `yaml:"int8_block"`
 	SparseBlock       int    `yaml:"sparse_block"`
 	SparseTopK        int    `yaml:"sparse_topk"`
-	DiLoCo            DiLoCo `yaml:"diloco"`
-	EMA               EMA    `yaml:"ema"`
+	// Overlap is how a trainer's windows overlap the round's communication: "" (none: a
+	// trainer waits for the next head and lease after publishing) or OverlapEager (a lease
+	// reserves the trainer's next microshards, and it trains them at once from its own
+	// model, measured against the next head: lease.Lease.Next, docs/wan.md).
+	Overlap string `yaml:"overlap"`
+	DiLoCo  DiLoCo `yaml:"diloco"`
+	EMA     EMA    `yaml:"ema"`
 }
 
 // DiLoCo is the outer optimizer.

@@ -214,6 +214,7 @@ func (c *Config) validateProtocol(v *validator) {
 	default:
 		v.add("protocol.codec", "must be fp32, fp16, int8 or sparse, got %q", p.Codec)
 	}
+	v.check(p.Overlap == "" || p.Overlap == OverlapEager, "protocol.overlap", "must be empty (no overlap) or %q, got %q", OverlapEager, p.Overlap)
 	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
 	v.check(p.SparseBlock >= 1 && p.SparseBlock <= 1<<24, "protocol.sparse_block", "must be in [1, 16777216], got %d", p.SparseBlock)
 	v.check(p.SparseTopK >= 1 && p.SparseTopK <= max(p.SparseBlock, 1), "protocol.sparse_topk", "must be in [1, protocol.sparse_block = %d], got %d", p.SparseBlock, p.SparseTopK)

@@ -214,7 +214,7 @@ func DecodeLeases(b []byte) (*Leases, error) {
 		}
 		seen[l.Trainer] = true
 	}
-	if err := checkMicroshards(m.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "leases"); err != nil {
+	if err := checkMicroshards(m.Leases, leaseLists, "leases"); err != nil {
 		return nil, err
 	}
 	return &m, nil
@@ -223,21 +223,27 @@ func DecodeLeases(b []byte) (*Leases, error) {
 // checkMicroshards holds lists of microshards to the lease package's bounds: none longer
 // than a lease may be, and together no more than a round may lease. Those bounds are what
 // keep a grant, a contribution and a proposal inside their topics' sizes; a message beyond
-// them was not made by a node that follows them.
-func checkMicroshards[T any](xs []T, shards func(T) []uint32, what string) error {
+// them was not made by a node that follows them. A lease's reservation for the next round
+// (lease.Lease.Next) counts toward the round's bound like its microshards.
+func checkMicroshards[T any](xs []T, lists func(T) [][]uint32, what string) error {
 	total := 0
 	for _, x := range xs {
-		n := len(shards(x))
-		if n > lease.MaxLeaseMicroshards {
-			return fmt.Errorf("%w: %s: a list of %d microshards, at most %d", ErrMalformed, what, n, lease.MaxLeaseMicroshards)
+		for _, shards := range lists(x) {
+			n := len(shards)
+			if n > lease.MaxLeaseMicroshards {
+				return fmt.Errorf("%w: %s: a list of %d microshards, at most %d", ErrMalformed, what, n, lease.MaxLeaseMicroshards)
+			}
+			total += n
 		}
-		total += n
 	}
 	if total > lease.MaxRoundMicroshards {
 		return fmt.Errorf("%w: %s: %d microshards in all, at most %d a round", ErrMalformed, what, total, lease.MaxRoundMicroshards)
 	}
 	return nil
 }
+
+// leaseLists are the microshard lists a lease carries: its own and its reservation.
+func leaseLists(l lease.Lease) [][]uint32 { return [][]uint32{l.Microshards, l.Next} }
 
 // DecodeContribution decodes and schema-checks a contribution.
 func DecodeContribution(b []byte) (*Contribution, error) {
@@ -320,10 +326,10 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 				return nil, nil, fmt.Errorf("%w: proposal lease for %q is not for round %d", ErrMalformed, l.Trainer, h.Round)
 			}
 		}
-		if err := checkMicroshards(p.Leases, func(l lease.Lease) []uint32 { return l.Microshards }, "proposal leases"); err != nil {
+		if err := checkMicroshards(p.Leases, leaseLists, "proposal leases"); err != nil {
 			return nil, nil, err
 		}
-		if err := checkMicroshards(p.Candidates, func(c Candidate) []uint32 { return c.Microshards }, "proposal candidates"); err != nil {
+		if err := checkMicroshards(p.Candidates, func(c Candidate) [][]uint32 { return [][]uint32{c.Microshards} }, "proposal candidates"); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -88,8 +88,11 @@ func TestWorstCaseMessagesFitTheirTopics(t *testing.T) {
 	shares := worstShares(worstTrainers, lease.MaxRoundMicroshards, lease.MaxLeaseMicroshards)
 	leases := make([]lease.Lease, worstTrainers)
 	for i := range leases {
-		leases[i] = lease.Lease{Round: math.MaxUint64, Base: base, Trainer: peers[i], Microshards: shares[i],
-			Expiry: math.MaxInt64, Issuer: issuer, Epoch: math.MaxUint64, Steps: math.MaxUint32}
+		// Each lease reserves its last microshard for the next round (protocol.overlap:
+		// eager): a reservation counts toward the round's bound, and costs its own fields.
+		n := len(shares[i]) - 1
+		leases[i] = lease.Lease{Round: math.MaxUint64, Base: base, Trainer: peers[i], Microshards: shares[i][:n],
+			Expiry: math.MaxInt64, Issuer: issuer, Epoch: math.MaxUint64, Steps: math.MaxUint32, Next: shares[i][n:], NextSteps: math.MaxUint32}
 	}
 	grant := &Leases{Experiment: name, Round: math.MaxUint64, Base: base, Issuer: issuer, Deadline: math.MaxInt64,
 		Leases: leases, Attempt: math.MaxUint64}
@@ -189,6 +192,19 @@ func TestDecodersRejectMicroshardsBeyondTheBounds(t *testing.T) {
 		}},
 		{"grant over the round bound", func() error {
 			_, err := DecodeLeases(enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: spread}))
+			return err
+		}},
+		{"reservation too long", func() error {
+			_, err := DecodeLeases(enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: []lease.Lease{{Round: 2, Base: base, Trainer: "t", Microshards: []uint32{0}, Next: long, NextSteps: 1, Issuer: "v"}}}))
+			return err
+		}},
+		{"grant over the round bound with its reservations", func() error {
+			half := slices.Clone(spread)
+			for i := range half {
+				n := len(half[i].Microshards) / 2
+				half[i].Microshards, half[i].Next, half[i].NextSteps = half[i].Microshards[:n], half[i].Microshards[n:], 1
+			}
+			_, err := DecodeLeases(enc(&Leases{Round: 2, Base: base, Issuer: "v", Leases: half}))
 			return err
 		}},
 		{"contribution too long", func() error {

@@ -49,6 +49,14 @@
 // short lease's steps against the share, so a tail window neither repeats its data nor
 // outweighs a full one.
 //
+// # A window ahead
+//
+// With protocol.overlap: eager a lease also reserves its trainer's microshards for the
+// next round (Lease.Next, NextSteps), drawn from what the round leaves: the trainer trains
+// them while the round closes, and the next round's leader leases them to it again when its
+// update was merged and they are still available (validator/overlap.go). A reservation is a
+// hint, not a grant: Check validates it, the ledger ignores it.
+//
 // Misses (expired or released leases) count toward Quarantine like soft rejections, and at
 // an epoch's tail, when microshards are fewer than trainers, trainers whose contributions
 // were merged recently are served before those that merely announce a high capacity.

@@ -29,6 +29,13 @@ type Lease struct {
 	// Steps is how many inner steps the trainer runs: the round's inner_steps scaled by the
 	// trainer's capacity, so that fast and slow trainers finish near the same time.
 	Steps uint32 `cbor:"8,keyasint,omitempty"`
+	// Next reserves the trainer's microshards for the round after this one
+	// (protocol.overlap: eager), and NextSteps its steps there. A trainer that has published
+	// its update trains them at once, from its own model; the next round's leader leases them
+	// to it again (with NextSteps) if its update was merged and they are still available.
+	// Empty: no reservation. Only a hint: the next round's lease is what counts.
+	Next      []uint32 `cbor:"9,keyasint,omitempty"`
+	NextSteps uint32   `cbor:"10,keyasint,omitempty"`
 }
 
 // ID is the CID of the lease's canonical encoding.
@@ -64,6 +71,32 @@ func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 		}
 		if s >= base.Ledger.Shards || consumed(base.Ledger, s) {
 			return fmt.Errorf("%w: lease for %s: microshard %d is not available in epoch %d", ErrInvalid, l.Trainer, s, base.Ledger.Epoch)
+		}
+	}
+	return l.checkNext(base)
+}
+
+// checkNext checks a lease's reservation: none, or sorted microshards of the ledger's plan,
+// none of them leased now, with steps.
+func (l *Lease) checkNext(base *chain.Head) error {
+	if len(l.Next) == 0 {
+		if l.NextSteps != 0 {
+			return fmt.Errorf("%w: lease for %s reserves steps but no microshards", ErrInvalid, l.Trainer)
+		}
+		return nil
+	}
+	if l.NextSteps == 0 || len(l.Next) > MaxLeaseMicroshards {
+		return fmt.Errorf("%w: lease for %s: a reservation needs steps and at most %d microshards", ErrInvalid, l.Trainer, MaxLeaseMicroshards)
+	}
+	for i, s := range l.Next {
+		if i > 0 && l.Next[i-1] >= s {
+			return fmt.Errorf("%w: lease for %s: reserved microshards must be sorted, without repeats", ErrInvalid, l.Trainer)
+		}
+		if s >= base.Ledger.Shards {
+			return fmt.Errorf("%w: lease for %s reserves microshard %d of a plan of %d", ErrInvalid, l.Trainer, s, base.Ledger.Shards)
+		}
+		if _, leased := slices.BinarySearch(l.Microshards, s); leased {
+			return fmt.Errorf("%w: lease for %s reserves microshard %d, which it leases now", ErrInvalid, l.Trainer, s)
 		}
 	}
 	return nil

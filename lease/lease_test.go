@@ -200,6 +200,13 @@ func TestLeaseCheck(t *testing.T) {
 		"unsorted":       func(l *Lease) { l.Microshards = []uint32{2, 1} },
 		"duplicate":      func(l *Lease) { l.Microshards = []uint32{1, 1} },
 		"empty":          func(l *Lease) { l.Microshards = nil },
+		// A reservation (protocol.overlap: eager) is checked too.
+		"next without steps": func(l *Lease) { l.Next = []uint32{3} },
+		"steps without next": func(l *Lease) { l.NextSteps = 4 },
+		"next unsorted":      func(l *Lease) { l.Next, l.NextSteps = []uint32{4, 3}, 4 },
+		"next duplicate":     func(l *Lease) { l.Next, l.NextSteps = []uint32{3, 3}, 4 },
+		"next out of range":  func(l *Lease) { l.Next, l.NextSteps = []uint32{8}, 4 },
+		"next leased now":    func(l *Lease) { l.Next, l.NextSteps = []uint32{2, 3}, 4 },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -210,6 +217,10 @@ func TestLeaseCheck(t *testing.T) {
 		})
 	}
 	require.NotEqual(t, ok.ID(), (&Lease{Round: 5, Base: baseID.Bytes(), Trainer: "u", Microshards: []uint32{1, 2}, Issuer: "v"}).ID())
+	reserving := ok
+	reserving.Next, reserving.NextSteps = []uint32{3, 7}, 4
+	require.NoError(t, reserving.Check(baseID, base))
+	require.NotEqual(t, ok.ID(), reserving.ID(), "the reservation is part of the lease's id")
 
 	// A ledger whose bitmap is shorter than its shard count (a head built in memory, not
 	// decoded) leases nothing past the bitmap, and panics nowhere.
