@@ -16,6 +16,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/merge"
@@ -343,9 +344,10 @@ func (p *leadPhase) nextStep() issueStep {
 			taken[s] = true
 		}
 	}
+	reserved := r.reservedNow()
 	var st issueStep
 	for _, s := range lease.Available(r.base.Ledger) {
-		if !taken[s] {
+		if !taken[s] && !reserved[s] {
 			st.avail = append(st.avail, s)
 		}
 	}
@@ -492,15 +494,31 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// leases only what is left of the round's bound, so the proposal fits its message.
 	budget := lease.MaxRoundMicroshards
 	for _, rc := range r.received {
-		budget -= len(rc.msg.Microshards)
+		budget -= len(rc.msg.Microshards) + len(rc.lease.Next)
 	}
 	// A trainer's share holds a window's samples where the epoch allows it, so a window does
 	// not loop over its examples (window.go).
 	share := v.windowShare(len(work))
-	plan := lease.AssignWithin(avail, work, share, budget, seed)
+	// Trainers that trained their reservation ahead get it (overlap.go); the others share
+	// what is left.
+	plan, steps, rest, others := honour(v.reservations(r), avail, work, budget)
+	for _, ms := range plan {
+		budget -= len(ms)
+	}
+	fresh := lease.AssignWithin(rest, others, share, budget, seed)
 	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
 	// their data, so they neither repeat it nor outweigh it.
-	steps := lease.TailSteps(lease.Steps(work, v.Config.Protocol.InnerSteps), plan, work, share)
+	freshSteps := lease.TailSteps(lease.Steps(others, v.Config.Protocol.InnerSteps), fresh, others, share)
+	for p, ms := range fresh {
+		plan[p], steps[p] = ms, freshSteps[p]
+		budget -= len(ms)
+	}
+	var next map[string][]uint32
+	var nextSteps map[string]int
+	// No reservation for a round after the experiment's last.
+	if v.Config.Protocol.Overlap == config.OverlapEager && (v.Config.Experiment.Rounds == 0 || r.round < uint64(v.Config.Experiment.Rounds)) {
+		next, nextSteps = reserve(avail, plan, work, share, budget, v.Config.Protocol.InnerSteps, seed)
+	}
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
 		peers = append(peers, p)
@@ -522,6 +540,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, p := range peers {
 		l := lease.Lease{Round: r.round, Base: r.baseID.Bytes(), Trainer: p, Microshards: plan[p],
 			Expiry: r.deadline.UnixMilli(), Issuer: v.Self, Epoch: r.base.Ledger.Epoch, Steps: uint32(steps[p])}
+		if ns := next[p]; len(ns) > 0 {
+			l.Next, l.NextSteps = ns, uint32(nextSteps[p])
+		}
 		r.leases[l.ID()] = l
 		r.all = append(r.all, l)
 		msg.Leases = append(msg.Leases, l)

@@ -65,6 +65,9 @@ type grantedLease struct {
 	base    string // the base head's CID bytes
 	trainer string
 	issuer  string
+	// next and nextSteps are the lease's reservation for the round after (overlap.go).
+	next      []uint32
+	nextSteps uint32
 }
 
 func newGrantLog() *grantLog { return &grantLog{rounds: map[uint64]map[cid.Cid]grantedLease{}} }
@@ -88,7 +91,7 @@ func (g *grantLog) record(from string, m *gossip.Leases) {
 		if len(kept) >= maxGrantsKept {
 			return
 		}
-		kept[l.ID()] = grantedLease{base: string(l.Base), trainer: l.Trainer, issuer: from}
+		kept[l.ID()] = grantedLease{base: string(l.Base), trainer: l.Trainer, issuer: from, next: l.Next, nextSteps: l.NextSteps}
 	}
 }
 

@@ -1,0 +1,81 @@
+package validator
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/lease"
+)
+
+func TestHonourLeasesReservationsThatAreStillAvailable(t *testing.T) {
+	work := []lease.Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 1}, {Peer: "c", Capacity: 1}}
+	cases := []struct {
+		name      string
+		res       map[string]reservation
+		avail     []uint32
+		budget    int
+		honoured  map[string][]uint32
+		rest      []uint32
+		othersLen int
+	}{
+		{"none reserved", nil, []uint32{1, 2, 3}, 100, map[string][]uint32{}, []uint32{1, 2, 3}, 3},
+		{"all honoured", map[string]reservation{"a": {[]uint32{1}, 5}, "b": {[]uint32{2}, 5}, "c": {[]uint32{3, 4}, 5}},
+			[]uint32{1, 2, 3, 4, 5}, 100, map[string][]uint32{"a": {1}, "b": {2}, "c": {3, 4}}, []uint32{5}, 0},
+		{"a microshard consumed since", map[string]reservation{"a": {[]uint32{1, 9}, 5}, "b": {[]uint32{2}, 5}},
+			[]uint32{1, 2, 3}, 100, map[string][]uint32{"b": {2}}, []uint32{1, 3}, 2},
+		{"reserved for a peer not among the candidates", map[string]reservation{"z": {[]uint32{1}, 5}},
+			[]uint32{1, 2}, 100, map[string][]uint32{}, []uint32{1, 2}, 3},
+		{"over the round's budget", map[string]reservation{"a": {[]uint32{1, 2}, 5}, "b": {[]uint32{3}, 5}},
+			[]uint32{1, 2, 3}, 1, map[string][]uint32{"b": {3}}, []uint32{1, 2}, 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, steps, rest, others := honour(tc.res, tc.avail, work, tc.budget)
+			require.Equal(t, tc.honoured, plan)
+			require.Equal(t, tc.rest, rest)
+			require.Len(t, others, tc.othersLen)
+			for p := range plan {
+				require.Equal(t, tc.res[p].steps, steps[p], "the reserved steps go with the reservation")
+			}
+		})
+	}
+}
+
+func TestReserveDrawsFromWhatTheRoundLeaves(t *testing.T) {
+	work := []lease.Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 1}, {Peer: "idle", Capacity: 1}}
+	avail := []uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	plan := map[string][]uint32{"a": {0, 1}, "b": {2, 3}}
+	next, steps := reserve(avail, plan, work, 2, 100, 20, []byte("seed"))
+	require.Len(t, next, 2, "only the peers leased now reserve")
+	seen := map[uint32]bool{0: true, 1: true, 2: true, 3: true}
+	for p, ms := range next {
+		require.Len(t, ms, 2, p)
+		require.Equal(t, 20, steps[p])
+		for _, s := range ms {
+			require.False(t, seen[s], "microshard %d reserved twice or leased now", s)
+			seen[s] = true
+		}
+	}
+
+	// Short of microshards (an epoch's tail): fewer, with fewer steps; none left: nothing.
+	next, steps = reserve([]uint32{0, 1, 2, 3, 4}, plan, work, 2, 100, 20, []byte("seed"))
+	total := 0
+	for p, ms := range next {
+		total += len(ms)
+		if len(ms) < 2 {
+			require.Less(t, steps[p], 20)
+		}
+	}
+	require.Equal(t, 1, total)
+	next, _ = reserve([]uint32{0, 1, 2, 3}, plan, work, 2, 100, 20, []byte("seed"))
+	require.Empty(t, next)
+
+	// The round's bound counts the leases first.
+	next, _ = reserve(avail, plan, work, 2, 5, 20, []byte("seed"))
+	total = 0
+	for _, ms := range next {
+		total += len(ms)
+	}
+	require.Equal(t, 1, total)
+}
