@@ -7,6 +7,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/trainer"
 )
@@ -22,10 +23,21 @@ func honestWindows(t *round.Trainer) trainer.Window { return t }
 // trainerLoop is the trainer role (package trainer) wired to this node.
 func trainerLoop(e *env) func(s *startup) (func(context.Context) error, error) {
 	return func(s *startup) (func(context.Context) error, error) {
+		work := e.wrapWork(s.work)
+		var eager trainer.Eager
+		if e.cfg.Protocol.Overlap == config.OverlapEager {
+			// Windows trained ahead train with the round.Trainer itself: a decorated one (the
+			// attack build's) would corrupt only the windows trained after a wait.
+			if honest, ok := work.(*round.Trainer); ok {
+				eager = honest
+			} else {
+				e.log.Warn("protocol.overlap: eager is off on this node: its windows are decorated (attack build)")
+			}
+		}
 		return trainer.New(trainer.Params{
 			Experiment: e.cfg.Experiment.ID, Seed: e.cfg.Experiment.Seed, InnerSteps: e.cfg.Protocol.InnerSteps,
 			Rounds: e.cfg.Experiment.Rounds, Self: e.self, IsValidator: e.isValidator,
-			Bus: e.bus, Chain: chainView{e}, Work: e.wrapWork(s.work), Capacity: s.capacity,
+			Bus: e.bus, Chain: chainView{e}, Work: work, Eager: eager, Capacity: s.capacity,
 			Sink: trainerSink{e}, Log: e.log,
 		}).Run, nil
 	}

@@ -1,6 +1,7 @@
 package round
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -101,13 +102,18 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 // the pseudo-gradient itself takes it with Delta and stores it with EncodeDelta. Close
 // removes the worker's output.
 type Window struct {
-	t           *Trainer
-	round       uint64 // the round the window trains for
-	paramsID    cid.Cid
+	t     *Trainer
+	round uint64 // the round the window trains for
+	// start is the pack the window trained from: a head's parameters, or for a window
+	// trained ahead (RunWindowFrom) a scratch pack the window owns and Close removes.
+	start       string
+	ownStart    bool
 	out, optOut string // the worker's output parameters and optimizer state
 	res         pyruntime.TrainResult
-	start       time.Time
-	fetched     float64 // seconds spent getting the microshards
+	began       time.Time
+	trained     time.Time // when the worker returned
+	taken       time.Time // when a window trained ahead was taken (Take)
+	fetched     float64   // seconds spent getting the microshards
 	microshards []uint32
 	layoutHash  string // the base's layout hash, set by Delta
 }
@@ -123,36 +129,147 @@ func (t *Trainer) RunWindow(ctx context.Context, base *chain.Head, microshards [
 	if !t.Store.Has(paramsID) {
 		return nil, fmt.Errorf("train on head round %d: params %s: %w", base.Round, paramsID, artifact.ErrNotFound)
 	}
+	return t.run(ctx, start, t.Store.BlobPath(paramsID), false, base.Round+1, "", microshards, steps, seed)
+}
+
+// RunWindowFrom runs a window for round from the pack at start instead of a head's
+// parameters: a window trained ahead of its lease (protocol.overlap: eager) from the
+// trainer's own model (Window.Rebase). The window owns start: Close removes it.
+func (t *Trainer) RunWindowFrom(ctx context.Context, start string, round uint64, microshards []uint32, steps int, seed int64) (*Window, error) {
+	w, err := t.run(ctx, time.Now(), start, true, round, "ahead-", microshards, steps, seed)
+	if err != nil {
+		os.Remove(start)
+	}
+	return w, err
+}
+
+func (t *Trainer) run(ctx context.Context, began time.Time, start string, ownStart bool, round uint64, prefix string, microshards []uint32, steps int, seed int64) (*Window, error) {
 	fetchStart := time.Now()
 	shards, err := t.Shards.Paths(ctx, microshards)
 	if err != nil {
-		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
 	fetched := time.Since(fetchStart).Seconds()
 	scratch := t.Runtime.ScratchDir()
-	out := filepath.Join(scratch, fmt.Sprintf("local-%d.safetensors", base.Round+1))
-	optOut := filepath.Join(scratch, fmt.Sprintf("opt-%d.safetensors", base.Round+1))
+	out := filepath.Join(scratch, fmt.Sprintf("%slocal-%d.safetensors", prefix, round))
+	optOut := filepath.Join(scratch, fmt.Sprintf("%sopt-%d.safetensors", prefix, round))
 	res, err := t.Runtime.Train(ctx, pyruntime.TrainJob{
-		Base: t.Store.BlobPath(paramsID), Out: out, OptIn: t.OptState, OptOut: optOut,
+		Base: start, Out: out, OptIn: t.OptState, OptOut: optOut,
 		Shards: shards, Steps: steps, Seed: seed,
 	})
 	if err != nil {
 		os.Remove(out)
 		os.Remove(optOut)
-		return nil, fmt.Errorf("train round %d: %w", base.Round+1, err)
+		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
-	return &Window{t: t, round: base.Round + 1, paramsID: paramsID, out: out, optOut: optOut, res: res,
-		start: start, fetched: fetched, microshards: microshards}, nil
+	return &Window{t: t, round: round, start: start, ownStart: ownStart, out: out, optOut: optOut, res: res,
+		began: began, trained: time.Now(), fetched: fetched, microshards: microshards}, nil
 }
 
-// Close removes the worker's output parameters.
-func (w *Window) Close() { os.Remove(w.out) }
+// Close removes the worker's output parameters, and the start pack of a window trained
+// ahead.
+func (w *Window) Close() {
+	if w.out != "" {
+		os.Remove(w.out)
+	}
+	if w.ownStart {
+		os.Remove(w.start)
+	}
+}
+
+// Drop closes a window that will not be encoded, and removes its optimizer state too:
+// the trainer goes on from the state it had before the window.
+func (w *Window) Drop() {
+	w.Close()
+	if w.optOut != w.t.OptState {
+		os.Remove(w.optOut)
+	}
+}
+
+// Rebase writes to a scratch pack, whose path it returns, the model this trainer goes on from after the window: base's
+// parameters plus the window's progress (its output minus its start). A window that
+// started from base ends where its output is: that is moved, not recomputed. For a window
+// trained ahead it is the eager reconciliation: the next head, with the trainer's own
+// update on top. It streams the three packs a block at a time.
+func (w *Window) Rebase(base *chain.Head) (string, error) {
+	paramsID, err := base.ParamsID()
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(w.t.Runtime.ScratchDir(), fmt.Sprintf("start-%d.safetensors", w.round+1))
+	basePath := w.t.Store.BlobPath(paramsID)
+	if basePath == w.start {
+		if err := os.Rename(w.out, dst); err != nil {
+			return "", fmt.Errorf("rebase round %d: %w", w.round, err)
+		}
+		w.out = ""
+		return dst, nil
+	}
+	if err := rebase(basePath, w.start, w.out, dst); err != nil {
+		os.Remove(dst)
+		return "", fmt.Errorf("rebase round %d on head round %d: %w", w.round, base.Round, err)
+	}
+	return dst, nil
+}
+
+// Take marks a window trained ahead as taken for its lease: its wall time (Result.Seconds)
+// leaves out the wait between the worker's end and now.
+func (w *Window) Take() { w.taken = time.Now() }
+
+// rebase writes base + (local − start) to dst.
+func rebase(basePath, startPath, localPath, dst string) error {
+	var rs [3]*pack.PackReader
+	for i, p := range []string{basePath, startPath, localPath} {
+		r, err := pack.OpenPackReader(p)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		if i > 0 && !pack.SameLayout(r.Layout, rs[0].Layout) {
+			return fmt.Errorf("%w: %s has layout %s, the head %s", pack.ErrLayoutMismatch, p, r.Layout.Hash(), rs[0].Layout.Hash())
+		}
+		rs[i] = r
+	}
+	f, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	sw, err := pack.NewStreamWriter(bw, rs[0].Layout, nil)
+	if err != nil {
+		return err
+	}
+	n := rs[0].Layout.Params()
+	var b, s, l [StreamBlock]float32
+	for lo := int64(0); lo < n; lo += StreamBlock {
+		k := int(min(StreamBlock, n-lo))
+		for i, dst := range [][]float32{b[:k], s[:k], l[:k]} {
+			if err := rs[i].ReadValues(lo, dst); err != nil {
+				return err
+			}
+		}
+		for i := range k {
+			b[i] += l[i] - s[i]
+		}
+		if err := sw.Write(b[:k]); err != nil {
+			return err
+		}
+	}
+	if err := sw.Close(); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return f.Close()
+}
 
 // Encode encodes and stores the window's pseudo-gradient with the trainer's codec. The
 // dense codecs stream it from the two packs (encodeDense); the sparse one needs it whole.
 func (w *Window) Encode() (*Result, error) {
 	if w.t.Codec != diloco.Sparse {
-		id, norm, err := w.t.encodeDense(w.paramsID, w.out)
+		id, norm, err := w.t.encodeDense(w.start, w.out)
 		if err != nil {
 			return nil, fmt.Errorf("train round %d: %w", w.round, err)
 		}
@@ -168,9 +285,9 @@ func (w *Window) Encode() (*Result, error) {
 // Delta returns the window's pseudo-gradient (base − local), after checking that the
 // worker's output has the base's layout and only finite values.
 func (w *Window) Delta() ([]float32, error) {
-	basePack, err := pack.Load(w.t.Store.BlobPath(w.paramsID))
+	basePack, err := pack.Load(w.start)
 	if err != nil {
-		return nil, fmt.Errorf("train round %d: base params %s: %w", w.round, w.paramsID, err)
+		return nil, fmt.Errorf("train round %d: start params: %w", w.round, err)
 	}
 	defer basePack.Close()
 	local, err := pack.Load(w.out)
@@ -238,9 +355,13 @@ func (w *Window) StoreRaw(delta []float32) (*Result, error) {
 func (w *Window) done(id cid.Cid, norm float64) *Result {
 	w.t.keepOptState(w.t.Runtime.ScratchDir(), w.optOut)
 	res := w.res
+	wall := time.Since(w.began)
+	if !w.taken.IsZero() {
+		wall = w.trained.Sub(w.began) + time.Since(w.taken)
+	}
 	return &Result{
 		Delta: id, Samples: uint64(res.Samples), Loss: res.Loss, LossFirst: res.LossFirst, LossLast: res.LossLast,
-		Steps: res.Steps, Seconds: time.Since(w.start).Seconds(), TrainSeconds: res.Seconds, FetchSeconds: w.fetched,
+		Steps: res.Steps, Seconds: wall.Seconds(), TrainSeconds: res.Seconds, FetchSeconds: w.fetched,
 		Microshards: w.microshards, OptState: w.optOut, DeltaNorm: norm,
 	}
 }
@@ -265,10 +386,10 @@ func (t *Trainer) keepOptState(scratch, optOut string) {
 // encodeDense encodes and stores the delta of the worker's output against the base params
 // with a dense codec, streaming (encodeStreaming): the Go side of a trainer then holds the
 // residual and a few blocks, not the base, the local model, the delta and its encoding.
-func (t *Trainer) encodeDense(paramsID cid.Cid, out string) (cid.Cid, float64, error) {
-	baseR, err := pack.OpenPackReader(t.Store.BlobPath(paramsID))
+func (t *Trainer) encodeDense(start, out string) (cid.Cid, float64, error) {
+	baseR, err := pack.OpenPackReader(start)
 	if err != nil {
-		return cid.Undef, 0, fmt.Errorf("base params %s: %w", paramsID, err)
+		return cid.Undef, 0, fmt.Errorf("start params: %w", err)
 	}
 	defer baseR.Close()
 	localR, err := pack.OpenPackReader(out)

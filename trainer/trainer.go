@@ -76,19 +76,25 @@ type Params struct {
 	Chain       Chain
 	Work        Window
 	Capacity    *Capacity // measured here, announced by the node
-	Sink        Sink
-	Log         *slog.Logger
+	// Eager, when set (protocol.overlap: eager), trains the reservations leases carry
+	// ahead of their lease (ahead.go).
+	Eager Eager
+	Sink  Sink
+	Log   *slog.Logger
 }
 
 // Trainer is the trainer role's loop.
-type Trainer struct{ Params }
+type Trainer struct {
+	Params
+	ahead *aheadWindow // a window training or trained ahead of its lease (Run's goroutine only)
+}
 
 // New returns the trainer role; Run runs it.
 func New(p Params) *Trainer {
 	if p.Capacity == nil {
 		p.Capacity = &Capacity{}
 	}
-	return &Trainer{p}
+	return &Trainer{Params: p}
 }
 
 // baseWait is how long a lease waits for its base head to become canonical here.
@@ -99,7 +105,13 @@ const baseWait = 10 * time.Second
 func (t *Trainer) Run(ctx context.Context) error {
 	in := t.Bus.Subscribe()
 	defer in.Close()
+	defer func() {
+		if t.ahead != nil {
+			t.dropAhead(t.ahead, "the run ended")
+		}
+	}()
 	for {
+		t.dropStaleAhead()
 		if t.done() { // the node's watcher ends the run once it has recorded the last head
 			<-ctx.Done()
 			return ctx.Err()
@@ -180,7 +192,18 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	if steps == 0 {
 		steps = t.InnerSteps
 	}
-	res, err := t.Work.Train(wctx, base, l.Microshards, steps, Seed(t.Seed, l.Round, m.Attempt, t.Self))
+	seed := Seed(t.Seed, l.Round, m.Attempt, t.Self)
+	var res *round.Result
+	var w *round.Window // the window, kept past its update under overlap (ahead.go)
+	if t.Eager != nil {
+		w, err = t.eagerWindow(ctx, wctx, base, l, steps, seed)
+		if err == nil {
+			defer w.Close()
+			res, err = w.Encode()
+		}
+	} else {
+		res, err = t.Work.Train(wctx, base, l.Microshards, steps, seed)
+	}
 	if err != nil {
 		if errors.Is(wctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 			return fmt.Errorf("lease for round %d expired before training finished: %w", l.Round, err)
@@ -197,7 +220,13 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	t.Log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
 		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds),
 		"fetch_params_seconds", fmt.Sprintf("%.3f", fetched.Seconds()), "fetch_shards_seconds", fmt.Sprintf("%.3f", res.FetchSeconds))
-	return t.Bus.Publish(ctx, c)
+	if err := t.Bus.Publish(ctx, c); err != nil {
+		return err
+	}
+	if w != nil {
+		t.startAhead(ctx, w, base, l)
+	}
+	return nil
 }
 
 // release tells the round's leader that this trainer gives lease l back because of cause.

@@ -1,0 +1,130 @@
+package trainer
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+// Eager is what a trainer trains with under protocol.overlap: eager (round.Trainer).
+//
+// A lease may reserve the trainer's microshards for the next round (lease.Lease.Next).
+// Having published its update, the trainer does not wait for the next head: it moves the
+// window's output to be its model and trains the reservation from there at once (ahead).
+// When the next round's lease comes and grants exactly the reservation (same round,
+// microshards and steps), the window trained ahead is its window: its update is what the
+// window moved the model by (its start minus its end), published on the lease's base head
+// like any other. The trainer then goes on from that head plus the window's progress
+// (round.Window.Rebase): the eager reconciliation. Any other lease, or none by the time
+// the round it was for has closed, drops the window trained ahead (its optimizer state
+// too) and the trainer trains as without overlap.
+type Eager interface {
+	RunWindow(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*round.Window, error)
+	RunWindowFrom(ctx context.Context, start string, round uint64, microshards []uint32, steps int, seed int64) (*round.Window, error)
+}
+
+// aheadWindow is a window training, or trained, ahead of its lease.
+type aheadWindow struct {
+	round       uint64
+	microshards []uint32
+	steps       int
+	cancel      context.CancelFunc
+	done        chan struct{}
+	w           *round.Window // once done, with err nil
+	err         error
+}
+
+// startAhead trains l's reservation from where window w (trained for l, on base) left
+// the model.
+func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.Head, l lease.Lease) {
+	if len(l.Next) == 0 || l.NextSteps == 0 || (t.Rounds > 0 && l.Round >= uint64(t.Rounds)) {
+		return
+	}
+	start, err := w.Rebase(base)
+	if err != nil {
+		t.Log.Warn("not training ahead", "round", l.Round+1, "err", err)
+		return
+	}
+	t.ahead = t.launchAhead(ctx, start, l.Round+1, l.Next, int(l.NextSteps))
+	t.Log.Info("training ahead", "round", l.Round+1, "microshards", len(l.Next), "steps", l.NextSteps)
+}
+
+// launchAhead starts training a window for round from the pack at start.
+func (t *Trainer) launchAhead(ctx context.Context, start string, round uint64, microshards []uint32, steps int) *aheadWindow {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &aheadWindow{round: round, microshards: microshards, steps: steps, cancel: cancel, done: make(chan struct{})}
+	// The attempt of the lease to come is not known yet: a window trained ahead draws its
+	// batches as attempt 0 would.
+	seed := Seed(t.Seed, round, 0, t.Self)
+	go func() {
+		defer close(a.done)
+		a.w, a.err = t.Eager.RunWindowFrom(ctx, start, round, microshards, steps, seed)
+	}()
+	return a
+}
+
+// takeAhead returns the window trained ahead for lease l (of steps steps), once it is
+// trained, or nil when there is none for it (one for another lease is dropped). ctx bounds
+// the wait.
+func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, steps int) *round.Window {
+	a := t.ahead
+	if a == nil {
+		return nil
+	}
+	t.ahead = nil
+	if a.round != l.Round || a.steps != steps || !slices.Equal(a.microshards, l.Microshards) {
+		t.dropAhead(a, "the lease grants other microshards")
+		return nil
+	}
+	waitStart := time.Now()
+	select {
+	case <-a.done:
+	case <-ctx.Done():
+		t.dropAhead(a, "the lease ended first")
+		return nil
+	}
+	if a.err != nil {
+		t.Log.Warn("window trained ahead failed: training the lease from its base", "round", a.round, "err", a.err)
+		return nil
+	}
+	t.Log.Info("took the window trained ahead", "round", a.round, "waited_seconds", time.Since(waitStart).Seconds())
+	a.w.Take()
+	return a.w
+}
+
+// dropAhead stops and removes a window trained ahead.
+func (t *Trainer) dropAhead(a *aheadWindow, why string) {
+	a.cancel()
+	<-a.done
+	if a.w != nil {
+		a.w.Drop()
+	}
+	t.Log.Info("dropped the window trained ahead", "round", a.round, "why", why)
+}
+
+// dropStaleAhead drops the window trained ahead once the round it was for has closed
+// without a lease for it here (or the run ended).
+func (t *Trainer) dropStaleAhead() {
+	if t.ahead == nil {
+		return
+	}
+	if _, h := t.Chain.Current(); h != nil && h.Round >= t.ahead.round {
+		t.dropAhead(t.ahead, "its round closed")
+		t.ahead = nil
+	}
+}
+
+// eagerWindow trains lease l on base: the window trained ahead for it, or a new one.
+func (t *Trainer) eagerWindow(ctx, wctx context.Context, base *chain.Head, l lease.Lease, steps int, seed int64) (*round.Window, error) {
+	if w := t.takeAhead(wctx, l, steps); w != nil {
+		return w, nil
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return t.Eager.RunWindow(wctx, base, l.Microshards, steps, seed)
+}

@@ -1,0 +1,90 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+// blockingEager trains ahead until its context ends, or fails at once with fail.
+type blockingEager struct {
+	fail     error
+	canceled chan struct{}
+}
+
+func (e *blockingEager) RunWindow(context.Context, *chain.Head, []uint32, int, int64) (*round.Window, error) {
+	return nil, errors.New("not used")
+}
+
+func (e *blockingEager) RunWindowFrom(ctx context.Context, _ string, _ uint64, _ []uint32, _ int, _ int64) (*round.Window, error) {
+	if e.fail != nil {
+		return nil, e.fail
+	}
+	<-ctx.Done()
+	close(e.canceled)
+	return nil, ctx.Err()
+}
+
+// A window trained ahead is used only for the lease it was trained for: another lease, a
+// lease that ends first, a failed window or a round that closed without its lease drop it
+// (stopping the worker), and the trainer trains as without overlap.
+func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
+	reserved := lease.Lease{Round: 3, Microshards: []uint32{4, 5}}
+	cases := []struct {
+		name  string
+		fail  error
+		lease lease.Lease
+		steps int
+		ended bool // the lease's context ends before the window is trained
+	}{
+		{"other microshards", nil, lease.Lease{Round: 3, Microshards: []uint32{4, 6}}, 10, false},
+		{"other round", nil, lease.Lease{Round: 4, Microshards: []uint32{4, 5}}, 10, false},
+		{"other steps", nil, reserved, 11, false},
+		{"the lease ends first", nil, reserved, 10, true},
+		{"the window failed", errors.New("worker crashed"), reserved, 10, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &blockingEager{fail: tc.fail, canceled: make(chan struct{})}
+			tr := New(Params{Eager: e, Log: slog.New(slog.DiscardHandler)})
+			tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10)
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.ended {
+				cancel()
+			}
+			defer cancel()
+			require.Nil(t, tr.takeAhead(ctx, tc.lease, tc.steps))
+			require.Nil(t, tr.ahead)
+			if tc.fail == nil {
+				select {
+				case <-e.canceled:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the window trained ahead still runs")
+				}
+			}
+		})
+	}
+
+	t.Run("its round closed", func(t *testing.T) {
+		e := &blockingEager{canceled: make(chan struct{})}
+		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
+		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
+		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10)
+		ch.head = &chain.Head{Round: 2}
+		tr.dropStaleAhead()
+		require.NotNil(t, tr.ahead, "round 3 is still open: its lease may come")
+		ch.head = &chain.Head{Round: 3}
+		tr.dropStaleAhead()
+		require.Nil(t, tr.ahead)
+		<-e.canceled
+	})
+}
