@@ -11,7 +11,8 @@ package e2e
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
 // WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_HIDDEN (the digits MLP's width; 512 makes it
 // 300 K parameters, 4096 17 M), WAN_INNER_STEPS (protocol.inner_steps; the swarm's default
-// otherwise), WAN_SIZE_MB (40), WAN_REPS (2).
+// otherwise), WAN_OVERLAP (protocol.overlap: eager to train ahead), WAN_SIZE_MB (40),
+// WAN_REPS (2).
 
 import (
 	"bufio"
@@ -358,6 +359,7 @@ func TestWANSwarm(t *testing.T) {
 		if codec == "sparse" {
 			c.Protocol.DiLoCo.Momentum = 0
 		}
+		c.Protocol.Overlap = os.Getenv("WAN_OVERLAP")
 	})
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	for i, p := range procs {
@@ -418,8 +420,8 @@ func TestWANSwarm(t *testing.T) {
 	}
 	modelBytes := pm.Size
 
-	fmt.Printf("\nWAN swarm: %d trainers, %s, %d rounds, links %.0f/%.0f Mbit/s up/down, fp32 model %d bytes\n",
-		trainers, codec, rounds, envFloat("WAN_UP_MBIT", 20), envFloat("WAN_DOWN_MBIT", 100), modelBytes)
+	fmt.Printf("\nWAN swarm: %d trainers, %s, overlap %q, %d rounds, links %.0f/%.0f Mbit/s up/down, fp32 model %d bytes\n",
+		trainers, codec, os.Getenv("WAN_OVERLAP"), rounds, envFloat("WAN_UP_MBIT", 20), envFloat("WAN_DOWN_MBIT", 100), modelBytes)
 	fmt.Printf("%-10s %5s %12s %12s %9s %9s %9s %9s %6s\n", "trainer", "round", "sent B", "received B", "sent %", "recv %", "train s", "round s", "util")
 	for ti, p := range procs[1:] {
 		train := map[int]float64{}
