@@ -91,14 +91,14 @@ func allIn(xs []uint32, set map[uint32]bool) bool {
 }
 
 // reserve draws the next round's reservations of the peers leased now from what is left
-// of avail after plan, within budget: the same rule as a lease (lease.AssignWithin with
-// the window share, and lease.TailSteps where the pool runs short), on another seed.
+// of avail after plan, within budget (what the round's bound leaves after plan): the same
+// rule as a lease (lease.AssignWithin with the window share, and lease.TailSteps where the
+// pool runs short), on another seed.
 func reserve(avail []uint32, plan map[string][]uint32, work []lease.Trainer, share, budget, innerSteps int, seed []byte) (map[string][]uint32, map[string]int) {
 	leased := map[uint32]bool{}
 	for _, ms := range plan {
 		for _, s := range ms {
 			leased[s] = true
-			budget--
 		}
 	}
 	var left []uint32
@@ -115,6 +115,30 @@ func reserve(avail []uint32, plan map[string][]uint32, work []lease.Trainer, sha
 	}
 	next := lease.AssignWithin(left, who, share, budget, append(slices.Clone(seed), 'n'))
 	return next, lease.TailSteps(lease.Steps(who, innerSteps), next, who, share)
+}
+
+// nextPool is what the next round's reservations are drawn from: what avail keeps past
+// plan, or, when plan leases the epoch's last microshards (the next head starts a new
+// epoch), the whole plan of the dataset but what the round reserved already. Without
+// that, every epoch's first round would find no trainer with a window trained ahead.
+// Should the epoch not roll over (a lease of its tail fails), the reservations drawn from
+// the next one are not available on the next head and are not honoured.
+func (r *openRound) nextPool(avail []uint32, plan map[string][]uint32) []uint32 {
+	leased := 0
+	for _, ms := range plan {
+		leased += len(ms)
+	}
+	if leased < len(avail) {
+		return avail
+	}
+	reserved := r.reservedNow()
+	var all []uint32
+	for s := range r.base.Ledger.Shards {
+		if !reserved[s] {
+			all = append(all, s)
+		}
+	}
+	return all
 }
 
 // reservedNow are the microshards reserved by the leases of the round's updates received

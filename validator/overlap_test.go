@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/lease"
 )
 
@@ -71,11 +72,28 @@ func TestReserveDrawsFromWhatTheRoundLeaves(t *testing.T) {
 	next, _ = reserve([]uint32{0, 1, 2, 3}, plan, work, 2, 100, 20, []byte("seed"))
 	require.Empty(t, next)
 
-	// The round's bound counts the leases first.
-	next, _ = reserve(avail, plan, work, 2, 5, 20, []byte("seed"))
+	// Within what the round's bound leaves.
+	next, _ = reserve(avail, plan, work, 2, 1, 20, []byte("seed"))
 	total = 0
 	for _, ms := range next {
 		total += len(ms)
 	}
 	require.Equal(t, 1, total)
+}
+
+// A round that leases its epoch's last microshards reserves from the next epoch's: all of
+// the plan but what it leases now and what its received updates reserved.
+func TestNextPoolRollsOverTheEpoch(t *testing.T) {
+	r := &openRound{base: &chain.Head{Ledger: chain.Ledger{Shards: 8}}, fetches: &deltaFetches{pending: map[string]pendingFetch{}},
+		received: map[string]received{"c": {lease: lease.Lease{Next: []uint32{6}}}}}
+	require.Equal(t, []uint32{4, 5}, r.nextPool([]uint32{4, 5}, map[string][]uint32{"a": {4}}), "microshards are left in the epoch")
+	pool := r.nextPool([]uint32{4, 5}, map[string][]uint32{"a": {4}, "b": {5}})
+	require.Equal(t, []uint32{0, 1, 2, 3, 4, 5, 7}, pool)
+	next, _ := reserve(pool, map[string][]uint32{"a": {4}, "b": {5}}, []lease.Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 1}}, 2, 100, 20, []byte("s"))
+	for _, ms := range next {
+		require.Len(t, ms, 2)
+		require.NotContains(t, ms, uint32(4))
+		require.NotContains(t, ms, uint32(5))
+		require.NotContains(t, ms, uint32(6))
+	}
 }
