@@ -47,6 +47,8 @@ type Options struct {
 	Preset string
 	// Codec is protocol.codec for every node (default: the config's default, fp32).
 	Codec string
+	// Overlap is protocol.overlap for every node ("": none; "eager").
+	Overlap string
 }
 
 // Workloads the demo can train.
@@ -283,6 +285,7 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		if o.Codec != "" {
 			c.Protocol.Codec = o.Codec
 		}
+		c.Protocol.Overlap = o.Overlap
 		return c
 	}
 	var out []*config.Config

@@ -60,3 +60,13 @@ func TestCodecReachesEveryNode(t *testing.T) {
 	_, err := WriteConfigs(Options{Dir: t.TempDir(), Trainers: 1, Rounds: 3, Codec: "int4"})
 	require.ErrorContains(t, err, `protocol.codec: must be fp32, fp16, int8 or sparse, got "int4"`)
 }
+
+func TestOverlapReachesEveryNode(t *testing.T) {
+	cfgs, err := WriteConfigs(Options{Dir: t.TempDir(), Trainers: 2, Rounds: 3, Codec: "sparse", Overlap: "eager"})
+	require.NoError(t, err)
+	for _, c := range cfgs {
+		require.Equal(t, "eager", c.Protocol.Overlap)
+	}
+	_, err = WriteConfigs(Options{Dir: t.TempDir(), Trainers: 1, Rounds: 3, Overlap: "lazy"})
+	require.ErrorContains(t, err, `protocol.overlap: must be empty (no overlap) or "eager", got "lazy"`)
+}

@@ -56,6 +56,7 @@ byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 	cmd.Flags().StringVar(&o.Workload, "workload", demo.WorkloadDigits, "what to train: digits, lm (a byte-level transformer) or charlm (a byte-level GRU)")
 	cmd.Flags().StringVar(&o.Preset, "preset", "", "lm preset: tiny (default), small or base")
 	cmd.Flags().StringVar(&o.Codec, "codec", "", "protocol.codec of every node: fp32 (default), fp16, int8 or sparse (compare learning across codecs)")
+	cmd.Flags().StringVar(&o.Overlap, "overlap", "", "protocol.overlap of every node: eager to train the next window while the round closes (default: none)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "continue an earlier demo in --dir instead of starting fresh")
 	return cmd
 }
