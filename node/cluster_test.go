@@ -317,6 +317,14 @@ func (c *cluster) heal() {
 
 func leadersFor(validators []string, head cid.Cid) []string { return lease.Leaders(validators, head) }
 
+// useSparse puts a cluster node on the sparse codec, with blocks small enough for the
+// synthetic model and the outer momentum the codec allows.
+func useSparse(cfg *config.Config) {
+	cfg.Protocol.Codec = "sparse"
+	cfg.Protocol.SparseBlock, cfg.Protocol.SparseTopK = 64, 4
+	cfg.Protocol.DiLoCo.Momentum = 0.5
+}
+
 // On the sparse codec a trainer rebuilds every head after the one it joined on from the
 // parent and the round's contributions, as the validators computed it, instead of
 // downloading the dense parameters: its store ends with the kept heads' parameters
@@ -325,9 +333,7 @@ func leadersFor(validators []string, head cid.Cid) []string { return lease.Leade
 func TestMocknetSparseTrainersRebuildHeads(t *testing.T) {
 	c := newCluster(t, 1, 3, 4, 40)
 	for _, n := range c.nodes {
-		n.cfg.Protocol.Codec = "sparse"
-		n.cfg.Protocol.SparseBlock, n.cfg.Protocol.SparseTopK = 64, 4
-		n.cfg.Protocol.DiLoCo.Momentum = 0.5
+		useSparse(n.cfg)
 		n.cfg.Lease.MinGroup = 3
 		n.logs = &syncBuffer{}
 		require.NoError(t, n.cfg.Validate())

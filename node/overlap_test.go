@@ -28,10 +28,8 @@ func TestMocknetOverlapTrainsAhead(t *testing.T) {
 			c := newCluster(t, tc.validators, 3, rounds, 60)
 			for _, n := range c.nodes {
 				n.cfg.Protocol.Overlap = config.OverlapEager
-				n.cfg.Protocol.Codec = codec
 				if codec == "sparse" {
-					n.cfg.Protocol.SparseBlock, n.cfg.Protocol.SparseTopK = 64, 4
-					n.cfg.Protocol.DiLoCo.Momentum = 0.5
+					useSparse(n.cfg)
 				}
 				n.cfg.Lease.MinGroup = 3
 				n.logs = &syncBuffer{}

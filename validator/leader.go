@@ -333,17 +333,7 @@ type issueStep struct {
 
 func (p *leadPhase) nextStep() issueStep {
 	v, r := p.v, p.r
-	taken := map[uint32]bool{}
-	for _, rc := range r.received {
-		for _, s := range rc.msg.Microshards {
-			taken[s] = true
-		}
-	}
-	for _, pf := range r.fetches.pending {
-		for _, s := range pf.rc.msg.Microshards {
-			taken[s] = true
-		}
-	}
+	taken := r.ofUpdates(func(rc received) []uint32 { return rc.msg.Microshards })
 	reserved := r.reservedNow()
 	var st issueStep
 	for _, s := range lease.Available(r.base.Ledger) {

@@ -144,14 +144,20 @@ func (r *openRound) nextPool(avail []uint32, plan map[string][]uint32) []uint32 
 // reservedNow are the microshards reserved by the leases of the round's updates received
 // or being fetched: a later attempt leaves them for the next round.
 func (r *openRound) reservedNow() map[uint32]bool {
+	return r.ofUpdates(func(rc received) []uint32 { return rc.lease.Next })
+}
+
+// ofUpdates gathers the microshards list(rc) names for each update of the round received
+// or being fetched.
+func (r *openRound) ofUpdates(list func(rc received) []uint32) map[uint32]bool {
 	out := map[uint32]bool{}
 	for _, rc := range r.received {
-		for _, s := range rc.lease.Next {
+		for _, s := range list(rc) {
 			out[s] = true
 		}
 	}
 	for _, pf := range r.fetches.pending {
-		for _, s := range pf.rc.lease.Next {
+		for _, s := range list(pf.rc) {
 			out[s] = true
 		}
 	}
