@@ -186,11 +186,11 @@ func (w *Window) Drop() {
 	}
 }
 
-// Rebase writes to a scratch pack, whose path it returns, the model this trainer goes on from after the window: base's
-// parameters plus the window's progress (its output minus its start). A window that
-// started from base ends where its output is: that is moved, not recomputed. For a window
-// trained ahead it is the eager reconciliation: the next head, with the trainer's own
-// update on top. It streams the three packs a block at a time.
+// Rebase writes the model this trainer goes on from after the window to a scratch pack and
+// returns its path: base's parameters plus the window's progress (its output minus its
+// start). A window that started from base ends where its output is: that is moved, not
+// recomputed. For a window trained ahead it is the eager reconciliation: the lease's head,
+// with the trainer's own update on top. It streams the three packs a block at a time.
 func (w *Window) Rebase(base *chain.Head) (string, error) {
 	paramsID, err := base.ParamsID()
 	if err != nil {

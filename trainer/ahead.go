@@ -77,7 +77,7 @@ func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, steps int) *roun
 	}
 	t.ahead = nil
 	if a.round != l.Round || a.steps != steps || !slices.Equal(a.microshards, l.Microshards) {
-		t.dropAhead(a, "the lease grants other microshards")
+		t.dropAhead(a, "the lease is not the reservation")
 		return nil
 	}
 	waitStart := time.Now()
