@@ -23,7 +23,7 @@ import (
 // checks the lease as any other (lease.Lease.Check), so a restarted leader that lost its
 // grant log, or a round whose leader never heard the grant, only costs the trainers their
 // head start. Later attempts of a round do not lease the reservations of updates already
-// received (availableNow), so those stay honourable.
+// received (reservedNow), so those stay honourable.
 
 // reservation is the next round's microshards and steps a merged lease reserved.
 type reservation struct {
