@@ -121,7 +121,6 @@ type Window struct {
 // RunWindow runs the worker for one window (see Train) and returns its output, not yet
 // encoded.
 func (t *Trainer) RunWindow(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*Window, error) {
-	start := time.Now()
 	paramsID, err := base.ParamsID()
 	if err != nil {
 		return nil, err
@@ -129,27 +128,27 @@ func (t *Trainer) RunWindow(ctx context.Context, base *chain.Head, microshards [
 	if !t.Store.Has(paramsID) {
 		return nil, fmt.Errorf("train on head round %d: params %s: %w", base.Round, paramsID, artifact.ErrNotFound)
 	}
-	return t.run(ctx, start, t.Store.BlobPath(paramsID), false, base.Round+1, "", microshards, steps, seed)
+	return t.run(ctx, t.Store.BlobPath(paramsID), false, base.Round+1, "", microshards, steps, seed)
 }
 
 // RunWindowFrom runs a window for round from the pack at start instead of a head's
 // parameters: a window trained ahead of its lease (protocol.overlap: eager) from the
 // trainer's own model (Window.Rebase). The window owns start: Close removes it.
 func (t *Trainer) RunWindowFrom(ctx context.Context, start string, round uint64, microshards []uint32, steps int, seed int64) (*Window, error) {
-	w, err := t.run(ctx, time.Now(), start, true, round, "ahead-", microshards, steps, seed)
+	w, err := t.run(ctx, start, true, round, "ahead-", microshards, steps, seed)
 	if err != nil {
 		os.Remove(start)
 	}
 	return w, err
 }
 
-func (t *Trainer) run(ctx context.Context, began time.Time, start string, ownStart bool, round uint64, prefix string, microshards []uint32, steps int, seed int64) (*Window, error) {
-	fetchStart := time.Now()
+func (t *Trainer) run(ctx context.Context, start string, ownStart bool, round uint64, prefix string, microshards []uint32, steps int, seed int64) (*Window, error) {
+	began := time.Now()
 	shards, err := t.Shards.Paths(ctx, microshards)
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
-	fetched := time.Since(fetchStart).Seconds()
+	fetched := time.Since(began).Seconds()
 	scratch := t.Runtime.ScratchDir()
 	out := filepath.Join(scratch, fmt.Sprintf("%slocal-%d.safetensors", prefix, round))
 	optOut := filepath.Join(scratch, fmt.Sprintf("%sopt-%d.safetensors", prefix, round))

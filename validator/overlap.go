@@ -57,6 +57,9 @@ func (v *validator) reservations(r *openRound) map[string]reservation {
 // left of avail and of the candidates for the usual assignment.
 func honour(res map[string]reservation, avail []uint32, work []lease.Trainer, budget int) (plan map[string][]uint32, steps map[string]int, rest []uint32, others []lease.Trainer) {
 	plan, steps = map[string][]uint32{}, map[string]int{}
+	if len(res) == 0 { // no overlap, or nothing reserved: nothing to set apart
+		return plan, steps, avail, work
+	}
 	free := map[uint32]bool{}
 	for _, s := range avail {
 		free[s] = true
