@@ -17,6 +17,7 @@ run() { # package benchmark-regexp benchtime
 }
 run ./merge/ 'Merge8x25M$' 5x
 run ./pyruntime/ 'PackRoundTrip$' 1x
+run ./pyruntime/ 'WorkerTrain$' 1x
 run ./artifact/ 'ArtifactFetch' 3x
 run ./artifact/ 'SwarmFetch' 1x
 run ./gossip/ 'Gossip' 1x

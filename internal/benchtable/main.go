@@ -28,6 +28,8 @@ var rows = []row{
 		"BenchmarkPackRoundTrip/worker", "BenchmarkPackRoundTrip/shm-baseline", "ns/op", "<= 2"},
 	{"pack round trip: seed style (JSON + per-element floats) vs ours (speed-up)",
 		"BenchmarkPackRoundTrip/seed-style", "BenchmarkPackRoundTrip/worker", "ns/op", ">= 5"},
+	{"worker: 20 AdamW steps at 17M, glibc malloc as it comes vs the heap kept (speed-up)",
+		"BenchmarkWorkerTrain/glibc-default", "BenchmarkWorkerTrain/heap-kept", "ns/op", ">= 1"},
 	{"merge 8×25M weighted mean vs plain summing loop (read throughput ratio)",
 		"BenchmarkMerge8x25M/weighted-mean", "BenchmarkMerge8x25M/plain-sum", "MB/s", ">= 0.8"},
 	{"mocknet, capped links: fetch from 4 holders vs from 1 (speed-up)",
