@@ -195,6 +195,7 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	seed := Seed(t.Seed, l.Round, m.Attempt, t.Self)
 	var res *round.Result
 	var w *round.Window // the window, kept past its update under overlap (ahead.go)
+	trainStart := time.Now()
 	if t.Eager != nil {
 		w, err = t.eagerWindow(ctx, wctx, base, l, steps, seed)
 		if err == nil {
@@ -206,7 +207,8 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	}
 	if err != nil {
 		if errors.Is(wctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-			return fmt.Errorf("lease for round %d expired before training finished: %w", l.Round, err)
+			return fmt.Errorf("lease for round %d expired before training finished (%d steps, %s in; a window slower than the validators' lease.round_timeout never finishes): %w",
+				l.Round, steps, time.Since(trainStart).Round(time.Second), err)
 		}
 		return err
 	}
