@@ -49,6 +49,12 @@ type Options struct {
 	Codec string
 	// Overlap is protocol.overlap for every node ("": none; "eager").
 	Overlap string
+	// Seed is experiment.seed (0: 1): the initial model, the trainers' batch orders and,
+	// through the heads, the lease draws. The dataset and its held-out split stay.
+	Seed int64
+	// Momentum, when set, is protocol.diloco.momentum for every node instead of the
+	// workload's default (0.5).
+	Momentum *float64
 }
 
 // Workloads the demo can train.
@@ -233,7 +239,7 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		c.Node.HTTP = "127.0.0.1:0"
 		c.Node.DHT = false
 		c.Experiment = config.Experiment{Network: "p2ptrain-demo", ID: "digits-demo", Validators: []string{vid}, Quorum: 1,
-			Rounds: o.Rounds, Seed: 1, EvalEvery: 1}
+			Rounds: o.Rounds, Seed: max(o.Seed, 1), EvalEvery: 1}
 		c.Dataset.Root = "data"
 		c.Dataset.Manifest = "manifest.json"
 		c.Dataset.MicroshardBytes = 16384
@@ -286,6 +292,9 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 			c.Protocol.Codec = o.Codec
 		}
 		c.Protocol.Overlap = o.Overlap
+		if o.Momentum != nil {
+			c.Protocol.DiLoCo.Momentum = *o.Momentum
+		}
 		return c
 	}
 	var out []*config.Config

@@ -70,3 +70,34 @@ func TestOverlapReachesEveryNode(t *testing.T) {
 	_, err = WriteConfigs(Options{Dir: t.TempDir(), Trainers: 1, Rounds: 3, Overlap: "lazy"})
 	require.ErrorContains(t, err, `protocol.overlap: must be empty (no overlap) or "eager", got "lazy"`)
 }
+
+func TestSeedAndMomentumReachEveryNode(t *testing.T) {
+	zero, heavy := 0.0, 0.9
+	for _, tc := range []struct {
+		name     string
+		o        Options
+		seed     int64
+		momentum float64
+		wantErr  string
+	}{
+		{name: "defaults", o: Options{}, seed: 1, momentum: 0.5},
+		{name: "seed and momentum 0", o: Options{Seed: 3, Momentum: &zero, Codec: "sparse", Overlap: "eager"}, seed: 3, momentum: 0},
+		{name: "charlm keeps its seed", o: Options{Seed: 2, Workload: WorkloadCharLM}, seed: 2, momentum: 0.5},
+		{name: "sparse refuses heavy momentum", o: Options{Momentum: &heavy, Codec: "sparse"}, wantErr: "protocol.diloco.momentum"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.o
+			o.Dir, o.Trainers, o.Rounds = t.TempDir(), 2, 3
+			cfgs, err := WriteConfigs(o)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			for _, c := range cfgs {
+				require.Equal(t, tc.seed, c.Experiment.Seed)
+				require.Equal(t, tc.momentum, c.Protocol.DiLoCo.Momentum)
+			}
+		})
+	}
+}
