@@ -9,7 +9,9 @@ package e2e
 //	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink, both yamux frame sizes
 //
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
-// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_HIDDEN (the digits MLP's width; 512 makes it
+// WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_WORKLOAD (digits; lm or charlm train what
+// `p2pnode demo --workload` does), WAN_PRESET (the lm preset; small is 10.8 M parameters),
+// WAN_BATCH (the workload's batch_size), WAN_HIDDEN (the digits MLP's width; 512 makes it
 // 300 K parameters, 4096 17 M), WAN_INNER_STEPS (protocol.inner_steps; the swarm's default
 // otherwise), WAN_OVERLAP (protocol.overlap: eager to train ahead), WAN_SIZE_MB (40),
 // WAN_REPS (2).
@@ -40,6 +42,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/demo"
 	"github.com/p2pnode/p2pnode/internal/wan"
 	"github.com/p2pnode/p2pnode/node"
 )
@@ -341,7 +344,12 @@ func TestWANSwarm(t *testing.T) {
 	lab := newLab(t, specs)
 	dir := t.TempDir()
 	vaddr := lab.Nodes[0].Addr
-	procs := swarm(t, dir, trainers, rounds, func(name string, c *config.Config) {
+	workload := os.Getenv("WAN_WORKLOAD")
+	if workload != "" && workload != demo.WorkloadDigits && envInt("WAN_HIDDEN", 0) > 0 {
+		t.Fatalf("WAN_HIDDEN is the digits MLP's width; WAN_WORKLOAD=%s has no such key (WAN_PRESET and WAN_BATCH size it)", workload)
+	}
+	o := demo.Options{Dir: dir, Trainers: trainers, Rounds: rounds, Workload: workload, Preset: os.Getenv("WAN_PRESET")}
+	procs := swarmOf(t, o, func(name string, c *config.Config) {
 		i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == name })
 		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", lab.Nodes[i].Addr)}
 		c.Node.MDNS = false
@@ -352,6 +360,9 @@ func TestWANSwarm(t *testing.T) {
 		c.Protocol.Codec = codec
 		if hidden := envInt("WAN_HIDDEN", 0); hidden > 0 {
 			c.Workload.Config["hidden"] = hidden
+		}
+		if batch := envInt("WAN_BATCH", 0); batch > 0 {
+			c.Workload.Config["batch_size"] = batch
 		}
 		if steps := envInt("WAN_INNER_STEPS", 0); steps > 0 {
 			c.Protocol.InnerSteps = steps
