@@ -46,20 +46,8 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 		}
 		n = v
 	}
-	opts := Options{
-		Interpreter: testInterpreter(), Factory: "p2ptrain.workloads.bench:Bench",
-		Config: map[string]any{"params": n}, Threads: 1, Device: "cpu",
-		CallTimeout: 30 * time.Minute, TrainTimeout: 60 * time.Minute, Logger: slog.New(slog.DiscardHandler),
-	}
-	w, err := NewWorker(opts)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
+	w := benchWorker(b, map[string]any{"params": n}, 30*time.Minute, 60*time.Minute)
 	ctx := context.Background()
-	if _, err := w.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
 	dir := w.ScratchDir()
 
 	// The layout comes from the model; the values are Go's own (not the model's init).
@@ -304,19 +292,8 @@ func BenchmarkWorkerTrain(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.Setenv("GLIBC_TUNABLES", tc.tunables)
-			w, err := NewWorker(Options{
-				Interpreter: testInterpreter(), Factory: "p2ptrain.workloads.bench:Bench",
-				Config: map[string]any{"params": 17_000_000, "width": 4096, "batch_size": 32}, Threads: 1, Device: "cpu",
-				CallTimeout: 10 * time.Minute, TrainTimeout: 10 * time.Minute, Logger: slog.New(slog.DiscardHandler),
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer w.Close()
+			w := benchWorker(b, map[string]any{"params": 17_000_000, "width": 4096, "batch_size": 32}, 10*time.Minute, 10*time.Minute)
 			ctx := context.Background()
-			if _, err := w.Start(ctx); err != nil {
-				b.Fatal(err)
-			}
 			base := filepath.Join(w.ScratchDir(), "base.safetensors")
 			if err := w.Init(ctx, 1, base); err != nil {
 				b.Fatal(err)
@@ -338,4 +315,22 @@ func BenchmarkWorkerTrain(b *testing.B) {
 			b.ReportMetric(seconds/float64(b.N), "train-s")
 		})
 	}
+}
+
+// benchWorker starts a one-thread CPU worker on the bench workload, closed when b ends.
+func benchWorker(b *testing.B, config map[string]any, call, train time.Duration) *Worker {
+	b.Helper()
+	w, err := NewWorker(Options{
+		Interpreter: testInterpreter(), Factory: "p2ptrain.workloads.bench:Bench",
+		Config: config, Threads: 1, Device: "cpu",
+		CallTimeout: call, TrainTimeout: train, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { w.Close() })
+	if _, err := w.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return w
 }
