@@ -185,26 +185,39 @@ func (w *Window) Drop() {
 	}
 }
 
-// Rebase writes the model this trainer goes on from after the window to a scratch pack and
-// returns its path: base's parameters plus the window's progress (its output minus its
-// start). A window that started from base ends where its output is: that is moved, not
-// recomputed. For a window trained ahead it is the eager reconciliation: the lease's head,
-// with the trainer's own update on top. It streams the three packs a block at a time.
-func (w *Window) Rebase(base *chain.Head) (string, error) {
+// Rebase writes the model this trainer goes on from after the window (its eager guess at
+// the next head) to a scratch pack and returns its path. base is the head the window's
+// update is measured against, parent base's parent (nil: none) and n the updates base
+// merged. The guess is
+//
+//	base + (local − start)/n + (base − parent)·(n − 1)/n
+//
+// the trainer's own progress as its 1/n share of the next merge and the others' shares
+// taken to be what they were in base's (Eager Updates' proxy, arXiv 2502.12996). With
+// n = 1, or no parent, or the parent's parameters not in the store, it is base plus the
+// window's whole progress; a window that started from base then ends where its output is,
+// and that is moved, not recomputed. It streams the packs a block at a time.
+func (w *Window) Rebase(base, parent *chain.Head, n int) (string, error) {
 	paramsID, err := base.ParamsID()
 	if err != nil {
 		return "", err
 	}
+	parentPath := ""
+	if parent != nil && n > 1 {
+		if pid, err := parent.ParamsID(); err == nil && w.t.Store.Has(pid) {
+			parentPath = w.t.Store.BlobPath(pid)
+		}
+	}
 	dst := filepath.Join(w.t.Runtime.ScratchDir(), fmt.Sprintf("start-%d.safetensors", w.round+1))
 	basePath := w.t.Store.BlobPath(paramsID)
-	if basePath == w.start {
+	if basePath == w.start && parentPath == "" {
 		if err := os.Rename(w.out, dst); err != nil {
 			return "", fmt.Errorf("rebase round %d: %w", w.round, err)
 		}
 		w.out = ""
 		return dst, nil
 	}
-	if err := rebase(basePath, w.start, w.out, dst); err != nil {
+	if err := rebase(basePath, w.start, w.out, parentPath, n, dst); err != nil {
 		os.Remove(dst)
 		return "", fmt.Errorf("rebase round %d on head round %d: %w", w.round, base.Round, err)
 	}
@@ -215,10 +228,15 @@ func (w *Window) Rebase(base *chain.Head) (string, error) {
 // leaves out the wait between the worker's end and now.
 func (w *Window) Take() { w.taken = time.Now() }
 
-// rebase writes base + (local − start) to dst.
-func rebase(basePath, startPath, localPath, dst string) error {
-	var rs [3]*pack.PackReader
-	for i, p := range []string{basePath, startPath, localPath} {
+// rebase writes base + (local − start)/n + (base − parent)·(n − 1)/n to dst, in float32;
+// without parentPath, base + (local − start).
+func rebase(basePath, startPath, localPath, parentPath string, n int, dst string) error {
+	var rs [4]*pack.PackReader
+	paths := []string{basePath, startPath, localPath}
+	if parentPath != "" {
+		paths = append(paths, parentPath)
+	}
+	for i, p := range paths {
 		r, err := pack.OpenPackReader(p)
 		if err != nil {
 			return err
@@ -239,17 +257,30 @@ func rebase(basePath, startPath, localPath, dst string) error {
 	if err != nil {
 		return err
 	}
-	n := rs[0].Layout.Params()
-	var b, s, l [StreamBlock]float32
-	for lo := int64(0); lo < n; lo += StreamBlock {
-		k := int(min(StreamBlock, n-lo))
-		for i, dst := range [][]float32{b[:k], s[:k], l[:k]} {
+	own, others := float32(1), float32(0)
+	if n > 1 {
+		own, others = 1/float32(n), float32(n-1)/float32(n)
+	}
+	params := rs[0].Layout.Params()
+	var b, s, l, pp [StreamBlock]float32
+	for lo := int64(0); lo < params; lo += StreamBlock {
+		k := int(min(StreamBlock, params-lo))
+		for i, dst := range [][]float32{b[:k], s[:k], l[:k], pp[:k]} {
+			if rs[i] == nil {
+				continue
+			}
 			if err := rs[i].ReadValues(lo, dst); err != nil {
 				return err
 			}
 		}
-		for i := range k {
-			b[i] += l[i] - s[i]
+		if rs[3] == nil {
+			for i := range k {
+				b[i] += l[i] - s[i]
+			}
+		} else {
+			for i := range k {
+				b[i] += own*(l[i]-s[i]) + others*(b[i]-pp[i])
+			}
 		}
 		if err := sw.Write(b[:k]); err != nil {
 			return err

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ipfs/go-cid"
+
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
@@ -13,15 +15,16 @@ import (
 // Eager is what a trainer trains with under protocol.overlap: eager (round.Trainer).
 //
 // A lease may reserve the trainer's microshards for the next round (lease.Lease.Next).
-// Having published its update, the trainer does not wait for the next head: it moves the
-// window's output to be its model and trains the reservation from there at once (ahead).
+// Having published its update, the trainer does not wait for the next head: it trains
+// the reservation at once (ahead), from its eager guess at that head (below).
 // When the next round's lease comes and grants exactly the reservation (same round,
 // microshards and steps), the window trained ahead is its window: its update is what the
 // window moved the model by (its start minus its end), published on the lease's base head
-// like any other. The trainer then goes on from that head plus the window's progress
-// (round.Window.Rebase): the eager reconciliation. Any other lease, or none by the time
-// the round it was for has closed, drops the window trained ahead (its optimizer state
-// too) and the trainer trains as without overlap.
+// like any other. The trainer then goes on from its eager guess at the next head: that
+// head, plus its own progress as its 1/N share of the next merge, plus the others' shares
+// taken to be what they were in that head's merge (round.Window.Rebase). Any other lease,
+// or none by the time the round it was for has closed, drops the window trained ahead
+// (its optimizer state too) and the trainer trains as without overlap.
 type Eager interface {
 	RunWindow(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*round.Window, error)
 	RunWindowFrom(ctx context.Context, start string, round uint64, microshards []uint32, steps int, seed int64) (*round.Window, error)
@@ -44,7 +47,7 @@ func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.H
 	if len(l.Next) == 0 || l.NextSteps == 0 || (t.Rounds > 0 && l.Round >= uint64(t.Rounds)) {
 		return
 	}
-	start, err := w.Rebase(base)
+	start, err := t.rebaseAhead(w, base)
 	if err != nil {
 		t.Log.Warn("not training ahead", "round", l.Round+1, "err", err)
 		return
@@ -127,4 +130,14 @@ func (t *Trainer) eagerWindow(ctx, wctx context.Context, base *chain.Head, l lea
 		return nil, ctx.Err()
 	}
 	return t.Eager.RunWindow(wctx, base, l.Microshards, steps, seed)
+}
+
+// rebaseAhead writes where the trainer goes on from after window w, whose update was
+// measured against base: round.Window.Rebase with base's parent and the updates base merged.
+func (t *Trainer) rebaseAhead(w *round.Window, base *chain.Head) (string, error) {
+	var parent *chain.Head
+	if pid, err := cid.Cast(base.Parent); err == nil {
+		parent, _ = t.Chain.Head(pid) // none: the window's whole progress
+	}
+	return w.Rebase(base, parent, len(base.Contributions))
 }
