@@ -41,8 +41,8 @@ type aheadWindow struct {
 	err         error
 }
 
-// startAhead trains l's reservation from where window w (trained for l, on base) left
-// the model.
+// startAhead trains l's reservation from the trainer's eager guess at the next head,
+// made from window w (trained for l, on base).
 func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.Head, l lease.Lease) {
 	if len(l.Next) == 0 || l.NextSteps == 0 || (t.Rounds > 0 && l.Round >= uint64(t.Rounds)) {
 		return
@@ -137,7 +137,9 @@ func (t *Trainer) eagerWindow(ctx, wctx context.Context, base *chain.Head, l lea
 func (t *Trainer) rebaseAhead(w *round.Window, base *chain.Head) (string, error) {
 	var parent *chain.Head
 	if pid, err := cid.Cast(base.Parent); err == nil {
-		parent, _ = t.Chain.Head(pid) // none: the window's whole progress
+		if h, err := t.Chain.Head(pid); err == nil {
+			parent = h // without it: the window's whole progress
+		}
 	}
 	return w.Rebase(base, parent, len(base.Contributions))
 }
