@@ -30,18 +30,16 @@ func TestPythonEnvKeepsTheHeapUnlessTheUserSetsMalloc(t *testing.T) {
 					os.Unsetenv(k)
 				}
 			}
-			env := Options{}.pythonEnv("", nil)
-			var got []string
-			seen := map[string]string{}
-			for _, kv := range env {
-				for _, k := range []string{"MALLOC_MMAP_MAX_=", "MALLOC_TRIM_THRESHOLD_="} {
-					if strings.HasPrefix(kv, k) {
-						seen[k] = kv // the last one wins, as in exec
-					}
+			// Later entries win, as in exec: keep the last setting of each variable.
+			last := map[string]string{}
+			for _, kv := range (Options{}).pythonEnv("", nil) {
+				if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "MALLOC_") {
+					last[k] = kv
 				}
 			}
-			for _, k := range []string{"MALLOC_MMAP_MAX_=", "MALLOC_TRIM_THRESHOLD_="} {
-				if kv, ok := seen[k]; ok {
+			var got []string
+			for _, k := range []string{"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"} {
+				if kv, ok := last[k]; ok {
 					got = append(got, kv)
 				}
 			}
