@@ -156,6 +156,10 @@ type Protocol struct {
 	Int8Block         int    `yaml:"int8_block"`
 	SparseBlock       int    `yaml:"sparse_block"`
 	SparseTopK        int    `yaml:"sparse_topk"`
+	// SparseFeedbackDecay is how much of a trainer's unsent remainder carries into its
+	// next round with the sparse codec, in (0, 1]: 1 is plain error feedback, less lets
+	// stale remainders fade (SparseLoCo's decayed error feedback).
+	SparseFeedbackDecay float64 `yaml:"sparse_feedback_decay"`
 	// Overlap is how a trainer's windows overlap the round's communication: "" (none: a
 	// trainer waits for the next head and lease after publishing) or OverlapEager (a lease
 	// reserves the trainer's next microshards, and it trains them at once from its own

@@ -48,8 +48,10 @@ func Default() *Config {
 			Int8Block:   256,
 			SparseBlock: 4096,
 			SparseTopK:  64,
-			DiLoCo:      DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
-			EMA:         EMA{NewWeight: 0.5},
+			// diloco.DefaultFeedbackDecay; docs/wan.md has the measurements.
+			SparseFeedbackDecay: 0.95,
+			DiLoCo:              DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
+			EMA:                 EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{
 			Aggregator:   "mean",

@@ -221,7 +221,8 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 		return err
 	}
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
-		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK}
+		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
+		FeedbackDecay: cfg.Protocol.SparseFeedbackDecay}
 	if err := restore(ctx, e, work); err != nil {
 		return err
 	}

@@ -250,3 +250,41 @@ func mustCast(t *testing.T, b []byte) cid.Cid {
 	require.NoError(t, err)
 	return id
 }
+
+// With protocol.sparse_feedback_decay β the value encoded is delta + β·residual: decoded and
+// the new residual add up to the window's delta plus the decayed old residual, for plain
+// error feedback (1), the default (0, which is diloco.DefaultFeedbackDecay) and a strong
+// decay.
+func TestSparseTrainerDecaysResidual(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		decay, applied float64
+	}{
+		{"plain error feedback", 1, 1},
+		{"default", 0, diloco.DefaultFeedbackDecay},
+		{"strong decay", 0.25, 0.25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, dilocoPolicy)
+			tr := f.trainer(diloco.Sparse)
+			tr.SparseBlock, tr.SparseTopK, tr.FeedbackDecay = 64, 2, tc.decay
+			_, err := tr.Train(context.Background(), f.gen, []uint32{0}, 5, 7)
+			require.NoError(t, err)
+			old := append([]float32(nil), tr.Residual...)
+			res, err := tr.Train(context.Background(), f.gen, []uint32{1}, 5, 8)
+			require.NoError(t, err)
+			b, err := f.store.ReadAll(res.Delta)
+			require.NoError(t, err)
+			enc, err := ParseDelta(b, f.gen.LayoutHash, len(old))
+			require.NoError(t, err)
+			dec := make([]float32, enc.N)
+			require.NoError(t, diloco.Decode(enc, dec, 1))
+			var sumSq float64
+			for i, v := range dec {
+				x := float64(v) + float64(tr.Residual[i]) - float64(float32(tc.applied)*old[i])
+				sumSq += x * x
+			}
+			require.InDelta(t, res.DeltaNorm, math.Sqrt(sumSq), 1e-4*res.DeltaNorm, "decoded + residual − β·old residual is the delta")
+		})
+	}
+}

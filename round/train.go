@@ -38,7 +38,10 @@ type Trainer struct {
 	Int8Block int
 	// SparseBlock and SparseTopK shape the sparse codec (0 = its defaults).
 	SparseBlock, SparseTopK int
-	Workers                 int
+	// FeedbackDecay scales the sparse codec's residual before each encoding adds the new
+	// delta (diloco.DecayResidual; 0 = diloco.DefaultFeedbackDecay, 1 = plain error feedback).
+	FeedbackDecay float64
+	Workers       int
 
 	// OptState is the path of the latest inner-optimizer state file ("" = fresh optimizer).
 	OptState string
@@ -354,7 +357,18 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 	var enc diloco.Encoded
 	var err error
 	if t.Codec == diloco.Sparse {
-		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, t.Workers)
+		decay := t.FeedbackDecay
+		if decay == 0 {
+			decay = diloco.DefaultFeedbackDecay
+		}
+		if err = diloco.DecayResidual(residual, decay, t.Workers); err == nil {
+			enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, t.Workers)
+		}
+		if err != nil {
+			// The residual may be decayed already: start error feedback afresh rather than
+			// decay it twice when the round is retried.
+			t.Residual, t.ResidualTag = nil, ""
+		}
 	} else {
 		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
 	}
