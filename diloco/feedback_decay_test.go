@@ -14,7 +14,7 @@ func TestDecayResidual(t *testing.T) {
 	}{
 		{"plain error feedback", 1, []float32{2, -4, 0, 1e-3}},
 		{"half", 0.5, []float32{1, -2, 0, 5e-4}},
-		{"default", DefaultFeedbackDecay, []float32{2 * 0.95, -4 * 0.95, 0, 1e-3 * 0.95}},
+		{"SparseLoCo's", 0.95, []float32{2 * float32(0.95), -4 * float32(0.95), 0, 1e-3 * float32(0.95)}},
 		{"zero", 0, nil},
 		{"negative", -0.5, nil},
 		{"above one", 1.5, nil},
