@@ -363,11 +363,11 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 		}
 		if err = diloco.DecayResidual(residual, decay, t.Workers); err == nil {
 			enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, t.Workers)
-		}
-		if err != nil {
-			// The residual may be decayed already: start error feedback afresh rather than
-			// decay it twice when the round is retried.
-			t.Residual, t.ResidualTag = nil, ""
+			if err != nil && decay < 1 {
+				// EncodeSparse left the residual alone, but it is decayed already: start
+				// error feedback afresh rather than decay it twice when the round is retried.
+				t.Residual, t.ResidualTag = nil, ""
+			}
 		}
 	} else {
 		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
