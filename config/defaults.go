@@ -49,7 +49,7 @@ func Default() *Config {
 			SparseBlock: 4096,
 			SparseTopK:  64,
 			// diloco.DefaultFeedbackDecay; docs/wan.md has the measurements.
-			SparseFeedbackDecay: 1,
+			SparseFeedbackDecay: 0.95,
 			DiLoCo:              DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
 			EMA:                 EMA{NewWeight: 0.5},
 		},
