@@ -86,16 +86,16 @@ var pinnedRuns = []struct {
 		heads: []string{
 			"bafireibyhbk43rfsim74j6ew7rhk4hh6atosma3fgrkhlofsjl5474xhq4",
 			"bafireif5qvbcrjx73chbp3t7kjwbaopfklkjx3mjxlgp2zb77si27cmmqe",
-			"bafireid6vjhobwhloc6hnk7whex7mknysklo2t2ha3tjdehlngjgywlhqy",
-			"bafireibb56ohpodczgfq6lydwwfbz4ts5ctbc722zw6jrhvfk7hchrzcjm",
-			"bafireiayfvyxilr4wsqa5jysm7kqxv6f3zm3l2bxkzx4sju2xiqroum4ga",
+			"bafireicwoulbuzyzsqy33uk6gdptkjd5b7o4sxvdbg7hriwcr34hf2wmt4",
+			"bafireihha3vjaq3bva6ydtcqiayw366vdbhz32rkprjp3jyudojmrmk7la",
+			"bafireiannc6fjt5m47tdcpxyzcqnaun6vr6zcz232qzwl4a5ped3ijkm74",
 		},
 		params: []string{
 			"bafireibc24op3chpht2iaycfdj4sg2ac5i2ddiv3xhri7lfvffr5jcleve",
 			"bafireiavbodgcg5ym5x4cjyjk6lpdpxy4iy6laipzlxvg6iw4tki2rcjmq",
-			"bafireifz3bcvzsqce5xnqtwhw4sx5p6tiegidmf4r2ljmq6gixvt2m2bhm",
-			"bafireie3ecj5ejqwizmvmvej4fuyfi6p3rygzluevj5kn4jbk7nfb5npzq",
-			"bafireiaubmuyw52hilftilrrzeletbuhp5zrudh2ivbopoujnqkfnta2iy",
+			"bafireicrmexitw75pcnrvzxcj6v4gxnqdveimd3klzx4eg4y73y6e7jxl4",
+			"bafireigc76j2l27tc73loaak4yw7upjbmeh6ybkp5j3m7augvamjyam2fy",
+			"bafireig42jfwlghxslnng37nwjwxbyvy6goh4otqzzviu2jv5ncxvewktq",
 		}},
 }
 
