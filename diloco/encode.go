@@ -21,10 +21,11 @@ import (
 // all-zero block), q = round-half-away-from-zero(x/scale) clamped to [−127, 127]. fp16
 // rounds to nearest even and saturates to ±65504. Values to encode must be finite.
 //
-// Sparse is EncodeSparse with blockSize (0 = 4096) and the default top-k ratio (1.56 %).
+// Sparse is EncodeSparse with blockSize (0 = 4096), the default top-k ratio (1.56 %) and
+// plain error feedback (decay 1).
 func Encode(codec Codec, delta, residual []float32, blockSize, workers int) (Encoded, error) {
 	if codec == Sparse {
-		return EncodeSparse(delta, residual, blockSize, 0, workers)
+		return EncodeSparse(delta, residual, blockSize, 0, 1, workers)
 	}
 	size := codec.elemSize()
 	if size == 0 {
@@ -36,7 +37,7 @@ func Encode(codec Codec, delta, residual []float32, blockSize, workers int) (Enc
 	if blockSize < 0 {
 		return Encoded{}, fmt.Errorf("encode: %w: block size %d", ErrBadConfig, blockSize)
 	}
-	if i := firstNonFinite(delta, residual, workers); i >= 0 {
+	if i := firstNonFinite(delta, residual, 1, workers); i >= 0 {
 		if residual != nil {
 			return Encoded{}, fmt.Errorf("encode: %w: element %d is delta %v + residual %v", ErrNonFinite, i, delta[i], residual[i])
 		}
@@ -130,16 +131,17 @@ func encodeInt8Block(out []byte, d, r []float32) (scale float32) {
 	return scale
 }
 
-// firstNonFinite returns the lowest i where delta[i] (+ residual[i]) is NaN or ±Inf, or
-// −1. The sum can overflow even when both terms are finite, so it is the sum we check.
-func firstNonFinite(delta, residual []float32, workers int) int {
+// firstNonFinite returns the lowest i where delta[i] (+ float32(decay·residual[i])) is NaN
+// or ±Inf, or −1: the value an encoder would encode. The sum can overflow even when both
+// terms are finite, so it is the sum we check.
+func firstNonFinite(delta, residual []float32, decay float32, workers int) int {
 	found := make([]int, parallel.NumChunks(len(delta), parallel.ChunkLen))
 	parallel.ForChunks(len(delta), parallel.ChunkLen, workers, func(c, lo, hi int) {
 		found[c] = -1
 		r := sub(residual, lo, hi)
 		for i, x := range delta[lo:hi] {
 			if r != nil {
-				x += r[i]
+				x += float32(decay * r[i])
 			}
 			if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
 				found[c] = lo + i

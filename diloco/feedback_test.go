@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -81,38 +82,50 @@ func TestErrorFeedbackTracksTrueSum(t *testing.T) {
 	}
 }
 
-// The residual is scaled in place by decay; a decay outside (0, 1] is refused and leaves it
-// unchanged.
-func TestDecayResidual(t *testing.T) {
+// EncodeSparse adds the residual times decay to the delta: x = Δ + β·r. Here Δ = 0, block 4
+// and top-1, so x = β·r, the largest |x| is sent and the rest stays in the residual. A decay
+// outside (0, 1] is refused, and the residual is left unchanged.
+func TestEncodeSparseDecay(t *testing.T) {
+	b := func(v float64) float32 { return float32(v) }
 	for _, tc := range []struct {
-		name  string
-		decay float64
-		want  []float32 // nil: refused, the residual unchanged
+		name         string
+		decay        float64
+		sent         float32   // the one value decoded, at position 1
+		wantResidual []float32 // nil: refused
 	}{
-		{"plain error feedback", 1, []float32{2, -4, 0, 1e-3}},
-		{"half", 0.5, []float32{1, -2, 0, 5e-4}},
-		{"SparseLoCo's", 0.95, []float32{2 * float32(0.95), -4 * float32(0.95), 0, 1e-3 * float32(0.95)}},
-		{"zero", 0, nil},
-		{"negative", -0.5, nil},
-		{"above one", 1.5, nil},
-		{"NaN", math.NaN(), nil},
-		{"below float32", 1e-50, nil},
+		{"plain error feedback", 1, -4, []float32{2, 0, 0, 1e-3}},
+		{"half", 0.5, -2, []float32{1, 0, 0, 5e-4}},
+		{"SparseLoCo's", 0.95, -4 * b(0.95), []float32{2 * b(0.95), 0, 0, float32(b(0.95) * 1e-3)}},
+		{"zero", 0, 0, nil},
+		{"negative", -0.5, 0, nil},
+		{"above one", 1.5, 0, nil},
+		{"NaN", math.NaN(), 0, nil},
+		{"below float32", 1e-50, 0, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := []float32{2, -4, 0, 1e-3}
-			err := DecayResidual(r, tc.decay, 2)
-			if tc.want == nil {
+			e, err := EncodeSparse(make([]float32, 4), r, 4, 1, tc.decay, 2)
+			if tc.wantResidual == nil {
 				if !errors.Is(err, ErrBadConfig) {
 					t.Fatalf("decay %v: err %v, want ErrBadConfig", tc.decay, err)
 				}
-				tc.want = []float32{2, -4, 0, 1e-3}
-			} else if err != nil {
+				if want := []float32{2, -4, 0, 1e-3}; !slices.Equal(r, want) {
+					t.Fatalf("decay %v refused, but the residual became %v (want %v)", tc.decay, r, want)
+				}
+				return
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
-			for i := range r {
-				if r[i] != tc.want[i] {
-					t.Fatalf("decay %v: residual %v, want %v", tc.decay, r, tc.want)
-				}
+			dec := make([]float32, 4)
+			if err := Decode(e, dec, 1); err != nil {
+				t.Fatal(err)
+			}
+			if want := []float32{0, tc.sent, 0, 0}; !slices.Equal(dec, want) {
+				t.Errorf("decay %v: decoded %v, want %v", tc.decay, dec, want)
+			}
+			if !slices.Equal(r, tc.wantResidual) {
+				t.Errorf("decay %v: residual %v, want %v", tc.decay, r, tc.wantResidual)
 			}
 		})
 	}

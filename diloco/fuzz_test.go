@@ -51,9 +51,9 @@ func scalesBytes(s []float32) []byte {
 // panic; a success decodes the same bits with 1 and 3 workers, has at most k non-zero
 // values per block, each ± one of its block's scales.
 func FuzzDecodeSparse(f *testing.F) {
-	good, _ := EncodeSparse([]float32{0, 3, 0, 0, 0, -1, 0, 0.5, 2, 0, 0, -4}, nil, 8, 2, 1)
+	good, _ := EncodeSparse([]float32{0, 3, 0, 0, 0, -1, 0, 0.5, 2, 0, 0, -4}, nil, 8, 2, 1, 1)
 	f.Add(good.N, good.BlockSize, good.TopK, good.Data, scalesBytes(good.Scales), good.Index)
-	big, _ := EncodeSparse(randVec(5, 5000), nil, 1024, 16, 1)
+	big, _ := EncodeSparse(randVec(5, 5000), nil, 1024, 16, 1, 1)
 	f.Add(big.N, big.BlockSize, big.TopK, big.Data, scalesBytes(big.Scales), big.Index)
 	f.Add(1, 1, 1, []byte{0}, []byte{0, 0, 0, 0, 0, 0, 0x80, 0x3f}, []byte{0x02})
 	f.Add(-1, 0, 0, []byte{}, []byte{}, []byte{})
@@ -101,7 +101,7 @@ func FuzzDecodeSparse(f *testing.F) {
 // decodes agrees with the full decode whenever every record is well formed (CheckRecords),
 // and CheckRecords agrees with Decode.
 func FuzzDecodeRangeSparse(f *testing.F) {
-	good, _ := EncodeSparse(randVec(9, 1000), nil, 64, 4, 1)
+	good, _ := EncodeSparse(randVec(9, 1000), nil, 64, 4, 1, 1)
 	f.Add(good.N, good.BlockSize, good.TopK, good.Data, scalesBytes(good.Scales), good.Index, 128, 200)
 	f.Add(good.N, good.BlockSize, good.TopK, good.Data, scalesBytes(good.Scales), good.Index, 960, 40)
 	f.Fuzz(func(t *testing.T, n, block, topK int, data, scales, index []byte, lo, m int) {

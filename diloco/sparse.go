@@ -131,12 +131,16 @@ func checkSparseParams(block, topK int) error {
 }
 
 // EncodeSparse encodes delta with the sparse codec: per block of block values (0 = 4096)
-// the topK (0 = DefaultSparseTopKFor(block): 64 of 4096) of largest |x| (ties: the lower position), at 2 bits each. With residual
-// != nil the value encoded is x = delta + residual and afterwards residual = x −
-// decode(encoded), in place — for the values not kept that is all of x, so nothing is lost,
-// only delayed. Values must be finite. The two scales of a block are the means of |x| over
-// the two groups that split the kept magnitudes (sorted) with the least squared error.
-func EncodeSparse(delta, residual []float32, block, topK, workers int) (Encoded, error) {
+// the topK (0 = DefaultSparseTopKFor(block): 64 of 4096) of largest |x| (ties: the lower
+// position), at 2 bits each. With residual != nil (error feedback) the value encoded is
+// x = delta + float32(decay·residual) and afterwards residual = x − decode(encoded), in
+// place — for the values not kept that is all of x, so nothing is lost, only delayed and,
+// with decay < 1, discounted round by round (SparseLoCo's e ← β·e + Δ). decay must be in
+// (0, 1]; 1 is plain error feedback and adds the residual exactly. The residual is written
+// only when the encoding succeeds. Values must be finite. The two scales of a block are the
+// means of |x| over the two groups that split the kept magnitudes (sorted) with the least
+// squared error.
+func EncodeSparse(delta, residual []float32, block, topK int, decay float64, workers int) (Encoded, error) {
 	if block == 0 {
 		block = DefaultSparseBlock
 	}
@@ -149,12 +153,16 @@ func EncodeSparse(delta, residual []float32, block, topK, workers int) (Encoded,
 	if residual != nil && len(residual) != len(delta) {
 		return Encoded{}, fmt.Errorf("encode: %w: %d delta and %d residual elements", ErrLengthMismatch, len(delta), len(residual))
 	}
+	beta, err := feedbackDecay(decay)
+	if err != nil {
+		return Encoded{}, fmt.Errorf("encode: %w", err)
+	}
 	if len(delta) > maxSparseN {
 		return Encoded{}, fmt.Errorf("encode: %w: %d values is more than the sparse codec's %d", ErrBadConfig, len(delta), maxSparseN)
 	}
-	if i := firstNonFinite(delta, residual, workers); i >= 0 {
+	if i := firstNonFinite(delta, residual, beta, workers); i >= 0 {
 		if residual != nil {
-			return Encoded{}, fmt.Errorf("encode: %w: element %d is delta %v + residual %v", ErrNonFinite, i, delta[i], residual[i])
+			return Encoded{}, fmt.Errorf("encode: %w: element %d is delta %v + %v × residual %v", ErrNonFinite, i, delta[i], beta, residual[i])
 		}
 		return Encoded{}, fmt.Errorf("encode: %w: element %d is %v", ErrNonFinite, i, delta[i])
 	}
@@ -168,7 +176,7 @@ func EncodeSparse(delta, residual []float32, block, topK, workers int) (Encoded,
 			lo := b * block
 			hi := min(lo+block, len(delta))
 			g := s.geom(b)
-			encodeSparseBlock(sc, g, delta[lo:hi], sub(residual, lo, hi),
+			encodeSparseBlock(sc, g, delta[lo:hi], sub(residual, lo, hi), beta,
 				e.Data[s.dataOff(b):s.dataOff(b)+g.vBytes], e.Index[s.indexOff(b):s.indexOff(b)+g.iBytes], e.Scales[2*b:2*b+2])
 		}
 	})
@@ -188,12 +196,16 @@ func newSparseScratch(block, topK int) *sparseScratch {
 		pos: make([]int, topK), mags: make([]float64, topK), hi: make([]bool, block)}
 }
 
-func encodeSparseBlock(sc *sparseScratch, g sparseGeom, d, r []float32, data, index []byte, scales []float32) {
+// encodeSparseBlock encodes one block: x = d + float32(decay·r) (d alone when r is nil),
+// then the record of x's top k and, with r, the new residual.
+func encodeSparseBlock(sc *sparseScratch, g sparseGeom, d, r []float32, decay float32, data, index []byte, scales []float32) {
 	x := sc.x[:g.L]
 	keys := sc.keys[:g.L]
 	for i, v := range d {
 		if r != nil {
-			v += r[i]
+			// float32(…) keeps the product's rounding: no FMA (internal/fmacheck), and
+			// decay 1 adds r[i] exactly.
+			v += float32(decay * r[i])
 		}
 		x[i] = v
 		// A larger key is a larger magnitude, then a lower position: every key is distinct.

@@ -18,7 +18,7 @@ import (
 func TestEncodeSparseByHand(t *testing.T) {
 	delta := []float32{0, 3, 0, 0, 0, -1, 0, 0.5}
 	residual := make([]float32, len(delta))
-	e, err := EncodeSparse(delta, residual, 8, 2, 1)
+	e, err := EncodeSparse(delta, residual, 8, 2, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestEncodeSparseProperties(t *testing.T) {
 			before[i] *= 0.25
 		}
 		residual := slices.Clone(before)
-		e, err := EncodeSparse(delta, residual, tc.block, tc.topK, 2)
+		e, err := EncodeSparse(delta, residual, tc.block, tc.topK, 1, 2)
 		if err != nil {
 			t.Fatalf("%+v: %v", tc, err)
 		}
@@ -123,7 +123,7 @@ func TestSparseDeterministicAcrossWorkers(t *testing.T) {
 	var refRes, refDec []float32
 	for _, w := range workerCounts {
 		res := randVec(12, len(delta))
-		e, err := EncodeSparse(delta, res, 1024, 16, w)
+		e, err := EncodeSparse(delta, res, 1024, 16, 1, w)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +173,7 @@ func TestSparseErrorFeedbackTracksTrueSum(t *testing.T) {
 			if ef {
 				r = residual
 			}
-			e, err := EncodeSparse(delta, r, block, topK, 2)
+			e, err := EncodeSparse(delta, r, block, topK, 1, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -209,7 +209,7 @@ func TestSparseErrorFeedbackTracksTrueSum(t *testing.T) {
 func sparseFixture(t *testing.T) Encoded {
 	t.Helper()
 	delta := []float32{0, 3, 0, 0, 0, -1, 0, 0.5, 2, 0, 0, -4}
-	e, err := EncodeSparse(delta, nil, 8, 2, 1)
+	e, err := EncodeSparse(delta, nil, 8, 2, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,13 +279,16 @@ func TestEncodeSparseErrors(t *testing.T) {
 		name        string
 		delta, res  []float32
 		block, topK int
+		decay       float64 // 0: 1
 		want        error
 	}{
-		{"top-k above block", []float32{1, 2}, nil, 2, 3, ErrBadConfig},
-		{"negative block", []float32{1}, nil, -1, 1, ErrBadConfig},
-		{"residual length", []float32{1, 2}, []float32{1}, 2, 1, ErrLengthMismatch},
-		{"NaN", []float32{1, float32(math.NaN())}, nil, 2, 1, ErrNonFinite},
-		{"overflowing sum", []float32{3e38}, []float32{3e38}, 1, 1, ErrNonFinite},
+		{"top-k above block", []float32{1, 2}, nil, 2, 3, 0, ErrBadConfig},
+		{"negative block", []float32{1}, nil, -1, 1, 0, ErrBadConfig},
+		{"residual length", []float32{1, 2}, []float32{1}, 2, 1, 0, ErrLengthMismatch},
+		{"NaN", []float32{1, float32(math.NaN())}, nil, 2, 1, 0, ErrNonFinite},
+		{"overflowing sum", []float32{3e38}, []float32{3e38}, 1, 1, 0, ErrNonFinite},
+		{"overflowing decayed sum", []float32{3e38}, []float32{3e38}, 1, 1, 0.95, ErrNonFinite},
+		{"decay above 1", []float32{1}, []float32{1}, 1, 1, 1.01, ErrBadConfig},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -293,13 +296,22 @@ func TestEncodeSparseErrors(t *testing.T) {
 			if tc.res != nil {
 				res = slices.Clone(tc.res)
 			}
-			if _, err := EncodeSparse(tc.delta, res, tc.block, tc.topK, 1); !errors.Is(err, tc.want) {
+			decay := cmp.Or(tc.decay, 1)
+			if _, err := EncodeSparse(tc.delta, res, tc.block, tc.topK, decay, 1); !errors.Is(err, tc.want) {
 				t.Fatalf("err = %v, want %v", err, tc.want)
 			}
 			if !slices.Equal(res, tc.res) {
 				t.Fatalf("residual changed on error")
 			}
 		})
+	}
+	// The check is on the value encoded: 3e38 + 1e38 overflows, 3e38 + 0.1 × 1e38 does not.
+	res := []float32{1e38}
+	if _, err := EncodeSparse([]float32{3e38}, res, 1, 1, 0.1, 1); err != nil {
+		t.Fatalf("decayed sum 3.1e38: %v", err)
+	}
+	if res[0] != 0 {
+		t.Fatalf("decayed sum 3.1e38, sent whole: residual %v, want 0", res[0])
 	}
 	// Encode(Sparse) is EncodeSparse at the default top-k ratio.
 	e, err := Encode(Sparse, make([]float32, 10000), nil, 0, 1)
@@ -337,7 +349,7 @@ func TestSelectLargest(t *testing.T) {
 // first to know the whole contribution is well formed.
 func TestSparseSpanViewFromBytes(t *testing.T) {
 	const n = 1000
-	e, err := EncodeSparse(randVec(3, n), nil, 64, 4, 1)
+	e, err := EncodeSparse(randVec(3, n), nil, 64, 4, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

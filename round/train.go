@@ -38,8 +38,9 @@ type Trainer struct {
 	Int8Block int
 	// SparseBlock and SparseTopK shape the sparse codec (0 = its defaults).
 	SparseBlock, SparseTopK int
-	// FeedbackDecay scales the sparse codec's residual before each encoding adds the new
-	// delta (diloco.DecayResidual; 0 = diloco.DefaultFeedbackDecay, 1 = plain error feedback).
+	// FeedbackDecay scales the sparse codec's residual as each encoding adds the new delta
+	// to it (diloco.EncodeSparse's decay; 0 = diloco.DefaultFeedbackDecay, 1 = plain error
+	// feedback).
 	FeedbackDecay float64
 	Workers       int
 
@@ -361,14 +362,9 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 		if decay == 0 {
 			decay = diloco.DefaultFeedbackDecay
 		}
-		if err = diloco.DecayResidual(residual, decay, t.Workers); err == nil {
-			enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, t.Workers)
-			if err != nil && decay < 1 {
-				// EncodeSparse left the residual alone, but it is decayed already: start
-				// error feedback afresh rather than decay it twice when the round is retried.
-				t.Residual, t.ResidualTag = nil, ""
-			}
-		}
+		// The residual is written only when the encoding succeeds, so a retried round
+		// starts from the same residual.
+		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, decay, t.Workers)
 	} else {
 		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
 	}
