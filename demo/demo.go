@@ -55,6 +55,9 @@ type Options struct {
 	// Momentum, when set, is protocol.diloco.momentum for every node instead of the
 	// workload's default (0.5).
 	Momentum *float64
+	// OuterLR, when set, is protocol.diloco.outer_lr for every node instead of the
+	// default (1.0).
+	OuterLR *float64
 }
 
 // Workloads the demo can train.
@@ -294,6 +297,9 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		c.Protocol.Overlap = o.Overlap
 		if o.Momentum != nil {
 			c.Protocol.DiLoCo.Momentum = *o.Momentum
+		}
+		if o.OuterLR != nil {
+			c.Protocol.DiLoCo.OuterLR = *o.OuterLR
 		}
 		return c
 	}

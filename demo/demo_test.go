@@ -71,19 +71,21 @@ func TestOverlapReachesEveryNode(t *testing.T) {
 	require.ErrorContains(t, err, `protocol.overlap: must be empty (no overlap) or "eager", got "lazy"`)
 }
 
-func TestSeedAndMomentumReachEveryNode(t *testing.T) {
-	zero, heavy := 0.0, 0.9
+func TestSeedAndOuterStepReachEveryNode(t *testing.T) {
+	zero, heavy, lr := 0.0, 0.9, 1.5
 	for _, tc := range []struct {
-		name     string
-		o        Options
-		seed     int64
-		momentum float64
-		wantErr  string
+		name         string
+		o            Options
+		seed         int64
+		momentum, lr float64
+		wantErr      string
 	}{
-		{name: "defaults", o: Options{}, seed: 1, momentum: 0.5},
-		{name: "seed and momentum 0", o: Options{Seed: 3, Momentum: &zero, Codec: "sparse", Overlap: "eager"}, seed: 3, momentum: 0},
-		{name: "charlm keeps its seed", o: Options{Seed: 2, Workload: WorkloadCharLM}, seed: 2, momentum: 0.5},
+		{name: "defaults", o: Options{}, seed: 1, momentum: 0.5, lr: 1},
+		{name: "seed and momentum 0", o: Options{Seed: 3, Momentum: &zero, Codec: "sparse", Overlap: "eager"}, seed: 3, momentum: 0, lr: 1},
+		{name: "charlm keeps its seed", o: Options{Seed: 2, Workload: WorkloadCharLM}, seed: 2, momentum: 0.5, lr: 1},
+		{name: "outer lr", o: Options{OuterLR: &lr, Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: 1.5},
 		{name: "sparse refuses heavy momentum", o: Options{Momentum: &heavy, Codec: "sparse"}, wantErr: "protocol.diloco.momentum"},
+		{name: "outer lr 0 refused", o: Options{OuterLR: &zero}, wantErr: "protocol.diloco.outer_lr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.o
@@ -97,6 +99,7 @@ func TestSeedAndMomentumReachEveryNode(t *testing.T) {
 			for _, c := range cfgs {
 				require.Equal(t, tc.seed, c.Experiment.Seed)
 				require.Equal(t, tc.momentum, c.Protocol.DiLoCo.Momentum)
+				require.Equal(t, tc.lr, c.Protocol.DiLoCo.OuterLR)
 			}
 		})
 	}

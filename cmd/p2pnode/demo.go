@@ -13,7 +13,7 @@ import (
 func newDemoCmd(g *globalFlags) *cobra.Command {
 	o := demo.Options{}
 	var resume bool
-	var momentum float64
+	var momentum, outerLR float64
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Train digits (or a transformer LM) on a local swarm: one validator and three trainers over loopback TCP",
@@ -40,6 +40,9 @@ byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 			if cmd.Flags().Changed("momentum") {
 				o.Momentum = &momentum
 			}
+			if cmd.Flags().Changed("outer-lr") {
+				o.OuterLR = &outerLR
+			}
 			res, err := demo.Run(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -63,6 +66,7 @@ byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 	cmd.Flags().StringVar(&o.Overlap, "overlap", "", "protocol.overlap of every node: eager to train the next window while the round closes (default: none)")
 	cmd.Flags().Int64Var(&o.Seed, "seed", 1, "experiment.seed: the initial model, the batch orders and the lease draws (the held-out split stays)")
 	cmd.Flags().Float64Var(&momentum, "momentum", 0, "protocol.diloco.momentum of every node (default: the workload's, 0.5; sparse allows at most 0.5, overlap wants 0)")
+	cmd.Flags().Float64Var(&outerLR, "outer-lr", 0, "protocol.diloco.outer_lr of every node (default: 1.0)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "continue an earlier demo in --dir instead of starting fresh")
 	return cmd
 }
