@@ -23,6 +23,29 @@ func TestEmptyFileIsAllDefaults(t *testing.T) {
 	require.Equal(t, Default(), got)
 }
 
+// protocol.diloco.outer_lr left out, or 0, is the codec's default; a number is kept.
+func TestOuterLRDefaultsByCodec(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       float64
+	}{
+		{"fp32, left out", "protocol:\n  codec: fp32", DefaultOuterLR},
+		{"sparse, left out", "protocol:\n  codec: sparse", SparseOuterLR},
+		{"sparse, diloco without outer_lr", "protocol:\n  codec: sparse\n  diloco:\n    momentum: 0.5", SparseOuterLR},
+		{"sparse, 0", "protocol:\n  codec: sparse\n  diloco: {outer_lr: 0}", SparseOuterLR},
+		{"int8, 0", "protocol:\n  codec: int8\n  diloco:\n    outer_lr: 0", DefaultOuterLR},
+		{"sparse, set", "protocol:\n  codec: sparse\n  diloco:\n    outer_lr: 1.0", 1.0},
+		{"fp32, set", "protocol:\n  diloco:\n    outer_lr: 0.7", 0.7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.yaml))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.Protocol.DiLoCo.OuterLR)
+			require.NoError(t, cfg.Validate())
+		})
+	}
+}
+
 func TestShippedConfigsLoad(t *testing.T) {
 	files, err := filepath.Glob("../configs/*.yaml")
 	require.NoError(t, err)
@@ -45,7 +68,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"unknown nested", "workload:\n  facotry: x:y", []string{"workload.facotry: unknown field (line 2)", `did you mean "factory"`}},
 		{"renamed field", "protocol:\n  ema:\n    decay: 0.9", []string{"protocol.ema.decay (line 3): renamed to protocol.ema.new_weight", "write new_weight with the number you had"}},
 		{"wrong type", "protocol:\n  inner_steps: many", []string{"protocol.inner_steps", "line 2"}},
-		{"outer lr", "protocol:\n  diloco:\n    outer_lr: 0", []string{"protocol.diloco.outer_lr: must be > 0"}},
+		{"outer lr", "protocol:\n  diloco:\n    outer_lr: -1", []string{"protocol.diloco.outer_lr: must be > 0"}},
 		{"momentum", "protocol:\n  diloco:\n    momentum: 1.5", []string{"protocol.diloco.momentum: must be in [0, 1)"}},
 		{"codec", "protocol:\n  codec: int4", []string{`protocol.codec: must be fp32, fp16, int8 or sparse, got "int4"`}},
 		{"sparse momentum", "protocol:\n  codec: sparse\n  diloco:\n    momentum: 0.9", []string{"protocol.diloco.momentum: must be <= 0.5 with protocol.codec sparse"}},

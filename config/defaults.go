@@ -50,7 +50,7 @@ func Default() *Config {
 			SparseTopK:  64,
 			// diloco.DefaultFeedbackDecay; docs/wan.md has the measurements.
 			SparseFeedbackDecay: 0.95,
-			DiLoCo:              DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: true},
+			DiLoCo:              DiLoCo{OuterLR: DefaultOuterLR, Momentum: 0.5, Nesterov: true},
 			EMA:                 EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{

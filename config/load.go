@@ -69,7 +69,34 @@ func Parse(b []byte) (*Config, error) {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, withPaths(err, lines))
 	}
 	emptyToNil(reflect.ValueOf(cfg).Elem())
+	if d := &cfg.Protocol.DiLoCo; d.OuterLR == 0 || !hasKey(&root, "protocol", "diloco", "outer_lr") {
+		d.OuterLR = OuterLRFor(cfg.Protocol.Codec)
+	}
 	return cfg, nil
+}
+
+// hasKey reports whether the YAML document root sets the mapping key at path.
+func hasKey(root *yaml.Node, path ...string) bool {
+	n := root
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	for _, key := range path {
+		if n.Kind != yaml.MappingNode {
+			return false
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				next = n.Content[i+1]
+			}
+		}
+		if next == nil {
+			return false
+		}
+		n = next
+	}
+	return true
 }
 
 // emptyToNil makes `[]` and `{}` in the file mean the same as leaving the field out, so a

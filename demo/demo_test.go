@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/config"
 )
 
 func TestWriteConfigsPerWorkload(t *testing.T) {
@@ -72,7 +74,7 @@ func TestOverlapReachesEveryNode(t *testing.T) {
 }
 
 func TestSeedAndOuterStepReachEveryNode(t *testing.T) {
-	zero, heavy, lr := 0.0, 0.9, 1.5
+	zero, heavy, lr, neg := 0.0, 0.9, 1.2, -1.0
 	for _, tc := range []struct {
 		name         string
 		o            Options
@@ -82,10 +84,14 @@ func TestSeedAndOuterStepReachEveryNode(t *testing.T) {
 	}{
 		{name: "defaults", o: Options{}, seed: 1, momentum: 0.5, lr: 1},
 		{name: "seed and momentum 0", o: Options{Seed: 3, Momentum: &zero, Codec: "sparse", Overlap: "eager"}, seed: 3, momentum: 0, lr: 1},
+		{name: "lm's sparse outer lr", o: Options{Codec: "sparse", Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: config.SparseOuterLR},
+		{name: "charlm's sparse outer lr", o: Options{Codec: "sparse", Workload: WorkloadCharLM}, seed: 1, momentum: 0.5, lr: 1},
+		{name: "sparse's outer lr overridden", o: Options{Codec: "sparse", Workload: WorkloadLM, OuterLR: &lr}, seed: 1, momentum: 0.5, lr: 1.2},
 		{name: "charlm keeps its seed", o: Options{Seed: 2, Workload: WorkloadCharLM}, seed: 2, momentum: 0.5, lr: 1},
-		{name: "outer lr", o: Options{OuterLR: &lr, Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: 1.5},
+		{name: "outer lr", o: Options{OuterLR: &lr, Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: 1.2},
 		{name: "sparse refuses heavy momentum", o: Options{Momentum: &heavy, Codec: "sparse"}, wantErr: "protocol.diloco.momentum"},
-		{name: "outer lr 0 refused", o: Options{OuterLR: &zero}, wantErr: "protocol.diloco.outer_lr"},
+		{name: "outer lr 0 is the codec's", o: Options{OuterLR: &zero, Codec: "sparse"}, seed: 1, momentum: 0.5, lr: config.SparseOuterLR},
+		{name: "negative outer lr refused", o: Options{OuterLR: &neg}, wantErr: "protocol.diloco.outer_lr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.o
