@@ -70,7 +70,7 @@ func Parse(b []byte) (*Config, error) {
 	}
 	emptyToNil(reflect.ValueOf(cfg).Elem())
 	if d := &cfg.Protocol.DiLoCo; d.OuterLR == 0 || !hasKey(&root, "protocol", "diloco", "outer_lr") {
-		d.OuterLR = OuterLRFor(cfg.Protocol.Codec)
+		d.OuterLR = OuterLRFor(cfg.Protocol)
 	}
 	return cfg, nil
 }

@@ -219,7 +219,7 @@ func (c *Config) validateProtocol(v *validator) {
 	v.check(p.SparseBlock >= 1 && p.SparseBlock <= 1<<24, "protocol.sparse_block", "must be in [1, 16777216], got %d", p.SparseBlock)
 	v.check(p.SparseTopK >= 1 && p.SparseTopK <= max(p.SparseBlock, 1), "protocol.sparse_topk", "must be in [1, protocol.sparse_block = %d], got %d", p.SparseBlock, p.SparseTopK)
 	v.check(finite(p.SparseFeedbackDecay) && p.SparseFeedbackDecay > 0 && p.SparseFeedbackDecay <= 1, "protocol.sparse_feedback_decay", "must be in (0, 1] (1 = plain error feedback), got %v", p.SparseFeedbackDecay)
-	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0 (or 0 in a file: the codec's default), got %v", p.DiLoCo.OuterLR)
+	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0 (or 0 in a file: the default for the codec and overlap), got %v", p.DiLoCo.OuterLR)
 	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)
 	// Error feedback already carries every unsent part of an update into later rounds; outer
 	// momentum on top of it compounds the two. Measured on digits (one trainer, 30 rounds):

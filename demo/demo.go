@@ -56,7 +56,7 @@ type Options struct {
 	// workload's default (0.5).
 	Momentum *float64
 	// OuterLR, when set, is protocol.diloco.outer_lr for every node instead of the
-	// default: 1.0, and on lm the codec's (config.OuterLRFor: 1.5 with sparse).
+	// default: 1.0, and on lm config.OuterLRFor's (1.5 with sparse and no overlap).
 	OuterLR *float64
 }
 
@@ -294,12 +294,12 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		if o.Codec != "" {
 			c.Protocol.Codec = o.Codec
 		}
+		c.Protocol.Overlap = o.Overlap
 		if o.workload() == WorkloadLM {
 			// sparse's larger outer step (1.5) was measured on lm: on charlm, with heavy
 			// ball, it learned 2.5 % worse than 1.0 (docs/wan.md), so the others keep 1.0.
-			c.Protocol.DiLoCo.OuterLR = config.OuterLRFor(c.Protocol.Codec)
+			c.Protocol.DiLoCo.OuterLR = config.OuterLRFor(c.Protocol)
 		}
-		c.Protocol.Overlap = o.Overlap
 		if o.Momentum != nil {
 			c.Protocol.DiLoCo.Momentum = *o.Momentum
 		}
