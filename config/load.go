@@ -65,38 +65,17 @@ func Parse(b []byte) (*Config, error) {
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(problems, "\n  "))
 	}
+	// outer_lr left out and outer_lr 0 both mean the default for the codec and overlap, so
+	// decode over a 0 and fill it in once the file's codec and overlap are known.
+	cfg.Protocol.DiLoCo.OuterLR = 0
 	if err := root.Decode(cfg); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, withPaths(err, lines))
 	}
 	emptyToNil(reflect.ValueOf(cfg).Elem())
-	if d := &cfg.Protocol.DiLoCo; d.OuterLR == 0 || !hasKey(&root, "protocol", "diloco", "outer_lr") {
-		d.OuterLR = OuterLRFor(cfg.Protocol)
+	if cfg.Protocol.DiLoCo.OuterLR == 0 {
+		cfg.Protocol.DiLoCo.OuterLR = OuterLRFor(cfg.Protocol)
 	}
 	return cfg, nil
-}
-
-// hasKey reports whether the YAML document root sets the mapping key at path.
-func hasKey(root *yaml.Node, path ...string) bool {
-	n := root
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
-	}
-	for _, key := range path {
-		if n.Kind != yaml.MappingNode {
-			return false
-		}
-		var next *yaml.Node
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				next = n.Content[i+1]
-			}
-		}
-		if next == nil {
-			return false
-		}
-		n = next
-	}
-	return true
 }
 
 // emptyToNil makes `[]` and `{}` in the file mean the same as leaving the field out, so a
