@@ -73,16 +73,26 @@ type TrainJob struct {
 	OptIn  string
 	OptOut string
 	Out    string
+	// Shift, when set, is where the node may later ask the running loop to move onto
+	// another pack (WriteShift): before each step the runtime looks there, and once a
+	// request has appeared it adds that pack minus Base to the model, keeping the progress
+	// made, and reports it in TrainResult.ShiftedTo. A runtime without the capability
+	// ignores it. Needs Base.
+	Shift string
 }
 
 // TrainResult reports a finished inner loop.
 type TrainResult struct {
-	Steps     int                `json:"steps"`
-	Samples   int64              `json:"samples"`
-	Loss      float64            `json:"loss"`
-	LossFirst float64            `json:"loss_first"`
-	LossLast  float64            `json:"loss_last"`
-	Seconds   float64            `json:"seconds"`
+	Steps     int     `json:"steps"`
+	Samples   int64   `json:"samples"`
+	Loss      float64 `json:"loss"`
+	LossFirst float64 `json:"loss_first"`
+	LossLast  float64 `json:"loss_last"`
+	Seconds   float64 `json:"seconds"`
+	// ShiftedTo is the pack a TrainJob.Shift request moved the model onto ("": none), and
+	// ShiftedAt the index of the step it was applied before.
+	ShiftedTo string             `json:"shifted_to"`
+	ShiftedAt int                `json:"shifted_at"`
 	Metrics   map[string]float64 `json:"-"`
 }
 
@@ -188,6 +198,8 @@ func checkTrainJob(job TrainJob) error {
 		return fmt.Errorf("%w: TrainJob.Steps is %d", ErrBadRequest, job.Steps)
 	case job.Steps > 0 && len(job.Shards) == 0:
 		return fmt.Errorf("%w: TrainJob.Shards is empty", ErrBadRequest)
+	case job.Shift != "" && job.Base == "":
+		return fmt.Errorf("%w: TrainJob.Shift needs a Base", ErrBadRequest)
 	}
 	return nil
 }

@@ -561,6 +561,9 @@ func (w *Worker) Train(ctx context.Context, job TrainJob) (TrainResult, error) {
 		"base": nullable(job.Base), "shards": nonNil(job.Shards), "steps": job.Steps, "seed": job.Seed,
 		"opt_in": nullable(job.OptIn), "opt_out": nullable(job.OptOut), "out": job.Out,
 	}
+	if job.Shift != "" && w.require("train", "train_shift") == nil {
+		params["shift"] = job.Shift
+	}
 	var r trainResultJSON
 	if err := w.call(ctx, "train", params, &r, w.opts.TrainTimeout); err != nil {
 		return TrainResult{}, err
@@ -568,6 +571,9 @@ func (w *Worker) Train(ctx context.Context, job TrainJob) (TrainResult, error) {
 	res := r.result()
 	if res.Steps != job.Steps {
 		return res, fmt.Errorf("pyruntime: train (factory %s): %w: worker ran %d steps, asked for %d", w.opts.Factory, ErrProtocol, res.Steps, job.Steps)
+	}
+	if res.ShiftedTo != "" && params["shift"] == nil {
+		return res, fmt.Errorf("pyruntime: train (factory %s): %w: worker reports a shift onto %s it was not asked for", w.opts.Factory, ErrProtocol, res.ShiftedTo)
 	}
 	return res, nil
 }

@@ -115,6 +115,20 @@ def load_pack(spec, path):
     return spec.layout_hash
 
 
+def shift_pack(spec, to, frm):
+    """Add pack ``to`` minus pack ``frm`` to the spec's tensors, in place: moves a model
+    trained from ``frm`` onto ``to`` with the progress it made kept. Both packs must have the
+    model's layout; the model is unchanged when either does not."""
+    with safetensors.Pack(to) as a, safetensors.Pack(frm) as b:
+        for p in (a, b):
+            if p.layout_hash != spec.layout_hash:
+                raise LayoutMismatch(f"pack {p.path} has layout {p.layout_hash}, the model expects {spec.layout_hash}")
+        with torch.no_grad():
+            for name, t in spec.tensors:
+                d = torch.from_numpy(a.array(name)) - torch.from_numpy(b.array(name))
+                t.add_(d.to(device=t.device, dtype=t.dtype))
+
+
 def _repoint(model, name, src):
     """Make the parameter or buffer called ``name`` use ``src``'s storage; False if it is
     neither (then the caller copies)."""

@@ -238,7 +238,15 @@ class Session:
                 scaler.step(opt)  # skipped when the scaled gradients overflowed
                 scaler.update()
 
-    def train(self, base, shards, steps, seed, opt_in=None, opt_out=None, out=None):
+    def train(self, base, shards, steps, seed, opt_in=None, opt_out=None, out=None, shift=None):
+        """Run ``steps`` inner steps from ``base``. With ``shift`` (a path), before each step
+        the worker looks for a file there; when one has appeared ({"to": PACK}) it moves the
+        model onto PACK once, keeping the progress made so far (packs.shift_pack: += PACK −
+        base), removes the file and reports the step in ``shifted_at`` and PACK in
+        ``shifted_to``: a window trained ahead from a guess at a head moved onto the head when
+        it comes (protocol.overlap: eager)."""
+        if shift and not base:
+            raise BadRequest("train: shift needs a base")
         if base:
             self.load(base)
         seed_everything(seed)
@@ -255,7 +263,11 @@ class Session:
         losses, pending = [], []
         samples = 0
         t0 = time.perf_counter()
+        shifted_to, shifted_at = None, -1
         for step in range(steps):
+            if shift and shifted_to is None and os.path.exists(shift):
+                shifted_to = self._shift(shift, base)
+                shifted_at = step
             loss, batch = self._step(opt, next(batches))
             if on_cpu:
                 v = float(loss.detach())
@@ -296,8 +308,24 @@ class Session:
             "loss_first": losses[0] if losses else 0.0,
             "loss_last": losses[-1] if losses else 0.0,
             "seconds": seconds,
+            "shifted_to": shifted_to,
+            "shifted_at": shifted_at,
             "metrics": metrics,
         }
+
+    def _shift(self, path, base):
+        """Apply the shift request at path (see train) and remove it; returns its target."""
+        try:
+            with open(path, "rb") as f:
+                req = json.load(f)
+            to = req["to"]
+            if not isinstance(to, str) or not to:
+                raise ValueError(f'"to" is {to!r}')
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BadRequest(f"shift request {path}: {e}") from e
+        packs.shift_pack(self.spec, to, base)
+        os.remove(path)
+        return to
 
     def evaluate(self, pack=None):
         if pack:

@@ -27,6 +27,7 @@ CAPABILITIES = (
     "optimizer_state",
     "legacy_pack",
     "nonfinite_metrics_as_strings",
+    "train_shift",
 )
 
 
@@ -171,6 +172,7 @@ class Worker:
             opt_in=_str(p, "opt_in", required=False),
             opt_out=_str(p, "opt_out", required=False),
             out=_str(p, "out"),
+            shift=_str(p, "shift", required=False),
         )
 
     def m_evaluate(self, p):

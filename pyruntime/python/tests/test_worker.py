@@ -166,6 +166,50 @@ class WorkerProtocolTest(unittest.TestCase):
         self.assertEqual(self.w.ok("shutdown"), {})
         self.assertEqual(self.w.proc.wait(timeout=30), 0)
 
+    def test_train_shift(self):
+        """A shift request moves the model onto another pack before the next step, once."""
+        base, head, shift = self.path("base.st"), self.path("head.st"), self.path("shift.json")
+        request = json.dumps({"to": head})
+        self.w.ok("hello", **hello(factory="p2ptrain.testing:Faulty",
+                                   config={"fault": "write", "at_step": 3, "write_path": shift, "write_text": request}))
+        self.w.ok("init", seed=5, out=base)
+        self.w.ok("init", seed=6, out=head)
+
+        def train(start, out, shift=None):
+            return self.w.ok("train", base=start, shards=["unused"], steps=6, seed=1, opt_in=None, opt_out=None,
+                             out=self.path(out), shift=shift)
+
+        # Written by the loop's third loss call: applied before step index 3.
+        r = train(base, "mid.st", shift)
+        self.assertEqual((r["shifted_at"], r["shifted_to"]), (3, head))
+        self.assertFalse(os.path.exists(shift))
+        with st.Pack(self.path("mid.st")) as m, st.Pack(head) as h, st.Pack(base) as b:
+            for n in m.names():
+                near_head = np.abs(m.array(n) - h.array(n)).max()
+                self.assertLess(near_head, np.abs(m.array(n) - b.array(n)).max(), n)
+
+        # There before the first step: the loop trains as one started from the head.
+        with open(shift, "w") as f:
+            f.write(request)
+        r = train(base, "moved.st", shift)
+        self.assertEqual((r["shifted_at"], r["shifted_to"]), (0, head))
+        ref = train(head, "ref.st")
+        self.assertEqual((ref["shifted_at"], ref["shifted_to"]), (-1, None))
+        with st.Pack(self.path("moved.st")) as m, st.Pack(self.path("ref.st")) as want:
+            for n in m.names():
+                np.testing.assert_allclose(m.array(n), want.array(n), atol=1e-5, err_msg=n)
+
+        # None: not moved. A request that is not one: BadRequest naming it.
+        r = train(base, "none.st", shift)
+        self.assertEqual((r["shifted_at"], r["shifted_to"]), (-1, None))
+        with open(shift, "w") as f:
+            f.write("{not json")
+        r = self.w.call("train", base=base, shards=["x"], steps=2, seed=1, out=self.path("bad.st"), shift=shift)
+        self.assertEqual(r["error"]["type"], "BadRequest")
+        self.assertIn("shift request", r["error"]["message"])
+        r = self.w.call("train", base=None, shards=["x"], steps=2, seed=1, out=self.path("bad.st"), shift=shift)
+        self.assertEqual(r["error"]["type"], "BadRequest")
+
     def test_errors(self):
         r = self.w.call("train", steps=1)
         self.assertEqual(r["error"]["type"], "BadRequest")

@@ -5,7 +5,8 @@
 - ``p2ptrain.testing:Faulty`` Tiny plus one injected fault, chosen by config:
     ``fault``: ``"nan"`` (loss becomes NaN), ``"exit"`` (``os._exit(exit_code)``), ``"hang"``
     (sleeps ``hang_seconds``), ``"raise"`` (raises RuntimeError), ``"print"`` (writes to stdout
-    and stderr, which must not disturb the protocol)
+    and stderr, which must not disturb the protocol), ``"write"`` (writes ``write_text`` to
+    ``write_path``, by rename: a file the node drops mid-loop, such as a shift request)
     ``where``: ``"train"`` (default, in ``loss`` at step ``at_step``, default 1),
     ``"evaluate"``, ``"construct"`` (in ``__init__``)
     ``once_file``: when set, the fault fires only if this file does not exist yet, and

@@ -79,6 +79,11 @@ class Faulty(Tiny):
             time.sleep(float(self.config.get("hang_seconds", 3600)))
         if self.fault == "raise":
             raise RuntimeError("Faulty: raising on purpose")
+        if self.fault == "write":
+            path = self.config["write_path"]
+            with open(path + ".tmp", "w") as f:
+                f.write(self.config.get("write_text", ""))
+            os.replace(path + ".tmp", path)
         if self.fault == "print":
             print("Faulty: a line on stdout {\"id\": 1}", flush=True)
             print("Faulty: a line on stderr", file=sys.stderr, flush=True)
