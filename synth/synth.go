@@ -182,12 +182,13 @@ func (r *Runtime) train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 			return pyruntime.TrainResult{}, err
 		}
 	}
-	if r.Delay > 0 {
-		select {
-		case <-ctx.Done():
-			return pyruntime.TrainResult{}, fmt.Errorf("synthetic train: %w", ctx.Err())
-		case <-time.After(r.Delay):
-		}
+	// The delay is spread over the steps (all of it before the loop when there are none),
+	// so that a shift request (TrainJob.Shift) can come mid-window as with a real worker.
+	pause := r.Delay
+	if job.Steps > 0 {
+		pause /= time.Duration(job.Steps)
+	} else if err := sleep(ctx, pause); err != nil {
+		return pyruntime.TrainResult{}, err
 	}
 	base, err := pack.Load(job.Base)
 	if err != nil {
@@ -216,8 +217,13 @@ func (r *Runtime) train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 	pos := int(uint64(job.Seed) % uint64(len(xs)))
 	var total float64
 	for step := 0; step < job.Steps; step++ {
-		if err := ctx.Err(); err != nil {
+		if err := sleep(ctx, pause); err != nil {
 			return res, err
+		}
+		if job.Shift != "" && res.ShiftedTo == "" {
+			if err := shift(w, base, job.Shift, &res, step); err != nil {
+				return res, err
+			}
 		}
 		var grad [Out + Out*In]float32
 		var loss float64
@@ -264,6 +270,43 @@ func (r *Runtime) train(ctx context.Context, job pyruntime.TrainJob) (pyruntime.
 		}
 	}
 	return res, nil
+}
+
+// sleep waits d, or fails when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("synthetic train: %w", err)
+	}
+	if d <= 0 {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("synthetic train: %w", ctx.Err())
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// shift applies a shift request at path, if one has come, before step: w += to − base.
+func shift(w []float32, base *pack.Pack, path string, res *pyruntime.TrainResult, step int) error {
+	to, err := pyruntime.TakeShift(path)
+	if err != nil || to == "" {
+		return err
+	}
+	p, err := pack.Load(to)
+	if err != nil {
+		return fmt.Errorf("synthetic train: shift: %w", err)
+	}
+	defer p.Close()
+	if err := p.CheckLayout(base.Layout); err != nil {
+		return fmt.Errorf("synthetic train: shift: %w", err)
+	}
+	for i := range w {
+		w[i] += p.Values[i] - base.Values[i]
+	}
+	res.ShiftedTo, res.ShiftedAt = to, step
+	return nil
 }
 
 // Evaluate implements pyruntime.Runtime: mean squared error against the teacher on a fixed
