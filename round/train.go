@@ -108,10 +108,12 @@ func (t *Trainer) Train(ctx context.Context, base *chain.Head, microshards []uin
 type Window struct {
 	t     *Trainer
 	round uint64 // the round the window trains for
-	// start is the pack the window trained from: a head's parameters, or for a window
-	// trained ahead (RunWindowFrom) a scratch pack the window owns and Close removes.
+	// start is the pack the window's progress is measured from: a head's parameters, or
+	// for a window trained ahead (RunWindowFrom) the scratch pack it started from (own,
+	// which Close removes), or the head it was moved onto mid-window (MoveAhead).
 	start       string
-	ownStart    bool
+	own         string
+	shift       string // a window trained ahead: where MoveAhead's request goes
 	out, optOut string // the worker's output parameters and optimizer state
 	res         pyruntime.TrainResult
 	began       time.Time
@@ -132,21 +134,43 @@ func (t *Trainer) RunWindow(ctx context.Context, base *chain.Head, microshards [
 	if !t.Store.Has(paramsID) {
 		return nil, fmt.Errorf("train on head round %d: params %s: %w", base.Round, paramsID, artifact.ErrNotFound)
 	}
-	return t.run(ctx, t.Store.BlobPath(paramsID), false, base.Round+1, "", microshards, steps, seed)
+	return t.run(ctx, t.Store.BlobPath(paramsID), false, base.Round+1, microshards, steps, seed)
 }
 
 // RunWindowFrom runs a window for round from the pack at start instead of a head's
 // parameters: a window trained ahead of its lease (protocol.overlap: eager) from the
-// trainer's own model (Window.Rebase). The window owns start: Close removes it.
+// trainer's own model (Window.Rebase). The window owns start: Close removes it. While it
+// trains, MoveAhead may move it onto the head it guessed at.
 func (t *Trainer) RunWindowFrom(ctx context.Context, start string, round uint64, microshards []uint32, steps int, seed int64) (*Window, error) {
-	w, err := t.run(ctx, start, true, round, "ahead-", microshards, steps, seed)
+	w, err := t.run(ctx, start, true, round, microshards, steps, seed)
 	if err != nil {
 		os.Remove(start)
 	}
 	return w, err
 }
 
-func (t *Trainer) run(ctx context.Context, start string, ownStart bool, round uint64, prefix string, microshards []uint32, steps int, seed int64) (*Window, error) {
+// MoveAhead moves the window training ahead for round (RunWindowFrom) onto base, the head
+// it was trained ahead for, once that head is here: the worker adds base's parameters minus
+// the window's start to its model before its next step, so the steps left start from the
+// real head, with the progress made so far kept (pyruntime.TrainJob.Shift). The window's
+// update is then measured from base. A window that has finished, or a runtime that cannot
+// shift, stays where it was: its update is then measured from its start, as before.
+func (t *Trainer) MoveAhead(round uint64, base *chain.Head) error {
+	paramsID, err := base.ParamsID()
+	if err != nil {
+		return err
+	}
+	if !t.Store.Has(paramsID) {
+		return fmt.Errorf("move the window trained ahead for round %d onto head round %d: params %s: %w", round, base.Round, paramsID, artifact.ErrNotFound)
+	}
+	return pyruntime.WriteShift(t.shiftPath(round), t.Store.BlobPath(paramsID))
+}
+
+func (t *Trainer) shiftPath(round uint64) string {
+	return filepath.Join(t.Runtime.ScratchDir(), fmt.Sprintf("ahead-shift-%d.json", round))
+}
+
+func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint64, microshards []uint32, steps int, seed int64) (*Window, error) {
 	began := time.Now()
 	shards, err := t.Shards.Paths(ctx, microshards)
 	if err != nil {
@@ -154,29 +178,52 @@ func (t *Trainer) run(ctx context.Context, start string, ownStart bool, round ui
 	}
 	fetched := time.Since(began).Seconds()
 	scratch := t.Runtime.ScratchDir()
+	prefix, own, shift := "", "", ""
+	if ahead {
+		prefix, own, shift = "ahead-", start, t.shiftPath(round)
+		os.Remove(shift) // a request that came too late for an earlier window of this round
+	}
 	out := filepath.Join(scratch, fmt.Sprintf("%slocal-%d.safetensors", prefix, round))
 	optOut := filepath.Join(scratch, fmt.Sprintf("%sopt-%d.safetensors", prefix, round))
 	res, err := t.Runtime.Train(ctx, pyruntime.TrainJob{
 		Base: start, Out: out, OptIn: t.OptState, OptOut: optOut,
-		Shards: shards, Steps: steps, Seed: seed,
+		Shards: shards, Steps: steps, Seed: seed, Shift: shift,
 	})
 	if err != nil {
 		os.Remove(out)
 		os.Remove(optOut)
+		if shift != "" {
+			os.Remove(shift)
+		}
 		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
-	return &Window{t: t, round: round, start: start, ownStart: ownStart, out: out, optOut: optOut, res: res,
+	if res.ShiftedTo != "" {
+		start = res.ShiftedTo // the model was moved onto that head: progress is measured from it
+	}
+	return &Window{t: t, round: round, start: start, own: own, shift: shift, out: out, optOut: optOut, res: res,
 		began: began, trained: time.Now(), fetched: fetched, microshards: microshards}, nil
 }
 
+// MovedAt is the step before which the worker moved the window onto the head it was
+// trained ahead for (MoveAhead), or −1.
+func (w *Window) MovedAt() int {
+	if w.res.ShiftedTo == "" {
+		return -1
+	}
+	return w.res.ShiftedAt
+}
+
 // Close removes the worker's output parameters, and the start pack of a window trained
-// ahead.
+// ahead with a move request that came after its last step.
 func (w *Window) Close() {
 	if w.out != "" {
 		os.Remove(w.out)
 	}
-	if w.ownStart {
-		os.Remove(w.start)
+	if w.own != "" {
+		os.Remove(w.own)
+	}
+	if w.shift != "" {
+		os.Remove(w.shift)
 	}
 }
 

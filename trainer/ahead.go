@@ -18,8 +18,11 @@ import (
 // Having published its update, the trainer does not wait for the next head: it trains
 // the reservation at once (ahead), from its eager guess at that head (below).
 // When the next round's lease comes and grants exactly the reservation (same round,
-// microshards and steps), the window trained ahead is its window: its update is what the
-// window moved the model by (its start minus its end), published on the lease's base head
+// microshards and steps), the window trained ahead is its window. If it is still training,
+// it is moved onto the lease's base head (the head it guessed at) before its next step,
+// keeping the progress made so far (round.Trainer.MoveAhead), so the steps left start
+// from the real head. Its update is what the window moved the model by (from where it
+// started, or from the head once moved, to its end), published on the lease's base head
 // like any other. The trainer then goes on from its eager guess at the next head: that
 // head, plus its own progress as its 1/N share of the next merge, plus the others' shares
 // taken to be what they were in that head's merge (round.Window.Rebase). Any other lease,
@@ -28,6 +31,7 @@ import (
 type Eager interface {
 	RunWindow(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*round.Window, error)
 	RunWindowFrom(ctx context.Context, start string, round uint64, microshards []uint32, steps int, seed int64) (*round.Window, error)
+	MoveAhead(round uint64, base *chain.Head) error
 }
 
 // aheadWindow is a window training, or trained, ahead of its lease.
@@ -70,10 +74,10 @@ func (t *Trainer) launchAhead(ctx context.Context, start string, round uint64, m
 	return a
 }
 
-// takeAhead returns the window trained ahead for lease l (of steps steps), once it is
-// trained, or nil when there is none for it (one for another lease is dropped). ctx bounds
-// the wait.
-func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, steps int) *round.Window {
+// takeAhead returns the window trained ahead for lease l (of steps steps) on base, once it
+// is trained, or nil when there is none for it (one for another lease is dropped). A window
+// still training is first moved onto base. ctx bounds the wait.
+func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, base *chain.Head, steps int) *round.Window {
 	a := t.ahead
 	if a == nil {
 		return nil
@@ -86,6 +90,13 @@ func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, steps int) *roun
 	waitStart := time.Now()
 	select {
 	case <-a.done:
+	default:
+		if err := t.Eager.MoveAhead(a.round, base); err != nil {
+			t.Log.Warn("could not move the window trained ahead onto its head: its update is measured from its start", "round", a.round, "err", err)
+		}
+	}
+	select {
+	case <-a.done:
 	case <-ctx.Done():
 		t.dropAhead(a, "the lease ended first")
 		return nil
@@ -94,7 +105,7 @@ func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, steps int) *roun
 		t.Log.Warn("window trained ahead failed: training the lease from its base", "round", a.round, "err", a.err)
 		return nil
 	}
-	t.Log.Info("took the window trained ahead", "round", a.round, "waited_seconds", time.Since(waitStart).Seconds())
+	t.Log.Info("took the window trained ahead", "round", a.round, "moved_at_step", a.w.MovedAt(), "waited_seconds", time.Since(waitStart).Seconds())
 	a.w.Take()
 	return a.w
 }
@@ -123,7 +134,7 @@ func (t *Trainer) dropStaleAhead() {
 
 // eagerWindow trains lease l on base: the window trained ahead for it, or a new one.
 func (t *Trainer) eagerWindow(ctx, wctx context.Context, base *chain.Head, l lease.Lease, steps int, seed int64) (*round.Window, error) {
-	if w := t.takeAhead(wctx, l, steps); w != nil {
+	if w := t.takeAhead(wctx, l, base, steps); w != nil {
 		return w, nil
 	}
 	if ctx.Err() != nil {

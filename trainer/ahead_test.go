@@ -19,6 +19,12 @@ import (
 type blockingEager struct {
 	fail     error
 	canceled chan struct{}
+	moved    []uint64 // the rounds MoveAhead was called for
+}
+
+func (e *blockingEager) MoveAhead(round uint64, _ *chain.Head) error {
+	e.moved = append(e.moved, round)
+	return nil
 }
 
 func (e *blockingEager) RunWindow(context.Context, *chain.Head, []uint32, int, int64) (*round.Window, error) {
@@ -62,8 +68,14 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 				cancel()
 			}
 			defer cancel()
-			require.Nil(t, tr.takeAhead(ctx, tc.lease, tc.steps))
+			require.Nil(t, tr.takeAhead(ctx, tc.lease, &chain.Head{Round: 2}, tc.steps))
 			require.Nil(t, tr.ahead)
+			switch {
+			case tc.ended:
+				require.Equal(t, []uint64{3}, e.moved, "a window still training for its lease is moved onto the lease's head")
+			case tc.fail == nil:
+				require.Empty(t, e.moved, "a window for another lease is not moved")
+			}
 			if tc.fail == nil {
 				select {
 				case <-e.canceled:
