@@ -213,8 +213,8 @@ func (w *Window) MovedAt() int {
 	return w.res.ShiftedAt
 }
 
-// Close removes the worker's output parameters, and the start pack of a window trained
-// ahead with a move request that came after its last step.
+// Close removes the worker's output parameters and, for a window trained ahead, its start
+// pack and a move request that came after its last step.
 func (w *Window) Close() {
 	if w.out != "" {
 		os.Remove(w.out)
