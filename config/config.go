@@ -172,8 +172,8 @@ type Protocol struct {
 // DiLoCo is the outer optimizer.
 type DiLoCo struct {
 	// OuterLR is the outer step's learning rate. A file that leaves it out or writes 0 gets
-	// the default for its codec and overlap (OuterLRFor): SparseOuterLR with protocol.codec
-	// sparse and no overlap, else DefaultOuterLR.
+	// the default for its codec (OuterLRFor): SparseOuterLR with protocol.codec sparse,
+	// else DefaultOuterLR.
 	OuterLR  float64 `yaml:"outer_lr"`
 	Momentum float64 `yaml:"momentum"`
 	Nesterov bool    `yaml:"nesterov"`
@@ -183,20 +183,20 @@ type DiLoCo struct {
 // mean of the same round: each trainer sends 1.56 % of its coordinates and keeps the rest
 // in its error feedback, which the decay discounts. A larger outer step makes up for it on
 // the transformer: on lm tiny sparse at 1.5 learned like fp32 at 1.0 (sparse at 1.0 trailed
-// by 2-5 %), while fp32 at 1.5 fell far behind. Not with overlap: a window trained ahead
-// starts from a guess a round late, and the larger step compounded that (+12 % against
-// sparse alone after 50 rounds, where 1.0 cost 2 %). On charlm (a GRU, heavy-ball
-// momentum) sparse learned 2.5 % worse at 1.5 than at 1.0: set outer_lr there
-// (docs/wan.md).
+// by 2-5 %), while fp32 at 1.5 fell far behind. With overlap too, since a window trained
+// ahead is moved onto its head when the head comes: sparse + overlap at 1.5 learned 2-3 %
+// better than at 1.0 over rounds 11-50 (before the move, at 1.5 it was 3.4 % worse). On
+// charlm (a GRU, heavy-ball momentum) sparse learned 2.5 % worse at 1.5 than at 1.0: set
+// outer_lr there (docs/wan.md).
 const (
 	DefaultOuterLR = 1.0
 	SparseOuterLR  = 1.5
 )
 
-// OuterLRFor is protocol.diloco.outer_lr's default for the protocol's codec and overlap:
-// SparseOuterLR with the sparse codec and no overlap, else DefaultOuterLR.
+// OuterLRFor is protocol.diloco.outer_lr's default for the protocol's codec:
+// SparseOuterLR with the sparse codec, else DefaultOuterLR.
 func OuterLRFor(p Protocol) float64 {
-	if p.Codec == "sparse" && p.Overlap == "" {
+	if p.Codec == "sparse" {
 		return SparseOuterLR
 	}
 	return DefaultOuterLR

@@ -31,7 +31,7 @@ func TestOuterLRDefaultsByCodec(t *testing.T) {
 	}{
 		{"fp32, left out", "protocol:\n  codec: fp32", DefaultOuterLR},
 		{"sparse, left out", "protocol:\n  codec: sparse", SparseOuterLR},
-		{"sparse with overlap, left out", "protocol:\n  codec: sparse\n  overlap: eager", DefaultOuterLR},
+		{"sparse with overlap, left out", "protocol:\n  codec: sparse\n  overlap: eager", SparseOuterLR},
 		{"sparse, diloco without outer_lr", "protocol:\n  codec: sparse\n  diloco:\n    momentum: 0.5", SparseOuterLR},
 		{"sparse, 0", "protocol:\n  codec: sparse\n  diloco: {outer_lr: 0}", SparseOuterLR},
 		{"int8, 0", "protocol:\n  codec: int8\n  diloco:\n    outer_lr: 0", DefaultOuterLR},

@@ -56,7 +56,7 @@ type Options struct {
 	// workload's default (0.5).
 	Momentum *float64
 	// OuterLR, when set, is protocol.diloco.outer_lr for every node instead of the
-	// default: 1.0, and on lm config.OuterLRFor's (1.5 with sparse and no overlap).
+	// default: 1.0, and on lm config.OuterLRFor's (1.5 with sparse).
 	OuterLR *float64
 }
 

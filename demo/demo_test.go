@@ -85,7 +85,7 @@ func TestSeedAndOuterStepReachEveryNode(t *testing.T) {
 		{name: "defaults", o: Options{}, seed: 1, momentum: 0.5, lr: 1},
 		{name: "seed and momentum 0", o: Options{Seed: 3, Momentum: &zero, Codec: "sparse", Overlap: "eager"}, seed: 3, momentum: 0, lr: 1},
 		{name: "lm's sparse outer lr", o: Options{Codec: "sparse", Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: config.SparseOuterLR},
-		{name: "lm's sparse outer lr with overlap", o: Options{Codec: "sparse", Overlap: "eager", Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: 1},
+		{name: "lm's sparse outer lr with overlap", o: Options{Codec: "sparse", Overlap: "eager", Workload: WorkloadLM}, seed: 1, momentum: 0.5, lr: config.SparseOuterLR},
 		{name: "charlm's sparse outer lr", o: Options{Codec: "sparse", Workload: WorkloadCharLM}, seed: 1, momentum: 0.5, lr: 1},
 		{name: "sparse's outer lr overridden", o: Options{Codec: "sparse", Workload: WorkloadLM, OuterLR: &lr}, seed: 1, momentum: 0.5, lr: 1.2},
 		{name: "charlm keeps its seed", o: Options{Seed: 2, Workload: WorkloadCharLM}, seed: 2, momentum: 0.5, lr: 1},
