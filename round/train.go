@@ -172,17 +172,22 @@ func (t *Trainer) shiftPath(round uint64) string {
 
 func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint64, microshards []uint32, steps int, seed int64) (*Window, error) {
 	began := time.Now()
+	prefix, own, shift := "", "", ""
+	if ahead {
+		// A request left from an earlier process is removed before anything that takes
+		// time: MoveAhead may write this window's own while its microshards are fetched.
+		prefix, own, shift = "ahead-", start, t.shiftPath(round)
+		os.Remove(shift)
+	}
 	shards, err := t.Shards.Paths(ctx, microshards)
 	if err != nil {
+		if shift != "" {
+			os.Remove(shift)
+		}
 		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
 	fetched := time.Since(began).Seconds()
 	scratch := t.Runtime.ScratchDir()
-	prefix, own, shift := "", "", ""
-	if ahead {
-		prefix, own, shift = "ahead-", start, t.shiftPath(round)
-		os.Remove(shift) // a request that came too late for an earlier window of this round
-	}
 	out := filepath.Join(scratch, fmt.Sprintf("%slocal-%d.safetensors", prefix, round))
 	optOut := filepath.Join(scratch, fmt.Sprintf("%sopt-%d.safetensors", prefix, round))
 	res, err := t.Runtime.Train(ctx, pyruntime.TrainJob{
