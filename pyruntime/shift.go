@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/p2pnode/p2pnode/internal/atomicfile"
 )
 
 // shiftRequest is the file a TrainJob.Shift path receives (docs/worker-protocol.md).
@@ -13,20 +15,15 @@ type shiftRequest struct {
 }
 
 // WriteShift asks the training loop whose TrainJob.Shift is path to move onto the pack at
-// to (see TrainJob.Shift). The request appears whole (written aside, then renamed). Whether
-// it was applied shows in the loop's TrainResult.ShiftedTo; one that came after the last
-// step is left at path for the caller to remove.
+// to (see TrainJob.Shift). The request appears whole (atomicfile). Whether it was applied
+// shows in the loop's TrainResult.ShiftedTo; one that came after the last step is left at
+// path for the caller to remove.
 func WriteShift(path, to string) error {
 	b, err := json.Marshal(shiftRequest{To: to})
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("pyruntime: shift request: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, b, 0o644); err != nil {
 		return fmt.Errorf("pyruntime: shift request: %w", err)
 	}
 	return nil

@@ -113,7 +113,6 @@ type Window struct {
 	// which Close removes), or the head it was moved onto mid-window (MoveAhead).
 	start       string
 	own         string
-	shift       string // a window trained ahead: where MoveAhead's request goes
 	out, optOut string // the worker's output parameters and optimizer state
 	res         pyruntime.TrainResult
 	began       time.Time
@@ -170,7 +169,7 @@ func (t *Trainer) shiftPath(round uint64) string {
 	return filepath.Join(t.Runtime.ScratchDir(), fmt.Sprintf("ahead-shift-%d.json", round))
 }
 
-func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint64, microshards []uint32, steps int, seed int64) (*Window, error) {
+func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint64, microshards []uint32, steps int, seed int64) (w *Window, err error) {
 	began := time.Now()
 	prefix, own, shift := "", "", ""
 	if ahead {
@@ -178,12 +177,14 @@ func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint6
 		// time: MoveAhead may write this window's own while its microshards are fetched.
 		prefix, own, shift = "ahead-", start, t.shiftPath(round)
 		os.Remove(shift)
+		defer func() {
+			if err != nil {
+				os.Remove(shift)
+			}
+		}()
 	}
 	shards, err := t.Shards.Paths(ctx, microshards)
 	if err != nil {
-		if shift != "" {
-			os.Remove(shift)
-		}
 		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
 	fetched := time.Since(began).Seconds()
@@ -197,15 +198,12 @@ func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint6
 	if err != nil {
 		os.Remove(out)
 		os.Remove(optOut)
-		if shift != "" {
-			os.Remove(shift)
-		}
 		return nil, fmt.Errorf("train round %d: %w", round, err)
 	}
 	if res.ShiftedTo != "" {
 		start = res.ShiftedTo // the model was moved onto that head: progress is measured from it
 	}
-	return &Window{t: t, round: round, start: start, own: own, shift: shift, out: out, optOut: optOut, res: res,
+	return &Window{t: t, round: round, start: start, own: own, out: out, optOut: optOut, res: res,
 		began: began, trained: time.Now(), fetched: fetched, microshards: microshards}, nil
 }
 
@@ -226,9 +224,7 @@ func (w *Window) Close() {
 	}
 	if w.own != "" {
 		os.Remove(w.own)
-	}
-	if w.shift != "" {
-		os.Remove(w.shift)
+		os.Remove(w.t.shiftPath(w.round))
 	}
 }
 
