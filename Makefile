@@ -40,7 +40,7 @@ test-go:
 	$(GO) test -race -shuffle=on -timeout 30m ./...
 	@# The tests that need the attack build's hooks (adversary, node/attack.go): the in-process
 	@# attackers and the attack build's --poison flag.
-	$(GO) test -race -shuffle=on -count=1 -tags attack -timeout 15m -run 'TestAttackersAreScreenedOut$$|TestRejectedPeerIsNotLeasedAgainInItsRound$$|TestRunPoisonFlagInAttackBuild$$' ./node/ ./cmd/p2pnode/
+	$(GO) test -race -shuffle=on -count=1 -tags attack -timeout 15m -run 'TestAttackersAreScreenedOut$$|TestRejectedPeerIsNotLeasedAgainInItsRound$$|TestDisagreeingPairIsLeasedOneAtATime$$|TestRunPoisonFlagInAttackBuild$$' ./node/ ./cmd/p2pnode/
 	@# The 16-trainer scale cluster (issue 16) runs alone, after the packages above: beside
 	@# the e2e package's real processes its 19 in-process nodes starve for CPU on 2 cores.
 	P2PNODE_SCALE_16=1 $(GO) test -race -count=1 -timeout 10m -run 'TestMocknetScale16Trainers$$' ./node/

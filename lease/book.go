@@ -49,6 +49,7 @@ type Book struct {
 	returned map[string]int     // readmissions after leaving, by trainer
 	passes   int
 	clean    bool      // the last attempt ended with every lease reported
+	lone     bool      // further attempts lease one trainer each (Disagreed)
 	fresh    int       // contributions accepted in the current attempt
 	dropped  int       // leases of the current attempt settled by a bar
 	ended    time.Time // when the last attempt ended (or the round started)
@@ -237,6 +238,18 @@ func (b *Book) Discard(now time.Time) {
 	b.clean = false
 	b.ended = now
 }
+
+// Disagreed records that the contributions just discarded were rejected for pointing away
+// from each other (two updates held to each other, with nothing else to judge them by). A
+// retry on the same base and microshards disagrees again, whatever its seed: an epoch's
+// tail of one microshard per trainer, trained for a whole window on a model near
+// convergence, gave two honest updates at cosine −0.26 on every attempt, and the round
+// never closed. From now on the round leases one trainer per attempt (Lone): a lone update
+// is not held to another's direction. Bar and quarantine stay as they are.
+func (b *Book) Disagreed() { b.lone = true }
+
+// Lone reports whether the round leases one trainer per attempt (see Disagreed).
+func (b *Book) Lone() bool { return b.lone }
 
 // Attempts is how many attempts were granted in the round.
 func (b *Book) Attempts() int { return b.attempts }

@@ -209,6 +209,33 @@ func TestBookNewPassReadmits(t *testing.T) {
 	require.Equal(t, NewPass, b.Next(t0.Add(DefaultBackoff+4*DefaultBackoff), s))
 }
 
+// TestBookDisagreedLeasesOneAtATime: after a pair is discarded for disagreeing, the round
+// stays lone through its new passes, and a lone trainer's report closes it whatever the
+// minimum group.
+func TestBookDisagreedLeasesOneAtATime(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := NewBook(1, t0)
+	require.False(t, b.Lone())
+	b.Grant(bookLeases(1, "a", "b"))
+	b.Report("a")
+	b.Report("b")
+	b.End(t0)
+	b.Bar("a", "low_cosine")
+	b.Bar("b", "low_cosine")
+	b.Discard(t0)
+	b.Disagreed()
+	require.True(t, b.Lone())
+	s := Situation{MinGroup: 2, Barred: 2, Available: 2}
+	require.Equal(t, NewPass, b.Next(t0.Add(DefaultBackoff), s))
+	b.StartPass()
+	require.True(t, b.Lone(), "a new pass keeps the round lone")
+	b.Grant(bookLeases(1, OneOf(b.Candidates(trainers("a", "b")))[0].Peer))
+	b.Report("a")
+	b.End(t0.Add(DefaultBackoff))
+	require.Equal(t, Close, b.Next(t0.Add(DefaultBackoff), Situation{Received: 1, MinGroup: 2, Candidates: 1, Available: 1}))
+	require.False(t, NewBook(2, t0).Lone(), "the next round starts with pairs again")
+}
+
 // TestBookRoundsEnd simulates a leader over random fleets: honest trainers report, bad ones
 // are rejected, release or let their lease expire, flaky ones are rejected half the time.
 // Every round closes whenever at least one honest or flaky trainer is live, and no peer is

@@ -57,6 +57,12 @@
 // update was merged and they are still available (validator/overlap.go). A reservation is a
 // hint, not a grant: Check validates it, the ledger ignores it.
 //
+// # Updates that disagree
+//
+// A closing that rejects two or more updates for pointing away from each other (a young
+// chain's pair, held to each other) makes the round lease one trainer per attempt from
+// then on (Book.Disagreed, OneOf): a retry on the same base and data disagrees again.
+//
 // Misses (expired or released leases) count toward Quarantine like soft rejections, and at
 // an epoch's tail, when microshards are fewer than trainers, trainers whose contributions
 // were merged recently are served before those that merely announce a high capacity.

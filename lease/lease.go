@@ -127,6 +127,25 @@ type Trainer struct {
 	Proven bool
 }
 
+// OneOf returns the trainer a round that leases one trainer per attempt (Book.Lone) takes
+// from ts: the first proven one in peer order, else the first in peer order; nil when ts
+// is empty.
+func OneOf(ts []Trainer) []Trainer {
+	if len(ts) == 0 {
+		return nil
+	}
+	best := slices.MinFunc(ts, func(a, b Trainer) int {
+		if a.Proven != b.Proven {
+			if a.Proven {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Peer, b.Peer)
+	})
+	return []Trainer{best}
+}
+
 // Assign splits microshards among trainers in proportion to their capacity, so that trainers
 // of different speeds finish near the same time. At most perTrainer microshards go to a
 // trainer of average capacity (faster ones get proportionally more, up to

@@ -340,3 +340,21 @@ func TestQuarantineNeverStallsTheRound(t *testing.T) {
 	require.Len(t, got, 3, "served their rounds")
 	require.False(t, relaxed)
 }
+
+func TestOneOf(t *testing.T) {
+	cases := []struct {
+		name string
+		in   []Trainer
+		want []string
+	}{
+		{"none", nil, nil},
+		{"first in peer order", []Trainer{{Peer: "c"}, {Peer: "a"}, {Peer: "b"}}, []string{"a"}},
+		{"proven first", []Trainer{{Peer: "a"}, {Peer: "c", Proven: true}, {Peer: "b", Proven: true}}, []string{"b"}},
+		{"capacity does not count", []Trainer{{Peer: "b", Capacity: 9}, {Peer: "a", Capacity: 1}}, []string{"a"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, peersOf(OneOf(tc.in)))
+		})
+	}
+}

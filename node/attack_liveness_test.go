@@ -42,3 +42,37 @@ func TestRejectedPeerIsNotLeasedAgainInItsRound(t *testing.T) {
 	require.GreaterOrEqual(t, st.Validator.Rejections["no_lease"], uint64(1))
 	t.Logf("attacker leased %d times in %d rounds; rejections %v", calls, rounds, st.Validator.Rejections)
 }
+
+// TestDisagreeingPairIsLeasedOneAtATime: two trainers whose updates point away from each
+// other (one flips its sign) in a young chain, where a pair is held to each other and both
+// are rejected. Every retry on the same base disagreed again, and the round never closed
+// (an epoch's tail did the same to two honest trainers in e2e). Now the round's later
+// attempts lease one trainer at a time: the honest trainer, first in peer order, is merged
+// alone and every round closes.
+func TestDisagreeingPairIsLeasedOneAtATime(t *testing.T) {
+	const rounds = 3
+	c := newClusterSorted(t, 1, 2, rounds, 40, 2)
+	for _, n := range c.nodes {
+		n.cfg.Lease.MinGroup = 2
+		n.cfg.Lease.RoundTimeout = 5 * time.Second
+	}
+	flipper := c.nodes[2]
+	flipper.extra, flipper.name = append(flipper.extra, attackOption(adversary.Flip)), "attacker-flip"
+	for _, n := range c.nodes[1:] {
+		c.start(n)
+	}
+	// Both trainers announce before round 1 is leased, so its first attempt is a pair.
+	time.Sleep(2500 * time.Millisecond)
+	c.start(c.nodes[0])
+	c.waitDone(2 * time.Minute)
+	heads := c.requireOneChain(c.nodes, rounds)
+	honest := c.nodes[1].host.ID().String()
+	for _, h := range heads[1:] {
+		require.Len(t, h.Contributions, 1, "round %d merges one trainer", h.Round)
+		require.Equal(t, honest, h.Contributions[0].Peer, "round %d merged the flipper", h.Round)
+	}
+	st := c.nodes[0].n.Status()
+	require.NotNil(t, st.Validator)
+	require.GreaterOrEqual(t, st.Validator.Rejections["low_cosine"], uint64(2), "round 1's pair was rejected")
+	t.Logf("rejections %v", st.Validator.Rejections)
+}

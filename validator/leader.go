@@ -352,6 +352,9 @@ func (p *leadPhase) nextStep() issueStep {
 	open := r.book.Candidates(live)
 	st.live, st.open = len(live), len(open)
 	st.cands, st.relaxed = v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)
+	if r.book.Lone() {
+		st.cands = lease.OneOf(st.cands)
+	}
 	// A (re)started leader leases nothing before it has heard the fleet announce, nor while
 	// it checks another validator's proposal of the round (it follows that one if it
 	// passes: its trainers' work on new leases would be lost), for one recomputation's
@@ -819,6 +822,12 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	})
 	if errors.Is(err, round.ErrNothingMerged) {
 		r.book.Discard(time.Now())
+		if disagreed(rejected) && !r.book.Lone() {
+			r.book.Disagreed()
+			v.Log.Warn("the round's updates point away from each other and nothing else can tell which is right: "+
+				"leasing one trainer at a time for the rest of the round", "round", r.round, "rejected", len(rejected))
+			v.Sink.Event("release", "round %d: %d updates disagree with each other; leasing one trainer at a time", r.round, len(rejected))
+		}
 		v.Sink.Event("release", "round %d: no contribution passed screening; leasing again", r.round)
 		return nil, nil
 	}
@@ -883,6 +892,19 @@ func WorkCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 		out[i].Capacity = 0
 	}
 	return out
+}
+
+// disagreed reports whether a closing that merged nothing rejected two or more updates for
+// their direction: they were held to each other (a young chain's pair) and every retry on
+// the base would be too (lease.Book.Disagreed).
+func disagreed(rejected map[string]string) bool {
+	n := 0
+	for _, why := range rejected {
+		if why == string(merge.ReasonLowCosine) {
+			n++
+		}
+	}
+	return n >= 2
 }
 
 // barredReasons lists the distinct reasons the round's trainers are barred for, sorted,
