@@ -62,16 +62,29 @@ type watcher struct {
 func (w *watcher) run(ctx context.Context) error {
 	last := time.Now()
 	var lastRound uint64 = math.MaxUint64
+	var waiting *headSeen // a head recorded once its held-out metrics come
 	for {
-		changed := w.tips.Changed()
+		changed, notes := w.tips.Changed(), w.tips.NotesChanged()
 		id, h := w.tips.Current()
-		if h != nil && h.Round != lastRound {
+		moved := h != nil && h.Round != lastRound
+		// A head waits for its leader's held-out metrics until they come or the next
+		// head does (validator/heldout.go).
+		if waiting != nil && (moved || w.heldOutKnown(waiting.id)) {
+			w.record(*waiting)
+			waiting = nil
+		}
+		if moved {
 			took := time.Since(last)
 			if lastRound == math.MaxUint64 {
 				took = 0
 			}
 			last, lastRound = time.Now(), h.Round
-			w.onHead(ctx, id, h, took)
+			seen := w.onHead(id, h, took)
+			if w.awaitsHeldOut(id, h) {
+				waiting = &seen
+			} else {
+				w.record(seen)
+			}
 			if w.done() {
 				w.log.Info("round limit reached", "rounds", w.cfg.Experiment.Rounds, "head", id.String())
 				w.linger(ctx, h.Round)
@@ -86,8 +99,33 @@ func (w *watcher) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-changed:
+		case <-notes:
 		}
 	}
+}
+
+// headSeen is a new canonical head as the watcher saw it arrive: the round's wall time and
+// the bytes this node moved since the last one.
+type headSeen struct {
+	id                cid.Cid
+	h                 *chain.Head
+	took              time.Duration
+	bytesIn, bytesOut uint64
+}
+
+// heldOutKnown reports whether head id's notes carry held-out metrics.
+func (w *watcher) heldOutKnown(id cid.Cid) bool {
+	n := w.tips.Notes(id)
+	return n != nil && n.HeldOut != nil
+}
+
+// awaitsHeldOut reports whether head id's round is recorded later: an evaluation is due
+// for it (experiment.eval_every) and its notes do not carry the metrics yet. The last
+// round's head comes with them (its leader evaluates it before it publishes it).
+func (w *watcher) awaitsHeldOut(id cid.Cid, h *chain.Head) bool {
+	every := uint64(w.cfg.Experiment.EvalEvery)
+	final := w.cfg.Experiment.Rounds > 0 && h.Round >= uint64(w.cfg.Experiment.Rounds)
+	return every > 0 && h.Round > 0 && h.Round%every == 0 && !final && !w.heldOutKnown(id)
 }
 
 // finalGrace is how long a validator keeps serving after the last round, so that every
@@ -118,10 +156,33 @@ func (w *watcher) linger(ctx context.Context, final uint64) {
 	}
 }
 
-func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took time.Duration) {
+// onHead does what a new canonical head asks of this node at once: status, tip file,
+// export and checkpoint. The round's history point and progress line are record's.
+func (w *watcher) onHead(id cid.Cid, h *chain.Head, took time.Duration) headSeen {
 	in, out := w.bytes.delta()
+	w.status.update(func(s *Status) {
+		// The head's held-out metrics come with its record.
+		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, nil
+	})
+	if err := atomicfile.Write(filepath.Join(w.cfg.Node.StoreDir, TipFile), []byte(id.String()+"\n"), 0o644); err != nil {
+		w.log.Warn("could not record the tip", "err", err)
+	}
+	if every := uint64(w.cfg.Export.EveryRounds); w.exporter != nil && (h.Round%every == 0 || w.done()) {
+		w.exporter.SubmitHead(id)
+	}
+	if err := w.keeper.headChanged(id, h); err != nil {
+		w.log.Error("checkpoint failed", "round", h.Round, "err", err)
+		w.status.event("checkpoint", "round %d: %v", h.Round, err)
+	}
+	return headSeen{id: id, h: h, took: took, bytesIn: in, bytesOut: out}
+}
+
+// record adds a head's round to the history, the status page, the metrics and the
+// progress output, with the round notes known now.
+func (w *watcher) record(seen headSeen) {
+	id, h, took := seen.id, seen.h, seen.took
 	point := w.roundPoint(id, h)
-	point.Seconds, point.BytesIn, point.BytesOut = took.Seconds(), in, out
+	point.Seconds, point.BytesIn, point.BytesOut = took.Seconds(), seen.bytesIn, seen.bytesOut
 	// The next head of the chain the history holds is appended; anything else (the first
 	// head after a start, a jump after catching up) rebuilds the history from the chain.
 	var rebuilt []RoundPoint
@@ -138,7 +199,9 @@ func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took ti
 		w.log.Warn("could not record the round in the history", "err", err)
 	}
 	w.status.update(func(s *Status) {
-		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, metrics
+		if s.Head == point.Head {
+			s.HeadMetrics = metrics
+		}
 		if rebuilt != nil {
 			s.History = rebuilt
 		}
@@ -151,16 +214,6 @@ func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took ti
 		}
 	})
 	w.metrics.head(h.Round, h.Metrics.TrainLoss, metrics)
-	if err := atomicfile.Write(filepath.Join(w.cfg.Node.StoreDir, TipFile), []byte(id.String()+"\n"), 0o644); err != nil {
-		w.log.Warn("could not record the tip", "err", err)
-	}
-	if every := uint64(w.cfg.Export.EveryRounds); w.exporter != nil && (h.Round%every == 0 || w.done()) {
-		w.exporter.SubmitHead(id)
-	}
-	if err := w.keeper.headChanged(id, h); err != nil {
-		w.log.Error("checkpoint failed", "round", h.Round, "err", err)
-		w.status.event("checkpoint", "round %d: %v", h.Round, err)
-	}
 	if w.progress != nil {
 		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, took)
 	}

@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -98,6 +99,12 @@ func TestSoloNodeTrainsAndResumes(t *testing.T) {
 	first, last := st.History[0].HeldOut["mse"], st.History[6].HeldOut["mse"]
 	require.Less(t, last, first/2, "held-out error must fall: %v -> %v", first, last)
 	require.Contains(t, out.String(), "round   6/6")
+	// Every round's line and history point carry its held-out metrics, though the leader
+	// evaluates a head after it is published (validator/heldout.go).
+	for i, p := range st.History {
+		require.Contains(t, p.HeldOut, "mse", "round %d", i)
+		require.Regexp(t, fmt.Sprintf(`round +%d/6 .*held-out mse`, i), out.String())
+	}
 
 	stores, err := OpenStores(cfg)
 	require.NoError(t, err)

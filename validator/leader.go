@@ -840,7 +840,10 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	}
 	mergeTook := time.Since(mergeStart)
 	notes := r.notes(mergeTook)
-	notes.HeldOut = v.evaluate(ctx, out.Head)
+	if v.final(r.round) {
+		// Nothing waits for the last head: it goes out with its metrics (heldout.go).
+		notes.HeldOut = v.evaluate(ctx, out.Head)
+	}
 	notes.Seconds = time.Since(r.started).Seconds()
 	if err := v.signNotes(out.ID, out.Head.Round, notes); err != nil {
 		return nil, err
@@ -859,6 +862,9 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened)
 	if err := v.Bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
+	}
+	if !v.final(r.round) {
+		v.evaluateLater(ctx, heldOutJob{id: out.ID, head: out.Head, notes: *notes, msg: *msg})
 	}
 	return &lk, nil
 }

@@ -1,0 +1,96 @@
+package validator
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/gossip"
+)
+
+// A leader evaluates the head it proposed on held-out data after it has published it, not
+// before. The evaluation is a forward pass over the workload's held-out text: on lm tiny
+// with 2 cores it took as long as 4 inner steps, and it held every round's head back by as
+// much. Trainers waited for the next lease that long, or, training ahead under
+// protocol.overlap: eager, ran that many more steps from their guess at the head before
+// the window could be moved onto it. The head now goes out with notes that lack the
+// held-out metrics, and the same proposal goes out again with the completed notes once
+// they are measured (chain.Tips.SetNotes keeps the completed ones). The experiment's last
+// head is evaluated before it is published: nothing waits for it, and the run ends with
+// its metrics.
+
+// heldOutJob is a published head whose held-out metrics are still to be measured.
+type heldOutJob struct {
+	id    cid.Cid
+	head  *chain.Head
+	notes chain.Notes // as published (signed, without held-out metrics)
+	msg   gossip.Head // the proposal as published
+}
+
+// heldOut evaluates published heads one at a time, in the order they were proposed.
+type heldOut struct {
+	jobs chan heldOutJob
+	done chan struct{}
+}
+
+// startHeldOut starts the evaluator of published heads; stop closes it once the heads
+// handed to it are evaluated (or ctx ended).
+func (v *validator) startHeldOut(ctx context.Context) (stop func()) {
+	// One head waits while another is evaluated: a leader whose evaluations take longer
+	// than its rounds is held back to their pace at the next proposal, as it was when it
+	// evaluated before publishing.
+	h := &heldOut{jobs: make(chan heldOutJob, 1), done: make(chan struct{})}
+	v.heldOut = h
+	go func() {
+		defer close(h.done)
+		for j := range h.jobs {
+			v.completeNotes(ctx, j)
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(h.jobs)
+			<-h.done
+			v.heldOut = nil
+		})
+	}
+}
+
+// evaluateLater hands a published head to the evaluator when an evaluation is due for it
+// (it blocks while the evaluator has one head waiting already).
+func (v *validator) evaluateLater(ctx context.Context, j heldOutJob) {
+	if v.heldOut == nil || !v.evalDue(j.head) {
+		return
+	}
+	select {
+	case v.heldOut.jobs <- j:
+	case <-ctx.Done():
+	}
+}
+
+// completeNotes measures j's head on held-out data and publishes the proposal again with
+// the notes completed.
+func (v *validator) completeNotes(ctx context.Context, j heldOutJob) {
+	m := v.evaluate(ctx, j.head)
+	if m == nil {
+		return
+	}
+	n := j.notes
+	n.HeldOut, n.Sig = m, chain.Signature{}
+	if err := v.signNotes(j.id, j.head.Round, &n); err != nil {
+		v.Log.Warn("record the held-out metrics of a head", "round", j.head.Round, "err", err)
+		return
+	}
+	msg := j.msg
+	if sh, _, err := v.Heads.Get(j.id); err == nil {
+		msg.Signed = *sh // with every signature gathered so far
+	}
+	msg.Notes, msg.Sent = &n, time.Now().UnixMilli()
+	if err := v.Bus.Publish(ctx, &msg); err != nil && ctx.Err() == nil {
+		v.Log.Warn("publish the held-out metrics of a head", "round", j.head.Round, "err", err)
+	}
+}
