@@ -2,6 +2,8 @@ package trainer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -40,14 +42,17 @@ type aheadWindow struct {
 	microshards []uint32
 	steps       int
 	cancel      context.CancelFunc
+	started     chan struct{} // closed when it stops waiting for the round's updates
+	startErr    error         // why it did not start (set before started is closed)
 	done        chan struct{}
 	w           *round.Window // once done, with err nil
 	err         error
 }
 
 // startAhead trains l's reservation from the trainer's eager guess at the next head,
-// made from window w (trained for l, on base).
-func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.Head, l lease.Lease) {
+// made from window w (trained for l, on base), once the trainers in peers (leased with it)
+// have published their updates for l's round (updates.go).
+func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.Head, l lease.Lease, peers []string) {
 	if len(l.Next) == 0 || l.NextSteps == 0 || (t.Rounds > 0 && l.Round >= uint64(t.Rounds)) {
 		return
 	}
@@ -56,19 +61,27 @@ func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.H
 		t.Log.Warn("not training ahead", "round", l.Round+1, "err", err)
 		return
 	}
-	t.ahead = t.launchAhead(ctx, start, l.Round+1, l.Next, int(l.NextSteps))
-	t.Log.Info("training ahead", "round", l.Round+1, "microshards", len(l.Next), "steps", l.NextSteps)
+	t.ahead = t.launchAhead(ctx, start, l.Round+1, l.Next, int(l.NextSteps), peers)
 }
 
-// launchAhead starts training a window for round from the pack at start.
-func (t *Trainer) launchAhead(ctx context.Context, start string, round uint64, microshards []uint32, steps int) *aheadWindow {
+// launchAhead starts training a window for round from the pack at start, once the
+// trainers in peers have published their updates for the round before (awaitUpdates).
+func (t *Trainer) launchAhead(ctx context.Context, start string, round uint64, microshards []uint32, steps int, peers []string) *aheadWindow {
 	ctx, cancel := context.WithCancel(ctx)
-	a := &aheadWindow{round: round, microshards: microshards, steps: steps, cancel: cancel, done: make(chan struct{})}
+	a := &aheadWindow{round: round, microshards: microshards, steps: steps, cancel: cancel, started: make(chan struct{}), done: make(chan struct{})}
 	// The attempt of the lease to come is not known yet: a window trained ahead draws its
 	// batches as attempt 0 would.
 	seed := Seed(t.Seed, round, 0, t.Self)
 	go func() {
 		defer close(a.done)
+		waited, err := t.awaitUpdates(ctx, round-1, peers)
+		a.startErr = err
+		close(a.started)
+		if err != nil {
+			return
+		}
+		t.Log.Info("training ahead", "round", round, "microshards", len(microshards), "steps", steps,
+			"waited_for_updates_seconds", fmt.Sprintf("%.2f", waited.Seconds()))
 		a.w, a.err = t.Eager.RunWindowFrom(ctx, start, round, microshards, steps, seed)
 	}()
 	return a
@@ -88,6 +101,23 @@ func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, base *chain.Head
 		return nil
 	}
 	waitStart := time.Now()
+	// A window still waiting for its round's updates stops waiting (base is canonical
+	// here) and is not trained: the lease is trained from base.
+	select {
+	case <-a.started:
+	default:
+		select {
+		case <-a.started:
+		case <-ctx.Done():
+			t.dropAhead(a, "the lease ended first")
+			return nil
+		}
+	}
+	if errors.Is(a.startErr, errHeadFirst) {
+		<-a.done
+		t.Log.Info("not trained ahead: training the lease from its base", "round", a.round, "why", a.startErr)
+		return nil
+	}
 	select {
 	case <-a.done:
 	default:

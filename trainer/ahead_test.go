@@ -62,7 +62,8 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &blockingEager{fail: tc.fail, canceled: make(chan struct{})}
 			tr := New(Params{Eager: e, Log: slog.New(slog.DiscardHandler)})
-			tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10)
+			tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, nil)
+			<-tr.ahead.started // with no trainer to wait for, it starts at once
 			ctx, cancel := context.WithCancel(context.Background())
 			if tc.ended {
 				cancel()
@@ -90,7 +91,7 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 		e := &blockingEager{canceled: make(chan struct{})}
 		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
 		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
-		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10)
+		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, nil)
 		ch.head = &chain.Head{Round: 2}
 		tr.dropStaleAhead()
 		require.NotNil(t, tr.ahead, "round 3 is still open: its lease may come")
@@ -98,5 +99,62 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 		tr.dropStaleAhead()
 		require.Nil(t, tr.ahead)
 		<-e.canceled
+	})
+}
+
+// startingEager records when a window ahead starts, then trains until its context ends.
+type startingEager struct {
+	blockingEager
+	started chan struct{}
+}
+
+func (e *startingEager) RunWindowFrom(ctx context.Context, start string, round uint64, ms []uint32, steps int, seed int64) (*round.Window, error) {
+	close(e.started)
+	return e.blockingEager.RunWindowFrom(ctx, start, round, ms, steps, seed)
+}
+
+// A window trained ahead for round 3 starts once every other trainer leased in round 2 has
+// published its update for round 2 (updates of other rounds or peers do not count); when
+// round 2's head comes first it never starts, and its lease is trained from the head.
+func TestWindowAheadWaitsForTheRoundsLastUpdate(t *testing.T) {
+	notYet := func(e *startingEager, why string) {
+		t.Helper()
+		select {
+		case <-e.started:
+			t.Fatalf("the window ahead started %s", why)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Run("the last update", func(t *testing.T) {
+		e := &startingEager{blockingEager{canceled: make(chan struct{})}, make(chan struct{})}
+		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
+		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
+		tr.updates = newUpdates()
+		tr.updates.heard(2, "b")
+		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, []string{"b", "c"})
+		notYet(e, "before c's update")
+		tr.updates.heard(1, "c")
+		tr.updates.heard(2, "x")
+		notYet(e, "on updates of another round or trainer")
+		tr.updates.heard(2, "c")
+		select {
+		case <-e.started:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the window ahead did not start after the round's last update")
+		}
+		tr.dropAhead(tr.ahead, "test over")
+	})
+	t.Run("the head first", func(t *testing.T) {
+		e := &startingEager{blockingEager{canceled: make(chan struct{})}, make(chan struct{})}
+		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
+		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
+		tr.updates = newUpdates()
+		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, []string{"b"})
+		notYet(e, "without b's update")
+		base := &chain.Head{Round: 2}
+		ch.set(ch.add(base))
+		require.Nil(t, tr.takeAhead(context.Background(), lease.Lease{Round: 3, Microshards: []uint32{4, 5}}, base, 10))
+		require.Empty(t, e.moved, "a window that never started is not moved")
+		notYet(e, "after its head came")
 	})
 }

@@ -87,6 +87,8 @@ type Params struct {
 type Trainer struct {
 	Params
 	ahead *aheadWindow // a window training or trained ahead of its lease (Run's goroutine only)
+	// updates are the trainers' updates heard on the bus, under overlap (updates.go).
+	updates *updates
 }
 
 // New returns the trainer role; Run runs it.
@@ -105,6 +107,12 @@ const baseWait = 10 * time.Second
 func (t *Trainer) Run(ctx context.Context) error {
 	in := t.Bus.Subscribe()
 	defer in.Close()
+	if t.Eager != nil {
+		t.updates = newUpdates()
+		hctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go t.updates.hear(hctx, in.Contributions)
+	}
 	defer func() {
 		if t.ahead != nil {
 			t.dropAhead(t.ahead, "the run ended")
@@ -226,7 +234,13 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		return err
 	}
 	if w != nil {
-		t.startAhead(ctx, w, base, l)
+		var peers []string // the trainers whose updates the window ahead waits for
+		for _, o := range m.Leases {
+			if o.Trainer != t.Self {
+				peers = append(peers, o.Trainer)
+			}
+		}
+		t.startAhead(ctx, w, base, l, peers)
 	}
 	return nil
 }
