@@ -62,30 +62,23 @@ type watcher struct {
 func (w *watcher) run(ctx context.Context) error {
 	last := time.Now()
 	var lastRound uint64 = math.MaxUint64
-	var waiting *headSeen // a head recorded once its held-out metrics come
+	// Heads recorded in chain order once their held-out metrics come (validator/heldout.go):
+	// a head waits for them until maxAwaited later heads have come.
+	var waiting []headSeen
 	for {
 		changed, notes := w.tips.Changed(), w.tips.NotesChanged()
 		id, h := w.tips.Current()
-		moved := h != nil && h.Round != lastRound
-		// A head waits for its leader's held-out metrics until they come or the next
-		// head does (validator/heldout.go).
-		if waiting != nil && (moved || w.heldOutKnown(waiting.id)) {
-			w.record(*waiting)
-			waiting = nil
-		}
-		if moved {
+		if h != nil && h.Round != lastRound {
 			took := time.Since(last)
 			if lastRound == math.MaxUint64 {
 				took = 0
 			}
 			last, lastRound = time.Now(), h.Round
-			seen := w.onHead(id, h, took)
-			if w.awaitsHeldOut(id, h) {
-				waiting = &seen
-			} else {
-				w.record(seen)
-			}
+			waiting = append(waiting, w.onHead(id, h, took))
 			if w.done() {
+				for _, s := range waiting {
+					w.record(s)
+				}
 				w.log.Info("round limit reached", "rounds", w.cfg.Experiment.Rounds, "head", id.String())
 				w.linger(ctx, h.Round)
 				if err := w.keeper.ck.Flush(ctx); err != nil {
@@ -95,6 +88,10 @@ func (w *watcher) run(ctx context.Context) error {
 				return nil
 			}
 		}
+		for len(waiting) > 0 && (len(waiting) > maxAwaited || !w.awaitsHeldOut(waiting[0].id, waiting[0].h)) {
+			w.record(waiting[0])
+			waiting = waiting[1:]
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -103,6 +100,10 @@ func (w *watcher) run(ctx context.Context) error {
 		}
 	}
 }
+
+// maxAwaited is how many later heads a head waits for its held-out metrics: a leader
+// evaluates one head while the next is proposed, and one more may wait (heldout.go).
+const maxAwaited = 2
 
 // headSeen is a new canonical head as the watcher saw it arrive: the round's wall time and
 // the bytes this node moved since the last one.

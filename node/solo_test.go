@@ -76,12 +76,39 @@ func soloConfig(t *testing.T, dir string, rounds int) *config.Config {
 
 func runNode(t *testing.T, cfg *config.Config, progress *syncBuffer) *Node {
 	t.Helper()
-	n, err := New(cfg, Options{Progress: progress, Runtime: synth.New(t.TempDir())})
+	return runNodeWith(t, cfg, progress, synth.New(t.TempDir()))
+}
+
+func runNodeWith(t *testing.T, cfg *config.Config, progress *syncBuffer, rt *synth.Runtime) *Node {
+	t.Helper()
+	n, err := New(cfg, Options{Progress: progress, Runtime: rt})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, n.Run(ctx))
 	return n
+}
+
+// TestSlowEvaluationKeepsEveryRoundsMetrics: held-out evaluations slower than the rounds
+// (each 400 ms, against rounds of tens of milliseconds). The leader publishes each head
+// before it evaluates it and waits for the evaluation two heads back before it publishes
+// another, so every round's progress line and history point still carry its metrics.
+func TestSlowEvaluationKeepsEveryRoundsMetrics(t *testing.T) {
+	dir := t.TempDir()
+	synthDataset(t, filepath.Join(dir, "data"), 10)
+	cfg := soloConfig(t, dir, 8)
+	rt := synth.New(t.TempDir())
+	rt.EvalHook = func(m map[string]float64) map[string]float64 {
+		time.Sleep(400 * time.Millisecond)
+		return m
+	}
+	var out syncBuffer
+	st := runNodeWith(t, cfg, &out, rt).Status()
+	require.Len(t, st.History, 9)
+	for i, p := range st.History {
+		require.Contains(t, p.HeldOut, "mse", "round %d", i)
+		require.Regexp(t, fmt.Sprintf(`round +%d/8 .*held-out mse`, i), out.String())
+	}
 }
 
 func TestSoloNodeTrainsAndResumes(t *testing.T) {

@@ -18,7 +18,8 @@ import (
 //
 // A lease may reserve the trainer's microshards for the next round (lease.Lease.Next).
 // Having published its update, the trainer does not wait for the next head: it trains
-// the reservation at once (ahead), from its eager guess at that head (below).
+// the reservation ahead, from its eager guess at that head (below), as soon as every
+// trainer leased with it in the round has published its update too (updates.go).
 // When the next round's lease comes and grants exactly the reservation (same round,
 // microshards and steps), the window trained ahead is its window. If it is still training,
 // it is moved onto the lease's base head (the head it guessed at) before its next step,

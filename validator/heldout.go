@@ -32,22 +32,28 @@ type heldOutJob struct {
 
 // heldOut evaluates published heads one at a time, in the order they were proposed.
 type heldOut struct {
-	jobs chan heldOutJob
-	done chan struct{}
+	jobs    chan heldOutJob
+	slots   chan struct{}  // one per head handed over (or about to be) and not yet done
+	pending sync.WaitGroup // the same, for evaluated
+	done    chan struct{}
 }
+
+// maxEvaluating is how many proposed heads may wait for their held-out metrics: one being
+// evaluated and the next. A leader whose evaluations take longer than its rounds waits
+// for the first before it publishes a third, so a head is never more than two heads
+// behind with its metrics (the node's watcher waits that long for them).
+const maxEvaluating = 2
 
 // startHeldOut starts the evaluator of published heads; stop closes it once the heads
 // handed to it are evaluated (or ctx ended).
 func (v *validator) startHeldOut(ctx context.Context) (stop func()) {
-	// One head waits while another is evaluated: a leader whose evaluations take longer
-	// than its rounds is held back to their pace at the next proposal, as it was when it
-	// evaluated before publishing.
-	h := &heldOut{jobs: make(chan heldOutJob, 1), done: make(chan struct{})}
+	h := &heldOut{jobs: make(chan heldOutJob, maxEvaluating), slots: make(chan struct{}, maxEvaluating), done: make(chan struct{})}
 	v.heldOut = h
 	go func() {
 		defer close(h.done)
 		for j := range h.jobs {
 			v.completeNotes(ctx, j)
+			h.release()
 		}
 	}()
 	var once sync.Once
@@ -60,15 +66,36 @@ func (v *validator) startHeldOut(ctx context.Context) (stop func()) {
 	}
 }
 
-// evaluateLater hands a published head to the evaluator when an evaluation is due for it
-// (it blocks while the evaluator has one head waiting already).
-func (v *validator) evaluateLater(ctx context.Context, j heldOutJob) {
-	if v.heldOut == nil || !v.evalDue(j.head) {
-		return
+// reserve takes a place for head h with the evaluator, waiting while maxEvaluating heads
+// wait for their metrics, when an evaluation is due for it. It reports whether it took
+// one: then h must be handed over (evaluateLater) or its place released.
+func (v *validator) reserve(ctx context.Context, h *chain.Head) bool {
+	if v.heldOut == nil || !v.evalDue(h) {
+		return false
 	}
 	select {
-	case v.heldOut.jobs <- j:
+	case v.heldOut.slots <- struct{}{}:
+		v.heldOut.pending.Add(1)
+		return true
 	case <-ctx.Done():
+		return false
+	}
+}
+
+// release gives a place back.
+func (h *heldOut) release() {
+	h.pending.Done()
+	<-h.slots
+}
+
+// evaluateLater hands a published head, whose place is reserved, to the evaluator.
+func (v *validator) evaluateLater(j heldOutJob) { v.heldOut.jobs <- j }
+
+// evaluated waits until every head handed to the evaluator has its notes completed (or
+// ctx ended, which ends its evaluations too).
+func (v *validator) evaluated() {
+	if v.heldOut != nil {
+		v.heldOut.pending.Wait()
 	}
 }
 
