@@ -162,8 +162,9 @@ type Protocol struct {
 	SparseFeedbackDecay float64 `yaml:"sparse_feedback_decay"`
 	// Overlap is how a trainer's windows overlap the round's communication: "" (none: a
 	// trainer waits for the next head and lease after publishing) or OverlapEager (a lease
-	// reserves the trainer's next microshards, and it trains them at once from its own
-	// model, measured against the next head: lease.Lease.Next, docs/wan.md).
+	// reserves the trainer's next microshards, and it trains them from its guess at the
+	// next head once the round's last update is out, moved onto that head when it comes:
+	// lease.Lease.Next, docs/wan.md).
 	Overlap string `yaml:"overlap"`
 	DiLoCo  DiLoCo `yaml:"diloco"`
 	EMA     EMA    `yaml:"ema"`

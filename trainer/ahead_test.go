@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"testing"
 	"time"
 
@@ -130,13 +131,13 @@ func TestWindowAheadWaitsForTheRoundsLastUpdate(t *testing.T) {
 		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
 		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
 		tr.updates = newUpdates()
-		tr.updates.heard(2, "b")
+		tr.updates.heard(2, 1, "b")
 		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, []string{"b", "c"})
 		notYet(e, "before c's update")
-		tr.updates.heard(1, "c")
-		tr.updates.heard(2, "x")
+		tr.updates.heard(1, 1, "c")
+		tr.updates.heard(2, 1, "x")
 		notYet(e, "on updates of another round or trainer")
-		tr.updates.heard(2, "c")
+		tr.updates.heard(2, 1, "c")
 		select {
 		case <-e.started:
 		case <-time.After(5 * time.Second):
@@ -157,4 +158,40 @@ func TestWindowAheadWaitsForTheRoundsLastUpdate(t *testing.T) {
 		require.Empty(t, e.moved, "a window that never started is not moved")
 		notYet(e, "after its head came")
 	})
+}
+
+// The updates remembered are those of the two rounds after the canonical head's, at most
+// maxHeardPerRound a round: forged rounds far ahead or behind, or a flood of peers, do not
+// grow them.
+func TestUpdatesKeepOnlyTheOpenRounds(t *testing.T) {
+	cases := []struct {
+		name  string
+		round uint64
+		cur   uint64
+		kept  bool
+	}{
+		{"the open round", 5, 4, true},
+		{"the round after", 6, 4, true},
+		{"the head's own round", 4, 4, false},
+		{"an old round", 2, 4, false},
+		{"far ahead", 1 << 40, 4, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			u := newUpdates()
+			u.heard(tc.round, tc.cur, "p")
+			ok, _ := u.all(tc.round, []string{"p"})
+			require.Equal(t, tc.kept, ok)
+		})
+	}
+	u := newUpdates()
+	u.heard(5, 4, "p")
+	u.heard(6, 5, "q") // the head moved to round 5: round 5's updates are forgotten
+	ok, _ := u.all(5, []string{"p"})
+	require.False(t, ok)
+	require.Len(t, u.rounds, 1)
+	for i := range maxHeardPerRound + 10 {
+		u.heard(6, 5, strconv.Itoa(i))
+	}
+	require.Len(t, u.rounds[6], maxHeardPerRound)
 }

@@ -111,7 +111,12 @@ func (t *Trainer) Run(ctx context.Context) error {
 		t.updates = newUpdates()
 		hctx, stop := context.WithCancel(ctx)
 		defer stop()
-		go t.updates.hear(hctx, in.Contributions)
+		go t.updates.hear(hctx, in.Contributions, func() uint64 {
+			if _, h := t.Chain.Current(); h != nil {
+				return h.Round
+			}
+			return 0
+		})
 	}
 	defer func() {
 		if t.ahead != nil {

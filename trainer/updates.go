@@ -26,8 +26,8 @@ import (
 // must not grow the map).
 const maxHeardPerRound = 4096
 
-// updates remembers which trainers published an update for the most recent rounds, as
-// heard on the bus.
+// updates remembers which trainers published an update for the rounds after the canonical
+// head, as heard on the bus.
 type updates struct {
 	mu      sync.Mutex
 	rounds  map[uint64]map[string]bool
@@ -38,19 +38,24 @@ func newUpdates() *updates {
 	return &updates{rounds: map[uint64]map[string]bool{}, changed: make(chan struct{})}
 }
 
-// heard records peer's update for round, keeping the three newest rounds.
-func (u *updates) heard(round uint64, peer string) {
+// heard records peer's update for round when round is one of the two after cur, the
+// canonical head's round (rounds up to cur are forgotten): only those can still have a
+// window waiting for them, and no sequence of forged rounds grows the map.
+func (u *updates) heard(round, cur uint64, peer string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	for r := range u.rounds {
+		if r <= cur {
+			delete(u.rounds, r)
+		}
+	}
+	if round <= cur || round > cur+2 {
+		return
+	}
 	ps := u.rounds[round]
 	if ps == nil {
 		ps = map[string]bool{}
 		u.rounds[round] = ps
-		for r := range u.rounds {
-			if r+3 <= round {
-				delete(u.rounds, r)
-			}
-		}
 	}
 	if ps[peer] || len(ps) >= maxHeardPerRound {
 		return
@@ -73,15 +78,16 @@ func (u *updates) all(round uint64, peers []string) (bool, <-chan struct{}) {
 	return true, u.changed
 }
 
-// hear records the updates arriving on in until ctx ends.
-func (u *updates) hear(ctx context.Context, in <-chan bus.Received[gossip.Contribution]) {
+// hear records the updates arriving on in until ctx ends; cur is the canonical head's
+// round (0 before genesis).
+func (u *updates) hear(ctx context.Context, in <-chan bus.Received[gossip.Contribution], cur func() uint64) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case c := <-in:
 			if c.Msg != nil && c.Msg.Peer == c.From {
-				u.heard(c.Msg.Round, c.From)
+				u.heard(c.Msg.Round, cur(), c.From)
 			}
 		}
 	}
