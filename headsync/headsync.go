@@ -112,12 +112,6 @@ func (s *Sync) offer(ctx context.Context, from string, m *gossip.Head) error {
 		return err
 	}
 	if cur, ch := s.Tips.Current(); ch != nil && (cur.Equals(id) || h.Round <= ch.Round) {
-		if _, _, err := s.Heads.Get(id); err == nil {
-			// A head held here comes again with its leader's notes once it evaluated it.
-			if err := s.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
-				s.Log.Warn("store round notes", "round", h.Round, "err", err)
-			}
-		}
 		s.attestAgain(ctx, from, m, id, h.Round)
 		return nil
 	}
