@@ -18,9 +18,10 @@ import (
 // head at step 1–2 of 20, the others at steps 14–19, or after their window had ended. A
 // window that ends before its head is published the moment the next lease comes, so its
 // trainer is the earliest again the next round, and stays there: every one of its windows
-// was trained from a guess. Waiting for the round's last update keeps the trainers in step,
-// so the head comes after the validators' merge, early in every window. A trainer idles
-// only as long as the slowest trainer of its round trains longer than it does.
+// was trained from a guess. Waiting for the round's last update keeps the trainers in step:
+// the head comes after the validators' merge and the leader's held-out evaluation, at
+// about the same step in every window. A trainer idles only as long as the slowest trainer
+// of its round trains longer than it does.
 
 // maxHeardPerRound bounds the updates remembered for one round (a flood of forged ones
 // must not grow the map).
