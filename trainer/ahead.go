@@ -2,7 +2,6 @@ package trainer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -114,7 +113,7 @@ func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, base *chain.Head
 			return nil
 		}
 	}
-	if errors.Is(a.startErr, errHeadFirst) {
+	if a.startErr != nil { // the head came first (errHeadFirst), or the run ended
 		<-a.done
 		t.Log.Info("not trained ahead: training the lease from its base", "round", a.round, "why", a.startErr)
 		return nil
