@@ -27,7 +27,8 @@ type Notes struct {
 	// leases, replays), over every attempt.
 	Rejected uint64 `cbor:"3,keyasint,omitempty"`
 	// Seconds is the round's wall time at the proposer, from taking the round to the
-	// proposal (held-out evaluation included). Train, Comm and Merge split it: the slowest merged trainer's inner steps;
+	// proposal (the held-out evaluation comes after it, but for the experiment's last
+	// round). Train, Comm and Merge split it: the slowest merged trainer's inner steps;
 	// the longest transfer path of a merged contribution (the trainer fetching the base
 	// parameters and its microshards, then the proposer fetching its update); screening,
 	// aggregation and signing. The rest is waiting (leases, gossip, deadlines, stragglers).

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	"github.com/stretchr/testify/require"
 )
@@ -68,4 +69,61 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, id, f.Signed.ID())
 	require.Equal(t, n, f.Notes)
+}
+
+// TestTipsCompleteNotes: a head's notes are kept as first heard, except that notes without
+// held-out metrics give way to the same signer's notes that carry them (a leader publishes
+// its head before it evaluates it); NotesChanged fires when notes are kept.
+func TestTipsCompleteNotes(t *testing.T) {
+	k, self := key(t)
+	k2, other := key(t)
+	h := testHead(1, nil)
+	id, err := h.ID()
+	require.NoError(t, err)
+	signed := func(k crypto.PrivKey, held map[string]float64, rejected uint64) *Notes {
+		n := &Notes{Round: 1, HeldOut: held, Rejected: rejected, Seconds: 2}
+		require.NoError(t, SignNotes(k, id, n))
+		return n
+	}
+	bare := signed(k, nil, 1)
+	full := signed(k, map[string]float64{"loss": 2}, 1)
+	cases := []struct {
+		name   string
+		first  *Notes
+		then   *Notes
+		want   *Notes
+		change bool // the second SetNotes keeps its notes
+	}{
+		{"completed by the signer", bare, full, full, true},
+		{"complete notes stay", full, signed(k, map[string]float64{"loss": 1}, 1), full, false},
+		{"not completed by another validator", bare, signed(k2, map[string]float64{"loss": 1}, 1), bare, false},
+		{"bare notes do not replace complete ones", full, bare, full, false},
+		{"bare notes do not replace bare ones", bare, signed(k, nil, 5), bare, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := OpenStore(t.TempDir())
+			require.NoError(t, err)
+			tips := NewTips(st, []string{self, other}, 1)
+			require.NoError(t, tips.SetNotes(id, 1, tc.first))
+			changed := tips.NotesChanged()
+			require.NoError(t, tips.SetNotes(id, 1, tc.then))
+			require.Equal(t, tc.want, tips.Notes(id))
+			got, err := st.Notes(id)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got, "the notes stored beside the head")
+			select {
+			case <-changed:
+				require.True(t, tc.change, "NotesChanged fired")
+			default:
+				require.False(t, tc.change, "NotesChanged did not fire")
+			}
+			// A restarted node reads the stored notes back, and completes them the same way.
+			again := NewTips(st, []string{self, other}, 1)
+			require.NoError(t, again.SetNotes(id, 1, full))
+			if tc.want.HeldOut == nil {
+				require.Equal(t, full, again.Notes(id))
+			}
+		})
+	}
 }

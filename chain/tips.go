@@ -20,12 +20,14 @@ type Tips struct {
 	head    *Head
 	notes   map[cid.Cid]*Notes // recent round notes (also in the head store)
 	changed chan struct{}      // closed and replaced on every change
+	// notesChanged is closed and replaced whenever SetNotes keeps notes.
+	notesChanged chan struct{}
 }
 
 // NewTips tracks the canonical head among the heads of store that a quorum of validators
 // signed (validators empty: any signer counts).
 func NewTips(heads *Store, validators []string, quorum int) *Tips {
-	return &Tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), notes: map[cid.Cid]*Notes{}}
+	return &Tips{heads: heads, validators: validators, quorum: quorum, changed: make(chan struct{}), notesChanged: make(chan struct{}), notes: map[cid.Cid]*Notes{}}
 }
 
 // Validators returns the signers that count toward a quorum (empty: anyone).
@@ -71,32 +73,53 @@ func (t *Tips) Notes(id cid.Cid) *Notes {
 // SetNotes keeps the round notes announced or fetched with head id: signed (checked by
 // the decoder) by one of the configured validators, for the head's round. Notes from anyone
 // else are dropped. New notes are written beside the head, so that the history outlives the
-// process and is served to peers that sync the
+// process and is served to peers that sync the chain. Notes once kept stay, except that
+// notes without held-out metrics give way to the same signer's notes for the head that
+// carry them: a leader publishes its head before it evaluates it, so that the evaluation
+// does not hold the next round back, and publishes the notes again once it has
+// (NotesChanged fires then).
 func (t *Tips) SetNotes(id cid.Cid, round uint64, n *Notes) error {
 	if n == nil || n.Round != round || !slices.Contains(t.validators, n.Sig.Peer) {
 		return nil
 	}
 	t.mu.Lock()
-	_, known := t.notes[id]
-	if !known {
-		t.notes[id] = n
-		if len(t.notes) > 256 {
-			for k := range t.notes {
-				if !k.Equals(t.id) && !k.Equals(id) {
-					delete(t.notes, k)
-					break
-				}
+	old := t.notes[id]
+	t.mu.Unlock()
+	if old == nil {
+		old, _ = t.heads.Notes(id) // none stored, or unreadable: these replace them
+	}
+	if old != nil && !completes(old, n) {
+		return nil
+	}
+	if err := t.heads.PutNotes(id, n); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.notes[id] = n
+	if len(t.notes) > 256 {
+		for k := range t.notes {
+			if !k.Equals(t.id) && !k.Equals(id) {
+				delete(t.notes, k)
+				break
 			}
 		}
 	}
-	t.mu.Unlock()
-	if known {
-		return nil
-	}
-	if _, err := t.heads.Notes(id); err == nil {
-		return nil
-	}
-	return t.heads.PutNotes(id, n)
+	close(t.notesChanged)
+	t.notesChanged = make(chan struct{})
+	return nil
+}
+
+// completes reports whether n adds the held-out metrics that old, by the same signer, lacks.
+func completes(old, n *Notes) bool {
+	return old.HeldOut == nil && n.HeldOut != nil && old.Sig.Peer == n.Sig.Peer
+}
+
+// NotesChanged returns a channel closed the next time SetNotes keeps notes.
+func (t *Tips) NotesChanged() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.notesChanged
 }
 
 // Offer stores a signed head and makes it canonical if it has quorum, its parent is known

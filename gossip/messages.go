@@ -22,7 +22,7 @@ const (
 	MaxAnnounceBytes     = 16 << 10
 	MaxLeasesBytes       = 1 << 20
 	MaxContributionBytes = 64 << 10
-	MaxHeadBytes         = chain.MaxHeadBytes + 64<<10
+	MaxHeadBytes         = chain.MaxHeadBytes + (1+MaxEarlierNotes)*chain.MaxNotesBytes
 	MaxAttestationBytes  = MaxAnnounceBytes
 	MaxReleaseBytes      = 4 << 10
 	// MaxReleaseReason bounds the free-text reason of a release (it ends up in logs).
@@ -114,6 +114,23 @@ type Head struct {
 	// bytes it has seen, but a head waiting for quorum is sent again for peers that missed
 	// it, with every signature gathered so far.
 	Sent int64 `cbor:"5,keyasint,omitempty"`
+	// Earlier carries the completed notes (with held-out metrics) of heads before this one,
+	// as the sender holds them: a leader publishes a head before it evaluates it, and the
+	// notes it publishes again once it has may miss a peer (not yet subscribed, or synced
+	// the head before) for good; the next proposals bring them again
+	// (validator/heldout.go).
+	Earlier []EarlierNotes `cbor:"6,keyasint,omitempty"`
+}
+
+// MaxEarlierNotes bounds Head.Earlier: the heads of the rounds a proposal's notes may
+// still complete (a leader evaluates at most two heads behind its proposal, and a peer may
+// miss a proposal or two).
+const MaxEarlierNotes = 4
+
+// EarlierNotes are the round notes of an earlier head, signed by that head's proposer.
+type EarlierNotes struct {
+	Head  []byte      `cbor:"1,keyasint"`
+	Notes chain.Notes `cbor:"2,keyasint"`
 }
 
 // Proposal lists the leases a leader granted for the round and every contribution it
@@ -307,6 +324,18 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 	if m.Notes != nil {
 		if err := chain.VerifyNotes(m.Signed.ID(), m.Notes); err != nil || m.Notes.Round != h.Round {
 			return nil, nil, fmt.Errorf("%w: head round %d: notes: %v", ErrMalformed, h.Round, err)
+		}
+	}
+	if len(m.Earlier) > MaxEarlierNotes {
+		return nil, nil, fmt.Errorf("%w: head round %d carries the notes of %d earlier heads, at most %d", ErrMalformed, h.Round, len(m.Earlier), MaxEarlierNotes)
+	}
+	for _, e := range m.Earlier {
+		if err := checkCID(e.Head, cids.CodecCBOR, "earlier head"); err != nil {
+			return nil, nil, err
+		}
+		id, _ := cid.Cast(e.Head)
+		if err := chain.VerifyNotes(id, &e.Notes); err != nil || e.Notes.HeldOut == nil || e.Notes.Round >= h.Round {
+			return nil, nil, fmt.Errorf("%w: head round %d: notes of earlier head %s (round %d): %v", ErrMalformed, h.Round, id, e.Notes.Round, err)
 		}
 	}
 	if p := m.Proposal; p != nil {

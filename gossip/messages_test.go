@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/stretchr/testify/require"
 
@@ -92,6 +93,22 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 			require.NoError(t, chain.SignNotes(k, id, m.Notes))
 			return enc(m)
 		}()},
+		{"head with earlier notes without held-out metrics", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Notes.HeldOut = nil })},
+		{"head with earlier notes altered", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Notes.HeldOut["loss"] = 0.1 })},
+		{"head with earlier notes for another head", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Head = base })},
+		{"head with earlier notes of a raw cid", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Head = cids.Raw([]byte("x")).Bytes() })},
+		{"head with earlier notes of its own round", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, k crypto.PrivKey) {
+				e.Notes.Round, e.Notes.Sig = 2, chain.Signature{}
+				id, _ := cid.Cast(e.Head)
+				require.NoError(t, chain.SignNotes(k, id, &e.Notes))
+			})},
+		{"head with too many earlier notes", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) {}, MaxEarlierNotes+1)},
 		{"head with altered notes", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
 			k, _, err := crypto.GenerateEd25519Key(rand.Reader)
 			require.NoError(t, err)
@@ -110,6 +127,37 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 			require.ErrorIs(t, tc.fn(tc.in), ErrMalformed)
 		})
 	}
+}
+
+// headWithEarlier is an encoded round-2 head carrying the completed notes of n earlier
+// heads (default 1), each changed by mend after signing.
+func headWithEarlier(t *testing.T, mend func(e *EarlierNotes, k crypto.PrivKey), n ...int) []byte {
+	t.Helper()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	m, _ := signedHead(t, fixChainHead(2, 0), k)
+	count := 1
+	if len(n) > 0 {
+		count = n[0]
+	}
+	for range count {
+		e := EarlierNotes{Head: cids.Record([]byte("round 1")).Bytes(), Notes: chain.Notes{Round: 1, HeldOut: map[string]float64{"loss": 2}}}
+		id, _ := cid.Cast(e.Head)
+		require.NoError(t, chain.SignNotes(k, id, &e.Notes))
+		mend(&e, k)
+		m.Earlier = append(m.Earlier, e)
+	}
+	b, err := Encode(m)
+	require.NoError(t, err)
+	return b
+}
+
+func TestDecodeHeadTakesEarlierNotes(t *testing.T) {
+	b := headWithEarlier(t, func(*EarlierNotes, crypto.PrivKey) {}, MaxEarlierNotes)
+	m, _, err := DecodeHead(b)
+	require.NoError(t, err)
+	require.Len(t, m.Earlier, MaxEarlierNotes)
+	require.Equal(t, 2.0, m.Earlier[0].Notes.HeldOut["loss"])
 }
 
 func FuzzDecoders(f *testing.F) {

@@ -24,6 +24,7 @@ type Tips interface {
 	// Offer makes sh canonical when it has a quorum and extends the current head; it
 	// reports whether it did.
 	Offer(sh *chain.SignedHead) (bool, error)
+	Notes(id cid.Cid) *chain.Notes
 	SetNotes(id cid.Cid, round uint64, n *chain.Notes) error
 }
 
@@ -111,7 +112,15 @@ func (s *Sync) offer(ctx context.Context, from string, m *gossip.Head) error {
 	if err != nil {
 		return err
 	}
+	// Earlier heads' notes first, so that they are known when this head becomes canonical.
+	s.takeEarlierNotes(m.Earlier)
 	if cur, ch := s.Tips.Current(); ch != nil && (cur.Equals(id) || h.Round <= ch.Round) {
+		if _, _, err := s.Heads.Get(id); err == nil {
+			// A head held here comes again with its leader's notes once it evaluated it.
+			if err := s.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
+				s.Log.Warn("store round notes", "round", h.Round, "err", err)
+			}
+		}
 		s.attestAgain(ctx, from, m, id, h.Round)
 		return nil
 	}
@@ -142,6 +151,26 @@ func (s *Sync) offer(ctx context.Context, from string, m *gossip.Head) error {
 		s.Log.Info("caught up", "peer", from, "round", h.Round, "head", id.String(), "heads_fetched", fetched)
 	}
 	return err
+}
+
+// takeEarlierNotes keeps the completed notes a head carries of heads held here (the ones
+// not held come with the chain when it is fetched). A leader publishes each head before it
+// evaluates it: its notes with the held-out metrics go out again later, and the next
+// proposals carry them too, for the peers that missed them.
+func (s *Sync) takeEarlierNotes(earlier []gossip.EarlierNotes) {
+	for _, e := range earlier {
+		id, err := cid.Cast(e.Head)
+		if err != nil {
+			continue
+		}
+		_, h, err := s.Heads.Get(id)
+		if err != nil {
+			continue
+		}
+		if err := s.Tips.SetNotes(id, h.Round, &e.Notes); err != nil {
+			s.Log.Warn("store round notes", "round", h.Round, "err", err)
+		}
+	}
 }
 
 // attestAgain answers a head that reached this node without its signature although this
@@ -249,7 +278,13 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 		if err != nil {
 			return 0, err
 		}
-		if !parent.Defined() || s.Heads.Has(parent) {
+		if !parent.Defined() {
+			break
+		}
+		if s.Heads.Has(parent) {
+			if len(missing) > 0 {
+				s.refreshNotes(ctx, p, parent)
+			}
 			break
 		}
 		f, err := s.Peers.RequestHead(ctx, p, parent)
@@ -273,4 +308,28 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 		}
 	}
 	return len(missing), nil
+}
+
+// refreshNotes asks p again for the notes of the last heads this node held before it
+// caught up, from id down, where they lack held-out metrics. A node that stopped, or was
+// cut off, right after a head came holds it with the notes its leader published before it
+// evaluated it; it missed the completed notes, which the proposals that follow carry only
+// gossip.MaxEarlierNotes heads back.
+func (s *Sync) refreshNotes(ctx context.Context, p peer.ID, id cid.Cid) {
+	for range gossip.MaxEarlierNotes {
+		_, h, err := s.Heads.Get(id)
+		if err != nil {
+			return
+		}
+		if n := s.Tips.Notes(id); n == nil || n.HeldOut == nil {
+			if f, err := s.Peers.RequestHead(ctx, p, id); err == nil && f.Notes != nil {
+				if err := s.Tips.SetNotes(id, h.Round, f.Notes); err != nil {
+					s.Log.Warn("store round notes", "round", h.Round, "err", err)
+				}
+			}
+		}
+		if id, err = h.ParentID(); err != nil || !id.Defined() {
+			return
+		}
+	}
 }

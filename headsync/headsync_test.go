@@ -84,7 +84,9 @@ type testPeers struct {
 	connected peer.ID
 	tip       *chain.SignedHead
 	heads     map[cid.Cid]*chain.SignedHead
+	notes     map[cid.Cid]*chain.Notes // served with the heads
 	askedTip  []peer.ID
+	askedHead []cid.Cid
 }
 
 func (p *testPeers) Connected() []peer.ID { return []peer.ID{p.connected} }
@@ -94,7 +96,7 @@ func (p *testPeers) fetched(sh *chain.SignedHead) (*chain.Fetched, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &chain.Fetched{Signed: sh, Head: h}, nil
+	return &chain.Fetched{Signed: sh, Head: h, Notes: p.notes[sh.ID()]}, nil
 }
 
 func (p *testPeers) RequestTip(_ context.Context, who peer.ID) (*chain.Fetched, error) {
@@ -110,6 +112,7 @@ func (p *testPeers) RequestTip(_ context.Context, who peer.ID) (*chain.Fetched, 
 func (p *testPeers) RequestHead(_ context.Context, who peer.ID, id cid.Cid) (*chain.Fetched, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.askedHead = append(p.askedHead, id)
 	sh, ok := p.heads[id]
 	if !ok {
 		return nil, chain.ErrNotFound
@@ -144,7 +147,7 @@ func newHarness(t *testing.T, selfIsValidator bool) *harness {
 	ok, err := h.tips.Offer(h.genesis)
 	require.NoError(t, err)
 	require.True(t, ok)
-	h.peers = &testPeers{connected: h.v2.id, heads: map[cid.Cid]*chain.SignedHead{}}
+	h.peers = &testPeers{connected: h.v2.id, heads: map[cid.Cid]*chain.SignedHead{}, notes: map[cid.Cid]*chain.Notes{}}
 	self := h.stranger.id.String()
 	if selfIsValidator {
 		self = h.v1.id.String()
@@ -308,4 +311,95 @@ func TestAttestationSentAgain(t *testing.T) {
 		t.Fatalf("published %T for a head that carries our signature", m)
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+// TestEarlierNotesComplete: round 1's head arrives with notes that lack held-out metrics
+// (its leader evaluates it after publishing it); round 2's head carries round 1's
+// completed notes, and they are kept before round 2's head is canonical, when they are
+// its leader's. Notes signed by anyone else leave the bare ones.
+func TestEarlierNotesComplete(t *testing.T) {
+	cases := []struct {
+		name     string
+		signer   func(h *harness) signer
+		complete bool
+	}{
+		{"by the same leader", func(h *harness) signer { return h.v1 }, true},
+		{"by another validator", func(h *harness) signer { return h.v2 }, false},
+		{"by a stranger", func(h *harness) signer { return h.stranger }, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, false)
+			r1 := signed(t, head(1, h.genesisID), h.v1, h.v2)
+			bare := &chain.Notes{Round: 1, Seconds: 2}
+			require.NoError(t, chain.SignNotes(h.v1.key, r1.ID(), bare))
+			h.bus.Deliver(h.v1.id.String(), &gossip.Head{Experiment: "exp", Signed: *r1, Notes: bare})
+			h.waitRound(t, 1)
+			require.Nil(t, h.tips.Notes(r1.ID()).HeldOut)
+
+			done := chain.Notes{Round: 1, Seconds: 2, HeldOut: map[string]float64{"loss": 1.5}}
+			require.NoError(t, chain.SignNotes(tc.signer(h).key, r1.ID(), &done))
+			r2 := signed(t, head(2, r1.ID()), h.v1, h.v2)
+			unknown := chain.Notes{Round: 1, HeldOut: map[string]float64{"loss": 9}}
+			require.NoError(t, chain.SignNotes(h.v1.key, h.genesisID, &unknown)) // for the wrong round: dropped
+			h.bus.Deliver(h.v1.id.String(), &gossip.Head{Experiment: "exp", Signed: *r2,
+				Earlier: []gossip.EarlierNotes{{Head: r1.ID().Bytes(), Notes: done}, {Head: h.genesisID.Bytes(), Notes: unknown}}})
+			h.waitRound(t, 2)
+			got := h.tips.Notes(r1.ID())
+			if tc.complete {
+				require.Equal(t, map[string]float64{"loss": 1.5}, got.HeldOut, "kept before round 2 was canonical")
+				stored, err := h.heads.Notes(r1.ID())
+				require.NoError(t, err)
+				require.Equal(t, got, stored)
+			} else {
+				require.Nil(t, got.HeldOut)
+			}
+			require.Nil(t, h.tips.Notes(h.genesisID))
+		})
+	}
+}
+
+// TestCatchUpCompletesTheNotesOfHeadsHeld: a node holds round 1's head with notes that lack
+// held-out metrics (it stopped before its leader's evaluation ended) and catches up to
+// round 4 from a peer. It asks the peer again for round 1's notes, which carry the metrics
+// there, and takes rounds 2 and 3's notes with their heads; genesis, whose notes are
+// complete here, is not asked for.
+func TestCatchUpCompletesTheNotesOfHeadsHeld(t *testing.T) {
+	h := newHarness(t, false)
+	notes := func(id cid.Cid, round uint64, held map[string]float64) *chain.Notes {
+		n := &chain.Notes{Round: round, Seconds: 1, HeldOut: held}
+		require.NoError(t, chain.SignNotes(h.v1.key, id, n))
+		return n
+	}
+	require.NoError(t, h.tips.SetNotes(h.genesisID, 0, notes(h.genesisID, 0, map[string]float64{"loss": 3})))
+	r1 := signed(t, head(1, h.genesisID), h.v1, h.v2)
+	require.NoError(t, h.tips.SetNotes(r1.ID(), 1, notes(r1.ID(), 1, nil)))
+	ok, err := h.tips.Offer(r1)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	h.peers.mu.Lock()
+	h.peers.heads[r1.ID()] = r1
+	h.peers.notes[r1.ID()] = notes(r1.ID(), 1, map[string]float64{"loss": 2})
+	parent := r1.ID()
+	var tip *chain.SignedHead
+	for r := uint64(2); r <= 4; r++ {
+		tip = signed(t, head(r, parent), h.v1, h.v2)
+		h.peers.heads[tip.ID()] = tip
+		h.peers.notes[tip.ID()] = notes(tip.ID(), r, map[string]float64{"loss": 1 / float64(r)})
+		parent = tip.ID()
+	}
+	h.peers.tip = tip
+	h.peers.mu.Unlock()
+	h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: 4, Head: tip.ID().Bytes()})
+	h.waitRound(t, 4)
+	require.Equal(t, map[string]float64{"loss": 2}, h.tips.Notes(r1.ID()).HeldOut, "round 1's notes completed")
+	for r := uint64(2); r <= 4; r++ {
+		id := mustParent(t, h.heads, tip.ID(), 4-r)
+		require.Equal(t, 1/float64(r), h.tips.Notes(id).HeldOut["loss"], "round %d", r)
+	}
+	h.peers.mu.Lock()
+	defer h.peers.mu.Unlock()
+	require.Contains(t, h.peers.askedHead, r1.ID())
+	require.NotContains(t, h.peers.askedHead, h.genesisID)
 }

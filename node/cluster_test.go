@@ -368,13 +368,31 @@ func TestMocknetSparseTrainersRebuildHeads(t *testing.T) {
 // A node that joins with an empty store, after several rounds, shows the whole history: the
 // held-out metrics and time split of the rounds it missed come with the chain it synced
 // (the round notes beside each head), while what only a node that was there could measure
-// (time between heads) is absent for them.
+// (time between heads) is absent for them. With evaluations slower than the rounds, the
+// heads it syncs have not been evaluated yet: their metrics come with the proposals that
+// follow (gossip.Head.Earlier) and complete the history already recorded.
 func TestFreshNodeShowsTheHistoryOfTheChainItSynced(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		eval time.Duration
+	}{
+		{"evaluations as fast as rounds", 0},
+		{"evaluations slower than rounds", 300 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) { freshNodeHistory(t, tc.eval) })
+	}
+}
+
+func freshNodeHistory(t *testing.T, eval time.Duration) {
 	const rounds = 6
 	c := newCluster(t, 1, 2, rounds, 20)
 	for _, n := range c.nodes {
 		n.cfg.Lease.MinGroup = 1
 		n.cfg.Experiment.EvalEvery = 1
+	}
+	c.nodes[0].rt.EvalHook = func(m map[string]float64) map[string]float64 {
+		time.Sleep(eval)
+		return m
 	}
 	late := c.nodes[2]
 	c.start(c.nodes[0])

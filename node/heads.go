@@ -62,8 +62,11 @@ type watcher struct {
 func (w *watcher) run(ctx context.Context) error {
 	last := time.Now()
 	var lastRound uint64 = math.MaxUint64
+	// Heads recorded in chain order once their held-out metrics come (validator/heldout.go):
+	// a head waits for them until maxAwaited later heads have come.
+	var waiting []headSeen
 	for {
-		changed := w.tips.Changed()
+		changed, notes := w.tips.Changed(), w.tips.NotesChanged()
 		id, h := w.tips.Current()
 		if h != nil && h.Round != lastRound {
 			took := time.Since(last)
@@ -71,8 +74,11 @@ func (w *watcher) run(ctx context.Context) error {
 				took = 0
 			}
 			last, lastRound = time.Now(), h.Round
-			w.onHead(ctx, id, h, took)
+			waiting = append(waiting, w.onHead(id, h, took))
 			if w.done() {
+				for _, s := range waiting {
+					w.record(s)
+				}
 				w.log.Info("round limit reached", "rounds", w.cfg.Experiment.Rounds, "head", id.String())
 				w.linger(ctx, h.Round)
 				if err := w.keeper.ck.Flush(ctx); err != nil {
@@ -82,11 +88,102 @@ func (w *watcher) run(ctx context.Context) error {
 				return nil
 			}
 		}
+		for len(waiting) > 0 && (len(waiting) > maxAwaited || !w.awaitsHeldOut(waiting[0].id, waiting[0].h)) {
+			w.record(waiting[0])
+			waiting = waiting[1:]
+		}
+		w.completeRecorded()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-changed:
+		case <-notes:
 		}
+	}
+}
+
+// maxAwaited is how many later heads a head waits for its held-out metrics: a leader
+// evaluates one head while the next is proposed, and one more may wait (heldout.go).
+const maxAwaited = 2
+
+// headSeen is a new canonical head as the watcher saw it arrive: the round's wall time and
+// the bytes this node moved since the last one.
+type headSeen struct {
+	id                cid.Cid
+	h                 *chain.Head
+	took              time.Duration
+	bytesIn, bytesOut uint64
+}
+
+// heldOutKnown reports whether head id's notes carry held-out metrics.
+func (w *watcher) heldOutKnown(id cid.Cid) bool {
+	n := w.tips.Notes(id)
+	return n != nil && n.HeldOut != nil
+}
+
+// awaitsHeldOut reports whether head id's round is recorded later: an evaluation is due
+// for it (experiment.eval_every) and its notes do not carry the metrics yet. The last
+// round's head comes with them (its leader evaluates it before it publishes it).
+func (w *watcher) awaitsHeldOut(id cid.Cid, h *chain.Head) bool {
+	every := uint64(w.cfg.Experiment.EvalEvery)
+	final := w.cfg.Experiment.Rounds > 0 && h.Round >= uint64(w.cfg.Experiment.Rounds)
+	return every > 0 && h.Round > 0 && h.Round%every == 0 && !final && !w.heldOutKnown(id)
+}
+
+// lateNotesRounds is how many of the last recorded rounds take held-out metrics that come
+// after they were recorded.
+const lateNotesRounds = 2 * gossip.MaxEarlierNotes
+
+// completeRecorded adds held-out metrics that came after their round was recorded to the
+// history on the status page (and to the head's metrics when it is the latest): a node
+// that synced heads before their leader evaluated them, or that waited maxAwaited heads
+// in vain, takes them from the proposals that follow (gossip.Head.Earlier). The history
+// file needs no change: what it keeps of a round beside the chain's notes is this node's
+// own measurements.
+func (w *watcher) completeRecorded() {
+	every := uint64(w.cfg.Experiment.EvalEvery)
+	if every == 0 {
+		return
+	}
+	var bare []string
+	w.status.update(func(s *Status) {
+		for _, p := range s.History[max(0, len(s.History)-lateNotesRounds):] {
+			if p.HeldOut == nil && p.Round%every == 0 {
+				bare = append(bare, p.Head)
+			}
+		}
+	})
+	found := map[string]*chain.Notes{}
+	for _, h := range bare {
+		if id, err := cid.Decode(h); err == nil {
+			if n := w.tips.Notes(id); n != nil && n.HeldOut != nil {
+				found[h] = n
+			}
+		}
+	}
+	if len(found) == 0 {
+		return
+	}
+	var latest *RoundPoint
+	w.status.update(func(s *Status) {
+		for i := max(0, len(s.History)-lateNotesRounds); i < len(s.History); i++ {
+			p := &s.History[i]
+			n, ok := found[p.Head]
+			if !ok || p.HeldOut != nil {
+				continue
+			}
+			p.setNotes(n)
+			if i == len(s.History)-1 {
+				l := *p
+				latest = &l
+			}
+			if s.Head == p.Head {
+				s.HeadMetrics = n.HeldOut
+			}
+		}
+	})
+	if latest != nil {
+		w.metrics.head(latest.Round, latest.TrainLoss, latest.HeldOut)
 	}
 }
 
@@ -118,10 +215,33 @@ func (w *watcher) linger(ctx context.Context, final uint64) {
 	}
 }
 
-func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took time.Duration) {
+// onHead does what a new canonical head asks of this node at once: status, tip file,
+// export and checkpoint. The round's history point and progress line are record's.
+func (w *watcher) onHead(id cid.Cid, h *chain.Head, took time.Duration) headSeen {
 	in, out := w.bytes.delta()
+	w.status.update(func(s *Status) {
+		// The head's held-out metrics come with its record.
+		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, nil
+	})
+	if err := atomicfile.Write(filepath.Join(w.cfg.Node.StoreDir, TipFile), []byte(id.String()+"\n"), 0o644); err != nil {
+		w.log.Warn("could not record the tip", "err", err)
+	}
+	if every := uint64(w.cfg.Export.EveryRounds); w.exporter != nil && (h.Round%every == 0 || w.done()) {
+		w.exporter.SubmitHead(id)
+	}
+	if err := w.keeper.headChanged(id, h); err != nil {
+		w.log.Error("checkpoint failed", "round", h.Round, "err", err)
+		w.status.event("checkpoint", "round %d: %v", h.Round, err)
+	}
+	return headSeen{id: id, h: h, took: took, bytesIn: in, bytesOut: out}
+}
+
+// record adds a head's round to the history, the status page, the metrics and the
+// progress output, with the round notes known now.
+func (w *watcher) record(seen headSeen) {
+	id, h, took := seen.id, seen.h, seen.took
 	point := w.roundPoint(id, h)
-	point.Seconds, point.BytesIn, point.BytesOut = took.Seconds(), in, out
+	point.Seconds, point.BytesIn, point.BytesOut = took.Seconds(), seen.bytesIn, seen.bytesOut
 	// The next head of the chain the history holds is appended; anything else (the first
 	// head after a start, a jump after catching up) rebuilds the history from the chain.
 	var rebuilt []RoundPoint
@@ -138,7 +258,9 @@ func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took ti
 		w.log.Warn("could not record the round in the history", "err", err)
 	}
 	w.status.update(func(s *Status) {
-		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, metrics
+		if s.Head == point.Head {
+			s.HeadMetrics = metrics
+		}
 		if rebuilt != nil {
 			s.History = rebuilt
 		}
@@ -151,16 +273,6 @@ func (w *watcher) onHead(ctx context.Context, id cid.Cid, h *chain.Head, took ti
 		}
 	})
 	w.metrics.head(h.Round, h.Metrics.TrainLoss, metrics)
-	if err := atomicfile.Write(filepath.Join(w.cfg.Node.StoreDir, TipFile), []byte(id.String()+"\n"), 0o644); err != nil {
-		w.log.Warn("could not record the tip", "err", err)
-	}
-	if every := uint64(w.cfg.Export.EveryRounds); w.exporter != nil && (h.Round%every == 0 || w.done()) {
-		w.exporter.SubmitHead(id)
-	}
-	if err := w.keeper.headChanged(id, h); err != nil {
-		w.log.Error("checkpoint failed", "round", h.Round, "err", err)
-		w.status.event("checkpoint", "round %d: %v", h.Round, err)
-	}
 	if w.progress != nil {
 		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, took)
 	}

@@ -63,16 +63,19 @@ func (e *env) chainHistory(id cid.Cid) []RoundPoint {
 func (e *env) roundPoint(id cid.Cid, h *chain.Head) RoundPoint {
 	p := RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, Samples: h.Metrics.Samples,
 		Merged: len(h.Contributions)}
-	n := e.tips.Notes(id)
-	if n == nil {
-		return p
+	if n := e.tips.Notes(id); n != nil {
+		p.setNotes(n)
 	}
+	return p
+}
+
+// setNotes sets what a head's round notes say of its round.
+func (p *RoundPoint) setNotes(n *chain.Notes) {
 	p.HeldOut, p.Rejected = n.HeldOut, int(n.Rejected)
 	if n.Seconds > 0 {
 		p.Time = &RoundTime{Seconds: n.Seconds, Training: n.TrainSeconds, Communication: n.CommSeconds, Merge: n.MergeSeconds,
 			Other: max(0, n.Seconds-n.TrainSeconds-n.CommSeconds-n.MergeSeconds)}
 	}
-	return p
 }
 
 // loadHistory reads the last maxHistory points of dir's history ("" or a missing file:

@@ -840,13 +840,28 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	}
 	mergeTook := time.Since(mergeStart)
 	notes := r.notes(mergeTook)
-	notes.HeldOut = v.evaluate(ctx, out.Head)
+	if v.final(r.round) {
+		// Nothing waits for the last head: it goes out with its metrics, after the
+		// heads before it have theirs (heldout.go).
+		v.evaluated()
+		notes.HeldOut = v.evaluate(ctx, out.Head)
+	}
 	notes.Seconds = time.Since(r.started).Seconds()
 	if err := v.signNotes(out.ID, out.Head.Round, notes); err != nil {
 		return nil, err
 	}
+	// The head is evaluated once it is out (heldout.go); its place with the evaluator is
+	// taken before it becomes canonical here.
+	later := !v.final(r.round) && v.reserve(ctx, out.Head)
+	handed := false
+	defer func() {
+		if later && !handed {
+			v.heldOut.release()
+		}
+	}()
 	msg := &gossip.Head{Experiment: v.Config.Experiment.ID, Signed: *sh, Notes: notes,
-		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire}}
+		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire},
+		Earlier:  v.earlierNotes(out.Head)}
 	lk := lockedHead{id: out.ID, msg: msg}
 	if err := v.lock(r.round, lk); err != nil {
 		return nil, err
@@ -859,6 +874,10 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened)
 	if err := v.Bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
+	}
+	if later {
+		v.evaluateLater(heldOutJob{id: out.ID, head: out.Head, notes: *notes, msg: *msg})
+		handed = true
 	}
 	return &lk, nil
 }

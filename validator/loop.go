@@ -118,6 +118,7 @@ func startOver() *next { return &next{} }
 func (v *validator) run(ctx context.Context) error {
 	in := v.Bus.Subscribe()
 	defer in.Close()
+	defer v.startHeldOut(ctx)()
 	if err := v.ensureGenesis(ctx); err != nil {
 		return err
 	}

@@ -68,6 +68,10 @@ type validator struct {
 	started time.Time
 	// window is what the lease sizing last logged (windowShare).
 	window windowNote
+	// heldOut evaluates the heads this validator proposed once they are published
+	// (heldout.go); evalMu keeps one held-out evaluation at a time.
+	heldOut *heldOut
+	evalMu  sync.Mutex
 }
 
 type lockedHead struct {
@@ -256,13 +260,26 @@ func (v *validator) sign(h *chain.Head) (*chain.SignedHead, error) {
 	return &chain.SignedHead{Head: b, Sigs: []chain.Signature{sig}}, nil
 }
 
+// evalDue reports whether h is to be evaluated on held-out data: this node has a workload,
+// and h's round is a multiple of experiment.eval_every or the experiment's last.
+func (v *validator) evalDue(h *chain.Head) bool {
+	every := v.Config.Experiment.EvalEvery
+	return v.Runtime != nil && every > 0 && (h.Round%uint64(every) == 0 || v.final(h.Round))
+}
+
+// final reports whether round is the experiment's last.
+func (v *validator) final(round uint64) bool {
+	return v.Config.Experiment.Rounds > 0 && round == uint64(v.Config.Experiment.Rounds)
+}
+
 // evaluate measures held-out metrics of a head's parameters when this node has a workload
 // and evaluation is due; failures are reported, not fatal.
 func (v *validator) evaluate(ctx context.Context, h *chain.Head) map[string]float64 {
-	every := v.Config.Experiment.EvalEvery
-	if v.Runtime == nil || every <= 0 || (h.Round%uint64(every) != 0 && !(v.Config.Experiment.Rounds > 0 && h.Round == uint64(v.Config.Experiment.Rounds))) {
+	if !v.evalDue(h) {
 		return nil
 	}
+	v.evalMu.Lock()
+	defer v.evalMu.Unlock()
 	id, err := h.ParamsID()
 	if err != nil {
 		return nil

@@ -1,0 +1,98 @@
+package node
+
+import (
+	"crypto/rand"
+	"testing"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/config"
+)
+
+// TestLateNotesCompleteTheRecordedHistory: rounds 1 and 2 were recorded with notes that
+// lack held-out metrics (synced before their leader evaluated them). When round 1's
+// completed notes come, its history point takes them; round 2's, the latest head's, come
+// next and give the head its metrics. A round no evaluation is due for is left alone.
+func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	self, err := peer.IDFromPrivateKey(k)
+	require.NoError(t, err)
+	heads, err := chain.OpenStore(t.TempDir())
+	require.NoError(t, err)
+	tips := chain.NewTips(heads, []string{self.String()}, 1)
+	cfg := config.Default()
+	cfg.Experiment.EvalEvery = 1
+	w := &watcher{env: &env{cfg: cfg, tips: tips, status: &statusBoard{}, metrics: newNodeMetrics(prometheus.NewRegistry())}}
+
+	var ids []cid.Cid
+	parent := cid.Undef
+	for r := uint64(0); r <= 2; r++ {
+		h := &chain.Head{Version: 1, Network: "net", Experiment: "exp", Round: r,
+			Params: cids.Record([]byte{byte(r)}).Bytes(), LayoutHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+			Ledger: chain.Ledger{Plan: "plan", Shards: 8, Consumed: make([]byte, 1)}, Metrics: chain.Metrics{TrainLoss: 1}}
+		if parent.Defined() {
+			h.Parent = parent.Bytes()
+		}
+		b, err := h.Encode()
+		require.NoError(t, err)
+		id, err := h.ID()
+		require.NoError(t, err)
+		sig, err := chain.Sign(k, id)
+		require.NoError(t, err)
+		ok, err := tips.Offer(&chain.SignedHead{Head: b, Sigs: []chain.Signature{sig}})
+		require.NoError(t, err)
+		require.True(t, ok)
+		var held map[string]float64
+		if r == 0 {
+			held = map[string]float64{"loss": 3}
+		}
+		require.NoError(t, tips.SetNotes(id, r, signedNotes(t, k, id, r, held)))
+		w.status.update(func(s *Status) {
+			s.History = append(s.History, w.roundPoint(id, h))
+			s.Head = id.String()
+		})
+		ids, parent = append(ids, id), id
+	}
+	heldOut := func() []map[string]float64 {
+		var out []map[string]float64
+		w.status.update(func(s *Status) {
+			for _, p := range s.History {
+				out = append(out, p.HeldOut)
+			}
+		})
+		return out
+	}
+	w.completeRecorded()
+	require.Equal(t, []map[string]float64{{"loss": 3}, nil, nil}, heldOut(), "nothing came yet")
+
+	require.NoError(t, tips.SetNotes(ids[1], 1, signedNotes(t, k, ids[1], 1, map[string]float64{"loss": 2})))
+	w.completeRecorded()
+	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, nil}, heldOut())
+	require.Nil(t, w.status.Snapshot().HeadMetrics, "round 2's metrics have not come")
+
+	require.NoError(t, tips.SetNotes(ids[2], 2, signedNotes(t, k, ids[2], 2, map[string]float64{"loss": 1})))
+	w.completeRecorded()
+	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, {"loss": 1}}, heldOut())
+	require.Equal(t, map[string]float64{"loss": 1}, w.status.Snapshot().HeadMetrics)
+	require.NotNil(t, w.status.Snapshot().History[2].Time, "the rest of the notes is kept")
+
+	// With evaluations every other round, round 1's point is not looked at.
+	w.cfg.Experiment.EvalEvery = 2
+	w.status.update(func(s *Status) { s.History[1].HeldOut = nil })
+	w.completeRecorded()
+	require.Nil(t, heldOut()[1])
+}
+
+func signedNotes(t *testing.T, k crypto.PrivKey, id cid.Cid, round uint64, held map[string]float64) *chain.Notes {
+	t.Helper()
+	n := &chain.Notes{Round: round, Seconds: 2, TrainSeconds: 1, HeldOut: held}
+	require.NoError(t, chain.SignNotes(k, id, n))
+	return n
+}
