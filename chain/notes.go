@@ -37,6 +37,10 @@ type Notes struct {
 	CommSeconds  float64   `cbor:"6,keyasint,omitempty"`
 	MergeSeconds float64   `cbor:"7,keyasint,omitempty"`
 	Sig          Signature `cbor:"8,keyasint"`
+	// HeldOutDue says the proposer evaluates the head after publishing it: the same notes
+	// with HeldOut follow (validator/heldout.go). Nodes wait that long before they record
+	// the round; notes without it and without HeldOut have no evaluation coming.
+	HeldOutDue bool `cbor:"9,keyasint,omitempty"`
 }
 
 // MaxNotesBytes bounds encoded notes.
@@ -101,6 +105,9 @@ func VerifyNotes(id cid.Cid, n *Notes) error {
 }
 
 func (n *Notes) check() error {
+	if n.HeldOutDue && n.HeldOut != nil {
+		return fmt.Errorf("%w: held-out metrics both given and due", ErrMalformed)
+	}
 	if len(n.HeldOut) > 64 {
 		return fmt.Errorf("%w: %d held-out metrics, at most 64", ErrMalformed, len(n.HeldOut))
 	}

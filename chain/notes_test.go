@@ -56,6 +56,7 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 		require.ErrorIs(t, VerifyNotes(hid, bn), ErrBadSignature, name)
 	}
 	require.ErrorIs(t, SignNotes(k, id, &Notes{Seconds: -1}), ErrMalformed)
+	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOut: map[string]float64{"loss": 1}, HeldOutDue: true}), ErrMalformed, "metrics given and due")
 
 	mn, err := mocknet.FullMeshConnected(2)
 	require.NoError(t, err)
@@ -71,9 +72,9 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 	require.Equal(t, n, f.Notes)
 }
 
-// TestTipsCompleteNotes: a head's notes are kept as first heard, except that notes without
-// held-out metrics give way to the same signer's notes that carry them (a leader publishes
-// its head before it evaluates it); NotesChanged fires when notes are kept.
+// TestTipsCompleteNotes: a head's notes are kept as first heard, except that notes whose
+// held-out metrics are due give way to the same signer's notes that carry them (a leader
+// publishes its head before it evaluates it); NotesChanged fires when notes are kept.
 func TestTipsCompleteNotes(t *testing.T) {
 	k, self := key(t)
 	k2, other := key(t)
@@ -81,11 +82,13 @@ func TestTipsCompleteNotes(t *testing.T) {
 	id, err := h.ID()
 	require.NoError(t, err)
 	signed := func(k crypto.PrivKey, held map[string]float64, rejected uint64) *Notes {
-		n := &Notes{Round: 1, HeldOut: held, Rejected: rejected, Seconds: 2}
+		n := &Notes{Round: 1, HeldOut: held, Rejected: rejected, Seconds: 2, HeldOutDue: held == nil}
 		require.NoError(t, SignNotes(k, id, n))
 		return n
 	}
 	bare := signed(k, nil, 1)
+	none := &Notes{Round: 1, Rejected: 1, Seconds: 2} // no evaluation due
+	require.NoError(t, SignNotes(k, id, none))
 	full := signed(k, map[string]float64{"loss": 2}, 1)
 	cases := []struct {
 		name   string
@@ -99,6 +102,7 @@ func TestTipsCompleteNotes(t *testing.T) {
 		{"not completed by another validator", bare, signed(k2, map[string]float64{"loss": 1}, 1), bare, false},
 		{"bare notes do not replace complete ones", full, bare, full, false},
 		{"bare notes do not replace bare ones", bare, signed(k, nil, 5), bare, false},
+		{"notes with no evaluation due stay", none, full, none, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -121,7 +125,7 @@ func TestTipsCompleteNotes(t *testing.T) {
 			// A restarted node reads the stored notes back, and completes them the same way.
 			again := NewTips(st, []string{self, other}, 1)
 			require.NoError(t, again.SetNotes(id, 1, full))
-			if tc.want.HeldOut == nil {
+			if tc.want.HeldOutDue {
 				require.Equal(t, full, again.Notes(id))
 			}
 		})

@@ -74,8 +74,8 @@ func (t *Tips) Notes(id cid.Cid) *Notes {
 // the decoder) by one of the configured validators, for the head's round. Notes from anyone
 // else are dropped. New notes are written beside the head, so that the history outlives the
 // process and is served to peers that sync the chain. Notes once kept stay, except that
-// notes without held-out metrics give way to the same signer's notes for the head that
-// carry them: a leader publishes its head before it evaluates it, so that the evaluation
+// notes whose held-out metrics are due (HeldOutDue) give way to the same signer's notes for
+// the head that carry them: a leader publishes its head before it evaluates it, so that the evaluation
 // does not hold the next round back, and publishes the notes again once it has
 // (NotesChanged fires then).
 func (t *Tips) SetNotes(id cid.Cid, round uint64, n *Notes) error {
@@ -110,9 +110,10 @@ func (t *Tips) SetNotes(id cid.Cid, round uint64, n *Notes) error {
 	return nil
 }
 
-// completes reports whether n adds the held-out metrics that old, by the same signer, lacks.
+// completes reports whether n adds the held-out metrics that old, by the same signer, said
+// were due.
 func completes(old, n *Notes) bool {
-	return old.HeldOut == nil && n.HeldOut != nil && old.Sig.Peer == n.Sig.Peer
+	return old.HeldOutDue && n.HeldOut != nil && old.Sig.Peer == n.Sig.Peer
 }
 
 // NotesChanged returns a channel closed the next time SetNotes keeps notes.

@@ -247,9 +247,14 @@ func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 	if cur != nil && h.Round <= cur.Round {
 		return
 	}
-	if _, err := s.fetchAncestors(ctx, p, h); err != nil {
+	fetched, err := s.fetchAncestors(ctx, p, h)
+	if err != nil {
 		s.Log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
 		return
+	}
+	if parent, err := h.ParentID(); err == nil && parent.Defined() && fetched == 0 {
+		// A head that comes by catch-up carries no earlier heads' notes (gossip.Head.Earlier).
+		s.refreshNotes(ctx, p, parent)
 	}
 	if err := s.FetchArtifacts(ctx, h, p); err != nil {
 		s.Log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
@@ -311,17 +316,17 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 }
 
 // refreshNotes asks p again for the notes of the last heads this node held before it
-// caught up, from id down, where they lack held-out metrics. A node that stopped, or was
-// cut off, right after a head came holds it with the notes its leader published before it
-// evaluated it; it missed the completed notes, which the proposals that follow carry only
-// gossip.MaxEarlierNotes heads back.
+// caught up, from id down, where it has none or their held-out metrics are still due. A
+// node that stopped, or was cut off, right after a head came holds it with the notes its
+// leader published before it evaluated it; it missed the completed notes, which the
+// proposals that follow carry only gossip.MaxEarlierNotes heads back.
 func (s *Sync) refreshNotes(ctx context.Context, p peer.ID, id cid.Cid) {
 	for range gossip.MaxEarlierNotes {
 		_, h, err := s.Heads.Get(id)
 		if err != nil {
 			return
 		}
-		if n := s.Tips.Notes(id); n == nil || n.HeldOut == nil {
+		if n := s.Tips.Notes(id); n == nil || n.HeldOutDue {
 			if f, err := s.Peers.RequestHead(ctx, p, id); err == nil && f.Notes != nil {
 				if err := s.Tips.SetNotes(id, h.Round, f.Notes); err != nil {
 					s.Log.Warn("store round notes", "round", h.Round, "err", err)

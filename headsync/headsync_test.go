@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -331,7 +332,7 @@ func TestEarlierNotesComplete(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, false)
 			r1 := signed(t, head(1, h.genesisID), h.v1, h.v2)
-			bare := &chain.Notes{Round: 1, Seconds: 2}
+			bare := &chain.Notes{Round: 1, Seconds: 2, HeldOutDue: true}
 			require.NoError(t, chain.SignNotes(h.v1.key, r1.ID(), bare))
 			h.bus.Deliver(h.v1.id.String(), &gossip.Head{Experiment: "exp", Signed: *r1, Notes: bare})
 			h.waitRound(t, 1)
@@ -359,15 +360,21 @@ func TestEarlierNotesComplete(t *testing.T) {
 	}
 }
 
-// TestCatchUpCompletesTheNotesOfHeadsHeld: a node holds round 1's head with notes that lack
-// held-out metrics (it stopped before its leader's evaluation ended) and catches up to
-// round 4 from a peer. It asks the peer again for round 1's notes, which carry the metrics
-// there, and takes rounds 2 and 3's notes with their heads; genesis, whose notes are
-// complete here, is not asked for.
+// TestCatchUpCompletesTheNotesOfHeadsHeld: a node holds round 1's head with notes whose
+// held-out metrics are due (it stopped before its leader's evaluation ended) and catches up
+// from a peer, to round 4 (heads fetched between) or to round 2 (none). It asks the peer
+// again for round 1's notes, which carry the metrics there, and takes the later rounds'
+// notes with their heads; genesis, whose notes are complete here, is not asked for.
 func TestCatchUpCompletesTheNotesOfHeadsHeld(t *testing.T) {
+	for _, tip := range []uint64{4, 2} {
+		t.Run(fmt.Sprintf("to round %d", tip), func(t *testing.T) { catchUpCompletes(t, tip) })
+	}
+}
+
+func catchUpCompletes(t *testing.T, to uint64) {
 	h := newHarness(t, false)
 	notes := func(id cid.Cid, round uint64, held map[string]float64) *chain.Notes {
-		n := &chain.Notes{Round: round, Seconds: 1, HeldOut: held}
+		n := &chain.Notes{Round: round, Seconds: 1, HeldOut: held, HeldOutDue: held == nil}
 		require.NoError(t, chain.SignNotes(h.v1.key, id, n))
 		return n
 	}
@@ -383,7 +390,7 @@ func TestCatchUpCompletesTheNotesOfHeadsHeld(t *testing.T) {
 	h.peers.notes[r1.ID()] = notes(r1.ID(), 1, map[string]float64{"loss": 2})
 	parent := r1.ID()
 	var tip *chain.SignedHead
-	for r := uint64(2); r <= 4; r++ {
+	for r := uint64(2); r <= to; r++ {
 		tip = signed(t, head(r, parent), h.v1, h.v2)
 		h.peers.heads[tip.ID()] = tip
 		h.peers.notes[tip.ID()] = notes(tip.ID(), r, map[string]float64{"loss": 1 / float64(r)})
@@ -391,11 +398,11 @@ func TestCatchUpCompletesTheNotesOfHeadsHeld(t *testing.T) {
 	}
 	h.peers.tip = tip
 	h.peers.mu.Unlock()
-	h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: 4, Head: tip.ID().Bytes()})
-	h.waitRound(t, 4)
+	h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: to, Head: tip.ID().Bytes()})
+	h.waitRound(t, to)
 	require.Equal(t, map[string]float64{"loss": 2}, h.tips.Notes(r1.ID()).HeldOut, "round 1's notes completed")
-	for r := uint64(2); r <= 4; r++ {
-		id := mustParent(t, h.heads, tip.ID(), 4-r)
+	for r := uint64(2); r <= to; r++ {
+		id := mustParent(t, h.heads, tip.ID(), to-r)
 		require.Equal(t, 1/float64(r), h.tips.Notes(id).HeldOut["loss"], "round %d", r)
 	}
 	h.peers.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -386,9 +387,14 @@ func TestFreshNodeShowsTheHistoryOfTheChainItSynced(t *testing.T) {
 func freshNodeHistory(t *testing.T, eval time.Duration) {
 	const rounds = 6
 	c := newCluster(t, 1, 2, rounds, 20)
-	for _, n := range c.nodes {
+	for i, n := range c.nodes {
 		n.cfg.Lease.MinGroup = 1
-		n.cfg.Experiment.EvalEvery = 1
+		// Only validators evaluate: the trainers' eval_every is 0, as `p2pnode demo` writes
+		// it, and the leader's notes say when metrics follow.
+		n.cfg.Experiment.EvalEvery = 0
+		if i == 0 {
+			n.cfg.Experiment.EvalEvery = 1
+		}
 	}
 	c.nodes[0].rt.EvalHook = func(m map[string]float64) map[string]float64 {
 		time.Sleep(eval)
@@ -421,4 +427,13 @@ func freshNodeHistory(t *testing.T, eval time.Duration) {
 		}
 	}
 	require.GreaterOrEqual(t, missed, 3, "the rounds before it joined carry no local measurements")
+	// The rounds it followed, the trainer that was there from the start too, printed their
+	// held-out metrics with their progress lines.
+	for _, n := range c.nodes[1:] {
+		lines := regexp.MustCompile(`(?m)^round +\d+/6 .*$`).FindAllString(n.out.String(), -1)
+		require.NotEmpty(t, lines, n.name)
+		for _, l := range lines {
+			require.Contains(t, l, "held-out mse", "%s: %s", n.name, n.out.String())
+		}
+	}
 }

@@ -88,7 +88,7 @@ func (w *watcher) run(ctx context.Context) error {
 				return nil
 			}
 		}
-		for len(waiting) > 0 && (len(waiting) > maxAwaited || !w.awaitsHeldOut(waiting[0].id, waiting[0].h)) {
+		for len(waiting) > 0 && (len(waiting) > maxAwaited || !w.awaitsHeldOut(waiting[0].id)) {
 			w.record(waiting[0])
 			waiting = waiting[1:]
 		}
@@ -115,19 +115,12 @@ type headSeen struct {
 	bytesIn, bytesOut uint64
 }
 
-// heldOutKnown reports whether head id's notes carry held-out metrics.
-func (w *watcher) heldOutKnown(id cid.Cid) bool {
+// awaitsHeldOut reports whether head id's round is recorded later: its leader said in the
+// head's notes that the held-out metrics follow (validator/heldout.go), and they have not
+// come yet. The eval_every that counts is the leader's, not this node's (a trainer's is 0).
+func (w *watcher) awaitsHeldOut(id cid.Cid) bool {
 	n := w.tips.Notes(id)
-	return n != nil && n.HeldOut != nil
-}
-
-// awaitsHeldOut reports whether head id's round is recorded later: an evaluation is due
-// for it (experiment.eval_every) and its notes do not carry the metrics yet. The last
-// round's head comes with them (its leader evaluates it before it publishes it).
-func (w *watcher) awaitsHeldOut(id cid.Cid, h *chain.Head) bool {
-	every := uint64(w.cfg.Experiment.EvalEvery)
-	final := w.cfg.Experiment.Rounds > 0 && h.Round >= uint64(w.cfg.Experiment.Rounds)
-	return every > 0 && h.Round > 0 && h.Round%every == 0 && !final && !w.heldOutKnown(id)
+	return n != nil && n.HeldOutDue
 }
 
 // lateNotesRounds is how many of the last recorded rounds take held-out metrics that come
@@ -141,14 +134,10 @@ const lateNotesRounds = 2 * gossip.MaxEarlierNotes
 // file needs no change: what it keeps of a round beside the chain's notes is this node's
 // own measurements.
 func (w *watcher) completeRecorded() {
-	every := uint64(w.cfg.Experiment.EvalEvery)
-	if every == 0 {
-		return
-	}
 	var bare []string
 	w.status.update(func(s *Status) {
 		for _, p := range s.History[max(0, len(s.History)-lateNotesRounds):] {
-			if p.HeldOut == nil && p.Round%every == 0 {
+			if p.HeldOut == nil {
 				bare = append(bare, p.Head)
 			}
 		}

@@ -18,7 +18,7 @@ import (
 // TestLateNotesCompleteTheRecordedHistory: rounds 1 and 2 were recorded with notes that
 // lack held-out metrics (synced before their leader evaluated them). When round 1's
 // completed notes come, its history point takes them; round 2's, the latest head's, come
-// next and give the head its metrics. A round no evaluation is due for is left alone.
+// next and give the head its metrics.
 func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	require.NoError(t, err)
@@ -27,9 +27,7 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	heads, err := chain.OpenStore(t.TempDir())
 	require.NoError(t, err)
 	tips := chain.NewTips(heads, []string{self.String()}, 1)
-	cfg := config.Default()
-	cfg.Experiment.EvalEvery = 1
-	w := &watcher{env: &env{cfg: cfg, tips: tips, status: &statusBoard{}, metrics: newNodeMetrics(prometheus.NewRegistry())}}
+	w := &watcher{env: &env{cfg: config.Default(), tips: tips, status: &statusBoard{}, metrics: newNodeMetrics(prometheus.NewRegistry())}}
 
 	var ids []cid.Cid
 	parent := cid.Undef
@@ -83,16 +81,11 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	require.Equal(t, map[string]float64{"loss": 1}, w.status.Snapshot().HeadMetrics)
 	require.NotNil(t, w.status.Snapshot().History[2].Time, "the rest of the notes is kept")
 
-	// With evaluations every other round, round 1's point is not looked at.
-	w.cfg.Experiment.EvalEvery = 2
-	w.status.update(func(s *Status) { s.History[1].HeldOut = nil })
-	w.completeRecorded()
-	require.Nil(t, heldOut()[1])
 }
 
 func signedNotes(t *testing.T, k crypto.PrivKey, id cid.Cid, round uint64, held map[string]float64) *chain.Notes {
 	t.Helper()
-	n := &chain.Notes{Round: round, Seconds: 2, TrainSeconds: 1, HeldOut: held}
+	n := &chain.Notes{Round: round, Seconds: 2, TrainSeconds: 1, HeldOut: held, HeldOutDue: held == nil}
 	require.NoError(t, chain.SignNotes(k, id, n))
 	return n
 }

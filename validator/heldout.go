@@ -107,7 +107,7 @@ func (v *validator) completeNotes(ctx context.Context, j heldOutJob) {
 		return
 	}
 	n := j.notes
-	n.HeldOut, n.Sig = m, chain.Signature{}
+	n.HeldOut, n.HeldOutDue, n.Sig = m, false, chain.Signature{}
 	if err := v.signNotes(j.id, j.head.Round, &n); err != nil {
 		v.Log.Warn("record the held-out metrics of a head", "round", j.head.Round, "err", err)
 		return

@@ -846,12 +846,8 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		v.evaluated()
 		notes.HeldOut = v.evaluate(ctx, out.Head)
 	}
-	notes.Seconds = time.Since(r.started).Seconds()
-	if err := v.signNotes(out.ID, out.Head.Round, notes); err != nil {
-		return nil, err
-	}
 	// The head is evaluated once it is out (heldout.go); its place with the evaluator is
-	// taken before it becomes canonical here.
+	// taken before it becomes canonical here, and its notes say the metrics will follow.
 	later := !v.final(r.round) && v.reserve(ctx, out.Head)
 	handed := false
 	defer func() {
@@ -859,6 +855,11 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 			v.heldOut.release()
 		}
 	}()
+	notes.HeldOutDue = later
+	notes.Seconds = time.Since(r.started).Seconds()
+	if err := v.signNotes(out.ID, out.Head.Round, notes); err != nil {
+		return nil, err
+	}
 	msg := &gossip.Head{Experiment: v.Config.Experiment.ID, Signed: *sh, Notes: notes,
 		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire},
 		Earlier:  v.earlierNotes(out.Head)}
