@@ -17,10 +17,13 @@ import (
 // much. Trainers waited for the next lease that long, or, training ahead under
 // protocol.overlap: eager, ran that many more steps from their guess at the head before
 // the window could be moved onto it. The head now goes out with notes that lack the
-// held-out metrics, and the same proposal goes out again with the completed notes once
-// they are measured (chain.Tips.SetNotes keeps the completed ones). The experiment's last
-// head is evaluated before it is published: nothing waits for it, and the run ends with
-// its metrics.
+// held-out metrics and say they are due (chain.Notes.HeldOutDue), and the same proposal
+// goes out again with the completed notes once they are measured (chain.Tips.SetNotes
+// keeps the completed ones). A peer can miss that message (not yet subscribed, or it
+// synced the head before the evaluation ended), so each proposal also carries the
+// completed notes of the heads before it (gossip.Head.Earlier), and a node that catches up
+// asks again for notes still due (headsync). The experiment's last head is evaluated
+// before it is published: nothing waits for it, and the run ends with its metrics.
 
 // heldOutJob is a published head whose held-out metrics are still to be measured.
 type heldOutJob struct {
