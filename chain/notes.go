@@ -41,7 +41,14 @@ type Notes struct {
 	// with HeldOut follow (validator/heldout.go). Nodes wait that long before they record
 	// the round; notes without it and without HeldOut have no evaluation coming.
 	HeldOutDue bool `cbor:"9,keyasint,omitempty"`
+	// HeldOutFailed ends what HeldOutDue promised without metrics: the proposer's held-out
+	// evaluation of the head failed (its log says why), so nodes need not wait for them.
+	HeldOutFailed bool `cbor:"10,keyasint,omitempty"`
 }
+
+// Completed reports whether n ends what notes with HeldOutDue promised: it gives the
+// held-out metrics, or says their evaluation failed.
+func (n *Notes) Completed() bool { return n.HeldOut != nil || n.HeldOutFailed }
 
 // MaxNotesBytes bounds encoded notes.
 const MaxNotesBytes = 64 << 10
@@ -107,6 +114,9 @@ func VerifyNotes(id cid.Cid, n *Notes) error {
 func (n *Notes) check() error {
 	if n.HeldOutDue && n.HeldOut != nil {
 		return fmt.Errorf("%w: held-out metrics both given and due", ErrMalformed)
+	}
+	if n.HeldOutFailed && (n.HeldOutDue || n.HeldOut != nil) {
+		return fmt.Errorf("%w: held-out evaluation failed, yet its metrics are given or due", ErrMalformed)
 	}
 	if len(n.HeldOut) > 64 {
 		return fmt.Errorf("%w: %d held-out metrics, at most 64", ErrMalformed, len(n.HeldOut))

@@ -57,6 +57,8 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 	}
 	require.ErrorIs(t, SignNotes(k, id, &Notes{Seconds: -1}), ErrMalformed)
 	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOut: map[string]float64{"loss": 1}, HeldOutDue: true}), ErrMalformed, "metrics given and due")
+	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOutFailed: true, HeldOutDue: true}), ErrMalformed, "evaluation failed and due")
+	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOutFailed: true, HeldOut: map[string]float64{"loss": 1}}), ErrMalformed, "evaluation failed and given")
 
 	mn, err := mocknet.FullMeshConnected(2)
 	require.NoError(t, err)
@@ -73,8 +75,9 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 }
 
 // TestTipsCompleteNotes: a head's notes are kept as first heard, except that notes whose
-// held-out metrics are due give way to the same signer's notes that carry them (a leader
-// publishes its head before it evaluates it); NotesChanged fires when notes are kept.
+// held-out metrics are due give way to the same signer's notes that carry them, or that say
+// the evaluation failed (a leader publishes its head before it evaluates it); NotesChanged
+// fires when notes are kept.
 func TestTipsCompleteNotes(t *testing.T) {
 	k, self := key(t)
 	k2, other := key(t)
@@ -90,6 +93,10 @@ func TestTipsCompleteNotes(t *testing.T) {
 	none := &Notes{Round: 1, Rejected: 1, Seconds: 2} // no evaluation due
 	require.NoError(t, SignNotes(k, id, none))
 	full := signed(k, map[string]float64{"loss": 2}, 1)
+	failed := &Notes{Round: 1, Rejected: 1, Seconds: 2, HeldOutFailed: true} // the evaluation failed
+	require.NoError(t, SignNotes(k, id, failed))
+	failedOther := &Notes{Round: 1, Rejected: 1, Seconds: 2, HeldOutFailed: true}
+	require.NoError(t, SignNotes(k2, id, failedOther))
 	cases := []struct {
 		name   string
 		first  *Notes
@@ -103,6 +110,10 @@ func TestTipsCompleteNotes(t *testing.T) {
 		{"bare notes do not replace complete ones", full, bare, full, false},
 		{"bare notes do not replace bare ones", bare, signed(k, nil, 5), bare, false},
 		{"notes with no evaluation due stay", none, full, none, false},
+		{"ended by the signer's failed evaluation", bare, failed, failed, true},
+		{"not ended by another validator's", bare, failedOther, bare, false},
+		{"a failed evaluation stays", failed, full, failed, false},
+		{"a failed evaluation does not replace metrics", full, failed, full, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -142,15 +142,20 @@ func (s *Store) getLocked(id cid.Cid) (*SignedHead, error) {
 	return sh, nil
 }
 
+// StopWalk, returned by Walk's fn, ends the walk there without an error.
+var StopWalk = errors.New("stop the walk")
+
 // Walk calls fn for id and each ancestor back to genesis (newest first), stopping at the
-// first error. A missing ancestor is an ErrNotFound error naming it.
+// first error (StopWalk: without one). A missing ancestor is an ErrNotFound error naming it.
 func (s *Store) Walk(id cid.Cid, fn func(id cid.Cid, h *Head) error) error {
 	for id.Defined() {
 		_, h, err := s.Get(id)
 		if err != nil {
 			return err
 		}
-		if err := fn(id, h); err != nil {
+		if err := fn(id, h); errors.Is(err, StopWalk) {
+			return nil
+		} else if err != nil {
 			return err
 		}
 		parent, err := h.ParentID()

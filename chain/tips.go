@@ -75,9 +75,9 @@ func (t *Tips) Notes(id cid.Cid) *Notes {
 // else are dropped. New notes are written beside the head, so that the history outlives the
 // process and is served to peers that sync the chain. Notes once kept stay, except that
 // notes whose held-out metrics are due (HeldOutDue) give way to the same signer's notes for
-// the head that carry them: a leader publishes its head before it evaluates it, so that
-// the evaluation does not hold the next round back, and publishes the notes again once it
-// has (NotesChanged fires then).
+// the head that carry them, or that say the evaluation failed (Notes.Completed): a leader
+// publishes its head before it evaluates it, so that the evaluation does not hold the next
+// round back, and publishes the notes again once it has (NotesChanged fires then).
 func (t *Tips) SetNotes(id cid.Cid, round uint64, n *Notes) error {
 	if n == nil || n.Round != round || !slices.Contains(t.validators, n.Sig.Peer) {
 		return nil
@@ -111,9 +111,9 @@ func (t *Tips) SetNotes(id cid.Cid, round uint64, n *Notes) error {
 }
 
 // completes reports whether n adds the held-out metrics that old, by the same signer, said
-// were due.
+// were due, or says that their evaluation failed.
 func completes(old, n *Notes) bool {
-	return old.HeldOutDue && n.HeldOut != nil && old.Sig.Peer == n.Sig.Peer
+	return old.HeldOutDue && n.Completed() && old.Sig.Peer == n.Sig.Peer
 }
 
 // NotesChanged returns a channel closed the next time SetNotes keeps notes.

@@ -114,11 +114,11 @@ type Head struct {
 	// bytes it has seen, but a head waiting for quorum is sent again for peers that missed
 	// it, with every signature gathered so far.
 	Sent int64 `cbor:"5,keyasint,omitempty"`
-	// Earlier carries the completed notes (with held-out metrics) of heads before this one,
-	// as the sender holds them: a leader publishes a head before it evaluates it, and the
-	// notes it publishes again once it has may miss a peer (not yet subscribed, or synced
-	// the head before) for good; the next proposals bring them again
-	// (validator/heldout.go).
+	// Earlier carries the completed notes (chain.Notes.Completed: with held-out metrics, or
+	// saying that their evaluation failed) of heads before this one, as the sender holds
+	// them: a leader publishes a head before it evaluates it, and the notes it publishes
+	// again once it has may miss a peer (not yet subscribed, or synced the head before) for
+	// good; the next proposals bring them again (validator/heldout.go).
 	Earlier []EarlierNotes `cbor:"6,keyasint,omitempty"`
 }
 
@@ -334,7 +334,7 @@ func DecodeHead(b []byte) (*Head, *chain.Head, error) {
 			return nil, nil, err
 		}
 		id, _ := cid.Cast(e.Head)
-		if err := chain.VerifyNotes(id, &e.Notes); err != nil || e.Notes.HeldOut == nil || e.Notes.Round >= h.Round {
+		if err := chain.VerifyNotes(id, &e.Notes); err != nil || !e.Notes.Completed() || e.Notes.Round >= h.Round {
 			return nil, nil, fmt.Errorf("%w: head round %d: notes of earlier head %s (round %d): %v", ErrMalformed, h.Round, id, e.Notes.Round, err)
 		}
 	}

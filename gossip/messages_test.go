@@ -95,6 +95,10 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 		}()},
 		{"head with earlier notes without held-out metrics", func(b []byte) error { _, _, err := DecodeHead(b); return err },
 			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Notes.HeldOut = nil })},
+		{"head with earlier notes signed without held-out metrics", func(b []byte) error { _, _, err := DecodeHead(b); return err },
+			headWithEarlier(t, func(e *EarlierNotes, k crypto.PrivKey) {
+				resignEarlier(t, e, k, func(n *chain.Notes) { n.HeldOut = nil })
+			})},
 		{"head with earlier notes altered", func(b []byte) error { _, _, err := DecodeHead(b); return err },
 			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Notes.HeldOut["loss"] = 0.1 })},
 		{"head with earlier notes for another head", func(b []byte) error { _, _, err := DecodeHead(b); return err },
@@ -102,11 +106,7 @@ func TestDecodersRejectBadMessages(t *testing.T) {
 		{"head with earlier notes of a raw cid", func(b []byte) error { _, _, err := DecodeHead(b); return err },
 			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) { e.Head = cids.Raw([]byte("x")).Bytes() })},
 		{"head with earlier notes of its own round", func(b []byte) error { _, _, err := DecodeHead(b); return err },
-			headWithEarlier(t, func(e *EarlierNotes, k crypto.PrivKey) {
-				e.Notes.Round, e.Notes.Sig = 2, chain.Signature{}
-				id, _ := cid.Cast(e.Head)
-				require.NoError(t, chain.SignNotes(k, id, &e.Notes))
-			})},
+			headWithEarlier(t, func(e *EarlierNotes, k crypto.PrivKey) { resignEarlier(t, e, k, func(n *chain.Notes) { n.Round = 2 }) })},
 		{"head with too many earlier notes", func(b []byte) error { _, _, err := DecodeHead(b); return err },
 			headWithEarlier(t, func(e *EarlierNotes, _ crypto.PrivKey) {}, MaxEarlierNotes+1)},
 		{"head with altered notes", func(b []byte) error { _, _, err := DecodeHead(b); return err }, func() []byte {
@@ -152,12 +152,29 @@ func headWithEarlier(t *testing.T, mend func(e *EarlierNotes, k crypto.PrivKey),
 	return b
 }
 
+// resignEarlier changes e's notes and signs them again with k.
+func resignEarlier(t *testing.T, e *EarlierNotes, k crypto.PrivKey, change func(*chain.Notes)) {
+	t.Helper()
+	change(&e.Notes)
+	e.Notes.Sig = chain.Signature{}
+	id, _ := cid.Cast(e.Head)
+	require.NoError(t, chain.SignNotes(k, id, &e.Notes))
+}
+
 func TestDecodeHeadTakesEarlierNotes(t *testing.T) {
 	b := headWithEarlier(t, func(*EarlierNotes, crypto.PrivKey) {}, MaxEarlierNotes)
 	m, _, err := DecodeHead(b)
 	require.NoError(t, err)
 	require.Len(t, m.Earlier, MaxEarlierNotes)
 	require.Equal(t, 2.0, m.Earlier[0].Notes.HeldOut["loss"])
+
+	// Notes that say the evaluation failed complete a head's notes too.
+	b = headWithEarlier(t, func(e *EarlierNotes, k crypto.PrivKey) {
+		resignEarlier(t, e, k, func(n *chain.Notes) { n.HeldOut, n.HeldOutFailed = nil, true })
+	})
+	m, _, err = DecodeHead(b)
+	require.NoError(t, err)
+	require.True(t, m.Earlier[0].Notes.HeldOutFailed)
 }
 
 func FuzzDecoders(f *testing.F) {

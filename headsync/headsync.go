@@ -321,11 +321,8 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 // leader published before it evaluated it; it missed the completed notes, which the
 // proposals that follow carry only gossip.MaxEarlierNotes heads back.
 func (s *Sync) refreshNotes(ctx context.Context, p peer.ID, id cid.Cid) {
-	for range gossip.MaxEarlierNotes {
-		_, h, err := s.Heads.Get(id)
-		if err != nil {
-			return
-		}
+	walked := 0
+	_ = s.Heads.Walk(id, func(id cid.Cid, h *chain.Head) error {
 		if n := s.Tips.Notes(id); n == nil || n.HeldOutDue {
 			if f, err := s.Peers.RequestHead(ctx, p, id); err == nil && f.Notes != nil {
 				if err := s.Tips.SetNotes(id, h.Round, f.Notes); err != nil {
@@ -333,8 +330,9 @@ func (s *Sync) refreshNotes(ctx context.Context, p peer.ID, id cid.Cid) {
 				}
 			}
 		}
-		if id, err = h.ParentID(); err != nil || !id.Defined() {
-			return
+		if walked++; walked == gossip.MaxEarlierNotes {
+			return chain.StopWalk
 		}
-	}
+		return nil
+	})
 }

@@ -127,8 +127,8 @@ func (w *watcher) awaitsHeldOut(id cid.Cid) bool {
 // after they were recorded.
 const lateNotesRounds = 2 * gossip.MaxEarlierNotes
 
-// completeRecorded adds held-out metrics that came after their round was recorded to the
-// history on the status page (and to the head's metrics when it is the latest): a node
+// completeRecorded adds held-out metrics (or word that their evaluation failed) that came
+// after their round was recorded to the history on the status page (and to the head's metrics when it is the latest): a node
 // that synced heads before their leader evaluated them, or that waited maxAwaited heads
 // in vain, takes them from the proposals that follow (gossip.Head.Earlier). The history
 // file needs no change: what it keeps of a round beside the chain's notes is this node's
@@ -137,7 +137,7 @@ func (w *watcher) completeRecorded() {
 	var bare []string
 	w.status.update(func(s *Status) {
 		for _, p := range s.History[max(0, len(s.History)-lateNotesRounds):] {
-			if p.HeldOut == nil {
+			if p.HeldOut == nil && !p.HeldOutFailed {
 				bare = append(bare, p.Head)
 			}
 		}
@@ -145,7 +145,7 @@ func (w *watcher) completeRecorded() {
 	found := map[string]*chain.Notes{}
 	for _, h := range bare {
 		if id, err := cid.Decode(h); err == nil {
-			if n := w.tips.Notes(id); n != nil && n.HeldOut != nil {
+			if n := w.tips.Notes(id); n != nil && n.Completed() {
 				found[h] = n
 			}
 		}
@@ -158,7 +158,7 @@ func (w *watcher) completeRecorded() {
 		for i := max(0, len(s.History)-lateNotesRounds); i < len(s.History); i++ {
 			p := &s.History[i]
 			n, ok := found[p.Head]
-			if !ok || p.HeldOut != nil {
+			if !ok || p.HeldOut != nil || p.HeldOutFailed {
 				continue
 			}
 			p.setNotes(n)
@@ -263,7 +263,7 @@ func (w *watcher) record(seen headSeen) {
 	})
 	w.metrics.head(h.Round, h.Metrics.TrainLoss, metrics)
 	if w.progress != nil {
-		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, took)
+		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, point.HeldOutFailed, took)
 	}
 }
 

@@ -18,7 +18,8 @@ import (
 // TestLateNotesCompleteTheRecordedHistory: rounds 1 and 2 were recorded with notes that
 // lack held-out metrics (synced before their leader evaluated them). When round 1's
 // completed notes come, its history point takes them; round 2's, the latest head's, come
-// next and give the head its metrics.
+// next. Round 3's leader says its evaluation failed: its point says so, and the watcher
+// stops waiting for its metrics.
 func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	require.NoError(t, err)
@@ -31,7 +32,7 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 
 	var ids []cid.Cid
 	parent := cid.Undef
-	for r := uint64(0); r <= 2; r++ {
+	for r := uint64(0); r <= 3; r++ {
 		h := &chain.Head{Version: 1, Network: "net", Experiment: "exp", Round: r,
 			Params: cids.Record([]byte{byte(r)}).Bytes(), LayoutHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 			Ledger: chain.Ledger{Plan: "plan", Shards: 8, Consumed: make([]byte, 1)}, Metrics: chain.Metrics{TrainLoss: 1}}
@@ -68,19 +69,26 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 		return out
 	}
 	w.completeRecorded()
-	require.Equal(t, []map[string]float64{{"loss": 3}, nil, nil}, heldOut(), "nothing came yet")
+	require.Equal(t, []map[string]float64{{"loss": 3}, nil, nil, nil}, heldOut(), "nothing came yet")
 
 	require.NoError(t, tips.SetNotes(ids[1], 1, signedNotes(t, k, ids[1], 1, map[string]float64{"loss": 2})))
 	w.completeRecorded()
-	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, nil}, heldOut())
-	require.Nil(t, w.status.Snapshot().HeadMetrics, "round 2's metrics have not come")
+	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, nil, nil}, heldOut())
 
 	require.NoError(t, tips.SetNotes(ids[2], 2, signedNotes(t, k, ids[2], 2, map[string]float64{"loss": 1})))
 	w.completeRecorded()
-	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, {"loss": 1}}, heldOut())
-	require.Equal(t, map[string]float64{"loss": 1}, w.status.Snapshot().HeadMetrics)
+	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, {"loss": 1}, nil}, heldOut())
 	require.NotNil(t, w.status.Snapshot().History[2].Time, "the rest of the notes is kept")
+	require.Nil(t, w.status.Snapshot().HeadMetrics, "round 3's metrics have not come")
 
+	require.True(t, w.awaitsHeldOut(ids[3]))
+	failed := &chain.Notes{Round: 3, Seconds: 2, TrainSeconds: 1, HeldOutFailed: true}
+	require.NoError(t, chain.SignNotes(k, ids[3], failed))
+	require.NoError(t, tips.SetNotes(ids[3], 3, failed))
+	require.False(t, w.awaitsHeldOut(ids[3]), "no metrics come after a failed evaluation")
+	w.completeRecorded()
+	require.True(t, w.status.Snapshot().History[3].HeldOutFailed)
+	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, {"loss": 1}, nil}, heldOut())
 }
 
 func signedNotes(t *testing.T, k crypto.PrivKey, id cid.Cid, round uint64, held map[string]float64) *chain.Notes {

@@ -3,7 +3,6 @@ package node
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,9 +21,6 @@ import (
 // the bytes it moved. Everything else in the history is rebuilt from the chain and its round
 // notes (chainHistory).
 const HistoryFile = "history.jsonl"
-
-// errEnoughHistory stops the walk down the chain at maxHistory heads.
-var errEnoughHistory = errors.New("enough history")
 
 // chainHistory is the per-round series from genesis (or the oldest head this node holds,
 // at most maxHistory back) to head id: each head's round, train loss, samples and merged
@@ -47,11 +43,11 @@ func (e *env) chainHistory(id cid.Cid) []RoundPoint {
 		}
 		out = append(out, p)
 		if len(out) >= maxHistory {
-			return errEnoughHistory
+			return chain.StopWalk
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, errEnoughHistory) {
+	if err != nil {
 		// A node resumed from a peer's checkpoint may not hold the oldest heads.
 		e.log.Debug("history: the chain held here is incomplete", "heads", len(out), "err", err)
 	}
@@ -71,7 +67,7 @@ func (e *env) roundPoint(id cid.Cid, h *chain.Head) RoundPoint {
 
 // setNotes sets what a head's round notes say of its round.
 func (p *RoundPoint) setNotes(n *chain.Notes) {
-	p.HeldOut, p.Rejected = n.HeldOut, int(n.Rejected)
+	p.HeldOut, p.HeldOutFailed, p.Rejected = n.HeldOut, n.HeldOutFailed, int(n.Rejected)
 	if n.Seconds > 0 {
 		p.Time = &RoundTime{Seconds: n.Seconds, Training: n.TrainSeconds, Communication: n.CommSeconds, Merge: n.MergeSeconds,
 			Other: max(0, n.Seconds-n.TrainSeconds-n.CommSeconds-n.MergeSeconds)}

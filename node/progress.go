@@ -13,9 +13,9 @@ import (
 	"github.com/p2pnode/p2pnode/cids"
 )
 
-// printProgress writes one line per canonical head: round, train loss, held-out metrics,
-// contributions and time since the previous head.
-func printProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics map[string]float64, took time.Duration) {
+// printProgress writes one line per canonical head: round, train loss, held-out metrics
+// (or that their evaluation failed), contributions and time since the previous head.
+func printProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics map[string]float64, evalFailed bool, took time.Duration) {
 	var b strings.Builder
 	if rounds > 0 {
 		fmt.Fprintf(&b, "round %3d/%d", h.Round, rounds)
@@ -39,6 +39,9 @@ func printProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics m
 		} else {
 			fmt.Fprintf(&b, "  held-out %s %.4f", k, v)
 		}
+	}
+	if evalFailed {
+		b.WriteString("  held-out evaluation failed (see the proposer's log)")
 	}
 	if h.Round > 0 {
 		fmt.Fprintf(&b, "  merged %d", len(h.Contributions))

@@ -287,7 +287,7 @@ func newerTip(ctx context.Context, e *env, ckID cid.Cid, ck *chain.Head, until t
 	_ = e.heads.Walk(tid, func(id cid.Cid, h *chain.Head) error {
 		if h.Round <= ck.Round {
 			descends = id.Equals(ckID)
-			return errStopped
+			return chain.StopWalk
 		}
 		return nil
 	})

@@ -67,6 +67,8 @@ type RoundPoint struct {
 	Merged    int     `json:"merged"`
 	// HeldOut are the held-out metrics the proposer measured on the head (notes).
 	HeldOut map[string]float64 `json:"held_out,omitempty"`
+	// HeldOutFailed says the proposer's held-out evaluation of the head failed (notes).
+	HeldOutFailed bool `json:"held_out_failed,omitempty"`
 	// Rejected counts the contributions the round's leader rejected (notes).
 	Rejected int `json:"rejected"`
 	// Time is where the round's time went, at its leader (notes).

@@ -18,8 +18,8 @@ import (
 // protocol.overlap: eager, ran that many more steps from their guess at the head before
 // the window could be moved onto it. The head now goes out with notes that lack the
 // held-out metrics and say they are due (chain.Notes.HeldOutDue), and the same proposal
-// goes out again with the completed notes once they are measured (chain.Tips.SetNotes
-// keeps the completed ones). A peer can miss that message (not yet subscribed, or it
+// goes out again with the completed notes once they are measured, or with notes that say
+// the evaluation failed (chain.Notes.HeldOutFailed; chain.Tips.SetNotes keeps either). A peer can miss that message (not yet subscribed, or it
 // synced the head before the evaluation ended), so each proposal also carries the
 // completed notes of the heads before it (gossip.Head.Earlier), and a node that catches up
 // asks again for notes still due (headsync). The experiment's last head is evaluated
@@ -103,14 +103,15 @@ func (v *validator) evaluated() {
 }
 
 // completeNotes measures j's head on held-out data and publishes the proposal again with
-// the notes completed.
+// the notes completed: with the metrics, or, when the evaluation failed (evaluate logged
+// why), saying so, so that no node waits for metrics that will not come.
 func (v *validator) completeNotes(ctx context.Context, j heldOutJob) {
 	m := v.evaluate(ctx, j.head)
-	if m == nil {
-		return
+	if m == nil && ctx.Err() != nil {
+		return // shutting down: the evaluation was abandoned, not failed
 	}
 	n := j.notes
-	n.HeldOut, n.HeldOutDue, n.Sig = m, false, chain.Signature{}
+	n.HeldOut, n.HeldOutFailed, n.HeldOutDue, n.Sig = m, m == nil, false, chain.Signature{}
 	if err := v.signNotes(j.id, j.head.Round, &n); err != nil {
 		v.Log.Warn("record the held-out metrics of a head", "round", j.head.Round, "err", err)
 		return
@@ -125,30 +126,27 @@ func (v *validator) completeNotes(ctx context.Context, j heldOutJob) {
 	}
 }
 
-// earlierNotes are the completed notes this node holds of the heads before h, newest
+// earlierNotes are the completed notes (chain.Notes.Completed) this node holds of the heads before h, newest
 // first, from the gossip.MaxEarlierNotes heads before it: a proposal carries them for the peers that
 // missed them when they went out (not yet subscribed, or synced the head before its
 // evaluation ended). reserve has waited for the evaluation maxEvaluating heads back, so
 // the notes of the head that falls out of the watcher's wait (node/heads.go) are among
 // them.
 func (v *validator) earlierNotes(h *chain.Head) []gossip.EarlierNotes {
+	parent, err := h.ParentID()
+	if err != nil {
+		return nil
+	}
 	var out []gossip.EarlierNotes
-	for range gossip.MaxEarlierNotes {
-		if h.Round == 0 {
-			break
-		}
-		id, err := h.ParentID()
-		if err != nil || !id.Defined() {
-			break
-		}
-		_, parent, err := v.Heads.Get(id)
-		if err != nil {
-			break
-		}
-		if n := v.Tips.Notes(id); n != nil && n.HeldOut != nil {
+	walked := 0
+	_ = v.Heads.Walk(parent, func(id cid.Cid, _ *chain.Head) error {
+		if n := v.Tips.Notes(id); n != nil && n.Completed() {
 			out = append(out, gossip.EarlierNotes{Head: id.Bytes(), Notes: *n})
 		}
-		h = parent
-	}
+		if walked++; walked == gossip.MaxEarlierNotes {
+			return chain.StopWalk
+		}
+		return nil
+	})
 	return out
 }

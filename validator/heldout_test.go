@@ -1,6 +1,7 @@
 package validator
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -71,4 +72,39 @@ func (s *phaseSwarm) headOf(r uint64, ok func(*gossip.Head) bool) *gossip.Head {
 			s.t.Fatalf("no head of round %d published", r)
 		}
 	}
+}
+
+// TestFailedEvaluationIsPublished: the leader's evaluation of round 1's head, published
+// with its metrics due, yields only NaN. The proposal goes out again with notes that say
+// the evaluation failed, so that nodes stop waiting for its metrics, and the next head
+// carries those notes among the earlier ones.
+func TestFailedEvaluationIsPublished(t *testing.T) {
+	s := newPhaseSwarm(t, 2)
+	evals := 0
+	s.rt.EvalHook = func(m map[string]float64) map[string]float64 {
+		if evals++; evals == 2 { // genesis, then round 1
+			return map[string]float64{"mse": math.NaN()}
+		}
+		return m
+	}
+	s.start(1, "held-out validator")
+	n := s.nodes[0]
+	s.train()
+	h := s.canonical(1)
+	id, err := h.ID()
+	require.NoError(t, err)
+	first := s.headOf(1, nil)
+	require.True(t, first.Notes.HeldOutDue)
+
+	again := s.headOf(1, func(m *gossip.Head) bool { return m.Notes != nil && !m.Notes.HeldOutDue })
+	require.True(t, again.Notes.HeldOutFailed, "the notes say the evaluation failed")
+	require.Nil(t, again.Notes.HeldOut)
+	require.Equal(t, first.Notes.Seconds, again.Notes.Seconds, "the rest of the notes is as published")
+	require.Eventually(t, func() bool { return n.v.v.Tips.Notes(id).HeldOutFailed }, 10*time.Second, 10*time.Millisecond)
+
+	s.train()
+	last := s.headOf(2, nil)
+	require.Contains(t, last.Notes.HeldOut, "mse")
+	require.Len(t, last.Earlier, 2, "round 1's and genesis's")
+	require.Equal(t, *again.Notes, last.Earlier[0].Notes)
 }

@@ -397,9 +397,6 @@ func (p *leadPhase) close(ctx context.Context, in *bus.Inbox) (*next, error) {
 	return awaiting(r.round, *proposal), nil // the proposal, re-published, says the rest
 }
 
-// errEnough stops a walk of the chain that has read what it needs.
-var errEnough = errors.New("enough")
-
 func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]int) {
 	return RecentMerges(v.Heads, from)
 }
@@ -419,7 +416,7 @@ func RecentMerges(heads *chain.Store, from cid.Cid) (map[cid.Cid]bool, map[strin
 			merges[c.Peer]++
 		}
 		if n++; n >= replayWindow {
-			return errEnough
+			return chain.StopWalk
 		}
 		return nil
 	})
@@ -845,6 +842,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		// heads before it have theirs (heldout.go).
 		v.evaluated()
 		notes.HeldOut = v.evaluate(ctx, out.Head)
+		notes.HeldOutFailed = notes.HeldOut == nil && v.evalDue(out.Head) && ctx.Err() == nil
 	}
 	// The head is evaluated once it is out (heldout.go); its place with the evaluator is
 	// taken before it becomes canonical here, and its notes say the metrics will follow.
