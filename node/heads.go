@@ -57,6 +57,9 @@ func (a *announcer) announce(ctx context.Context) {
 type watcher struct {
 	*env
 	stop func()
+	// bare holds the rounds (by head) whose progress line went out while their held-out
+	// metrics were still due: the metrics get a line of their own when they come.
+	bare map[string]uint64
 }
 
 func (w *watcher) run(ctx context.Context) error {
@@ -154,6 +157,7 @@ func (w *watcher) completeRecorded() {
 		return
 	}
 	var latest *RoundPoint
+	var completed []RoundPoint
 	w.status.update(func(s *Status) {
 		for i := max(0, len(s.History)-lateNotesRounds); i < len(s.History); i++ {
 			p := &s.History[i]
@@ -162,6 +166,7 @@ func (w *watcher) completeRecorded() {
 				continue
 			}
 			p.setNotes(n)
+			completed = append(completed, *p)
 			if i == len(s.History)-1 {
 				l := *p
 				latest = &l
@@ -173,6 +178,27 @@ func (w *watcher) completeRecorded() {
 	})
 	if latest != nil {
 		w.metrics.head(latest.Round, latest.TrainLoss, latest.HeldOut)
+	}
+	for _, p := range completed {
+		if _, ok := w.bare[p.Head]; ok && w.progress != nil {
+			printLateMetrics(w.progress, w.cfg.Experiment.Rounds, p)
+		}
+		delete(w.bare, p.Head)
+	}
+}
+
+// printedBare notes that round's progress line (head id) went out while its held-out
+// metrics were still due, keeping the last lateNotesRounds such rounds (completeRecorded
+// looks no further back).
+func (w *watcher) printedBare(id string, round uint64) {
+	if w.bare == nil {
+		w.bare = map[string]uint64{}
+	}
+	w.bare[id] = round
+	for h, r := range w.bare {
+		if r+lateNotesRounds < round {
+			delete(w.bare, h)
+		}
 	}
 }
 
@@ -264,6 +290,9 @@ func (w *watcher) record(seen headSeen) {
 	w.metrics.head(h.Round, h.Metrics.TrainLoss, metrics)
 	if w.progress != nil {
 		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, point.HeldOutFailed, took)
+		if metrics == nil && w.awaitsHeldOut(id) {
+			w.printedBare(point.Head, h.Round)
+		}
 	}
 }
 

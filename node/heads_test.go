@@ -2,7 +2,9 @@ package node
 
 import (
 	"crypto/rand"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -15,11 +17,11 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 )
 
-// TestLateNotesCompleteTheRecordedHistory: rounds 1 and 2 were recorded with notes that
+// TestLateNotesCompleteTheRecordedHistory: rounds 1 to 3 are recorded with notes that
 // lack held-out metrics (synced before their leader evaluated them). When round 1's
-// completed notes come, its history point takes them; round 2's, the latest head's, come
-// next. Round 3's leader says its evaluation failed: its point says so, and the watcher
-// stops waiting for its metrics.
+// completed notes come, its history point takes them and the metrics get a progress line
+// of their own; round 2's come next. Round 3's leader says its evaluation failed: its
+// point and a line say so, and the watcher stops waiting for its metrics.
 func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	require.NoError(t, err)
@@ -28,7 +30,10 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	heads, err := chain.OpenStore(t.TempDir())
 	require.NoError(t, err)
 	tips := chain.NewTips(heads, []string{self.String()}, 1)
-	w := &watcher{env: &env{cfg: config.Default(), tips: tips, status: &statusBoard{}, metrics: newNodeMetrics(prometheus.NewRegistry())}}
+	var out strings.Builder
+	cfg := config.Default()
+	cfg.Node.StoreDir = t.TempDir()
+	w := &watcher{env: &env{cfg: cfg, heads: heads, tips: tips, status: &statusBoard{}, metrics: newNodeMetrics(prometheus.NewRegistry()), progress: &out}}
 
 	var ids []cid.Cid
 	parent := cid.Undef
@@ -53,12 +58,12 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 			held = map[string]float64{"loss": 3}
 		}
 		require.NoError(t, tips.SetNotes(id, r, signedNotes(t, k, id, r, held)))
-		w.status.update(func(s *Status) {
-			s.History = append(s.History, w.roundPoint(id, h))
-			s.Head = id.String()
-		})
+		w.status.update(func(s *Status) { s.Head = id.String() })
+		w.record(headSeen{id: id, h: h, took: time.Second})
 		ids, parent = append(ids, id), id
 	}
+	require.Equal(t, 4, strings.Count(out.String(), "\n"), "a progress line for each round: %s", out.String())
+	out.Reset()
 	heldOut := func() []map[string]float64 {
 		var out []map[string]float64
 		w.status.update(func(s *Status) {
@@ -70,10 +75,16 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	}
 	w.completeRecorded()
 	require.Equal(t, []map[string]float64{{"loss": 3}, nil, nil, nil}, heldOut(), "nothing came yet")
+	require.Empty(t, out.String())
 
 	require.NoError(t, tips.SetNotes(ids[1], 1, signedNotes(t, k, ids[1], 1, map[string]float64{"loss": 2})))
 	w.completeRecorded()
 	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, nil, nil}, heldOut())
+	require.Equal(t, "round   1/100  held-out loss 2.0000  (came after the round's line)  head "+cids.Short(ids[1].String())+"\n", out.String(),
+		"the metrics of a round printed without them get a line")
+	out.Reset()
+	w.completeRecorded()
+	require.Empty(t, out.String(), "once")
 
 	require.NoError(t, tips.SetNotes(ids[2], 2, signedNotes(t, k, ids[2], 2, map[string]float64{"loss": 1})))
 	w.completeRecorded()
@@ -88,6 +99,7 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	require.False(t, w.awaitsHeldOut(ids[3]), "no metrics come after a failed evaluation")
 	w.completeRecorded()
 	require.True(t, w.status.Snapshot().History[3].HeldOutFailed)
+	require.Contains(t, out.String(), "round   3/100  held-out evaluation failed")
 	require.Equal(t, []map[string]float64{{"loss": 3}, {"loss": 2}, {"loss": 1}, nil}, heldOut())
 }
 
