@@ -11,6 +11,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/internal/version"
+	"github.com/p2pnode/p2pnode/trainer"
 	"github.com/p2pnode/p2pnode/validator"
 )
 
@@ -55,6 +56,7 @@ type nodeMetrics struct {
 	trainSecs     prometheus.Counter
 	samples       prometheus.Counter
 	lastLoss      prometheus.Gauge
+	windows       *prometheus.CounterVec
 	// Every node's store (prune.go).
 	prunedArtifacts prometheus.Counter
 	prunedBytes     prometheus.Counter
@@ -90,6 +92,8 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Samples this node trained on."}),
 		lastLoss: prometheus.NewGauge(prometheus.GaugeOpts{Name: "p2ptrain_node_train_loss",
 			Help: "Mean training loss of this node's last contribution."}),
+		windows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_overlap_windows_total",
+			Help: "Windows this trainer trained under protocol.overlap: eager, by how: ahead (from its guess at the head, before the lease came) or base (from the head, after the lease came: nothing trained ahead fitted it)."}, []string{"trained"}),
 		prunedArtifacts: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_artifacts_total",
 			Help: "Artifacts deleted from the store because no kept head, checkpoint or recent round needs them (node.keep_heads)."}),
 		prunedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_bytes_total",
@@ -105,7 +109,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		m.phaseSecs.WithLabelValues(phase)
 	}
 	reg.MustRegister(m.rounds, m.roundSecs, m.phaseSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
-		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.ended, m.dropped, m.prunedArtifacts, m.prunedBytes)
+		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.windows, m.ended, m.dropped, m.prunedArtifacts, m.prunedBytes)
 	return m
 }
 
@@ -131,8 +135,15 @@ func (m *nodeMetrics) roundClosed(took time.Duration, merged int) {
 	m.merged.Add(float64(merged))
 }
 
-func (m *nodeMetrics) trained(samples uint64, trainSeconds, loss float64) {
+func (m *nodeMetrics) trained(samples uint64, trainSeconds, loss float64, w trainer.WindowKind) {
 	m.contributions.Inc()
+	if w.Overlap {
+		how := "base"
+		if w.Ahead {
+			how = "ahead"
+		}
+		m.windows.WithLabelValues(how).Inc()
+	}
 	m.samples.Add(float64(samples))
 	if trainSeconds > 0 {
 		m.trainSecs.Add(trainSeconds)

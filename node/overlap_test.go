@@ -55,9 +55,18 @@ func TestMocknetOverlapTrainsAhead(t *testing.T) {
 			for _, n := range c.nodes[tc.validators:] {
 				logs := n.logs.String()
 				require.NotContains(t, logs, "window trained ahead failed", n.name)
-				took += strings.Count(logs, "took the window trained ahead")
+				ahead := strings.Count(logs, "took the window trained ahead")
+				took += ahead
 				if tc.moved {
-					require.Equal(t, strings.Count(logs, "took the window trained ahead"), strings.Count(logs, "moved_at_step=0 "), n.name)
+					require.Equal(t, ahead, strings.Count(logs, "moved_at_step=0 "), n.name)
+				}
+				// The status page counts the windows as the log does.
+				st := n.n.Status()
+				require.NotNil(t, st.Overlap, n.name)
+				require.Equal(t, strings.Count(logs, `msg=trained `), st.Overlap.Windows, n.name)
+				require.Equal(t, ahead, st.Overlap.Ahead, n.name)
+				if tc.moved && ahead > 0 {
+					require.Equal(t, 0, st.Overlap.LastMovedAt, n.name)
 				}
 				// The last round reserves nothing: no window is trained past the experiment.
 				require.NotContains(t, logs, `msg="training ahead" round=`+strconv.Itoa(rounds+1)+" ", n.name)

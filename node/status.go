@@ -25,6 +25,7 @@ type Status struct {
 	TrainLoss   float64            `json:"train_loss"`
 	Leases      []LeaseStatus      `json:"leases_held"`
 	Last        *ContributionInfo  `json:"last_contribution,omitempty"`
+	Overlap     *OverlapStatus     `json:"overlap,omitempty"`
 	Worker      any                `json:"worker,omitempty"`
 	Validator   *validator.Status  `json:"validator,omitempty"`
 	// GossipRejections counts gossip messages from peers that failed topic validation
@@ -41,6 +42,19 @@ type LeaseStatus struct {
 	Lease       string    `json:"lease"`
 	Microshards []uint32  `json:"microshards"`
 	Expiry      time.Time `json:"expiry"`
+}
+
+// OverlapStatus counts the windows this trainer trained under protocol.overlap: eager
+// (trainer/ahead.go); nil without it.
+type OverlapStatus struct {
+	Windows int `json:"windows"`
+	// Ahead are the windows trained ahead of their lease, from the trainer's guess at the
+	// head; the others were trained from the head once the lease came.
+	Ahead int `json:"ahead"`
+	// LastMovedAt is the step before which the last window trained ahead was moved onto
+	// its head (−1: it had finished before the head came), of LastSteps.
+	LastMovedAt int `json:"last_moved_at"`
+	LastSteps   int `json:"last_steps"`
 }
 
 // ContributionInfo is the last contribution this node published.

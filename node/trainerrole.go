@@ -70,8 +70,18 @@ func (s trainerSink) Trained(t trainer.Trained) {
 	s.e.keeper.trained(t.OptState)
 	s.e.status.update(func(st *Status) {
 		st.Last = &ContributionInfo{Round: t.Round, Delta: t.Delta.String(), Samples: t.Samples, Loss: t.Loss, Seconds: t.Seconds, At: time.Now()}
+		if w := t.Window; w.Overlap {
+			if st.Overlap == nil {
+				st.Overlap = &OverlapStatus{}
+			}
+			st.Overlap.Windows++
+			if w.Ahead {
+				st.Overlap.Ahead++
+				st.Overlap.LastMovedAt, st.Overlap.LastSteps = w.MovedAt, w.Steps
+			}
+		}
 	})
-	s.e.metrics.trained(t.Samples, t.TrainSeconds, t.Loss)
+	s.e.metrics.trained(t.Samples, t.TrainSeconds, t.Loss, t.Window)
 }
 
 func (s trainerSink) Event(kind, format string, args ...any) { s.e.status.event(kind, format, args...) }

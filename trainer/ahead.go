@@ -133,6 +133,7 @@ func (t *Trainer) takeAhead(ctx context.Context, l lease.Lease, base *chain.Head
 	}
 	if a.err != nil {
 		t.Log.Warn("window trained ahead failed: training the lease from its base", "round", a.round, "err", a.err)
+		t.Sink.Event("overlap", "round %d: the window trained ahead failed (%v); training the lease from its base", a.round, a.err)
 		return nil
 	}
 	t.Log.Info("took the window trained ahead", "round", a.round, "moved_at_step", a.w.MovedAt(), "waited_seconds", time.Since(waitStart).Seconds())
@@ -148,6 +149,7 @@ func (t *Trainer) dropAhead(a *aheadWindow, why string) {
 		a.w.Drop()
 	}
 	t.Log.Info("dropped the window trained ahead", "round", a.round, "why", why)
+	t.Sink.Event("overlap", "round %d: dropped the window trained ahead: %s", a.round, why)
 }
 
 // dropStaleAhead drops the window trained ahead once the round it was for has closed
@@ -162,15 +164,17 @@ func (t *Trainer) dropStaleAhead() {
 	}
 }
 
-// eagerWindow trains lease l on base: the window trained ahead for it, or a new one.
-func (t *Trainer) eagerWindow(ctx, wctx context.Context, base *chain.Head, l lease.Lease, steps int, seed int64) (*round.Window, error) {
+// eagerWindow trains lease l on base: the window trained ahead for it (ahead), or a new
+// one.
+func (t *Trainer) eagerWindow(ctx, wctx context.Context, base *chain.Head, l lease.Lease, steps int, seed int64) (w *round.Window, ahead bool, err error) {
 	if w := t.takeAhead(wctx, l, base, steps); w != nil {
-		return w, nil
+		return w, true, nil
 	}
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
-	return t.Eager.RunWindow(wctx, base, l.Microshards, steps, seed)
+	w, err = t.Eager.RunWindow(wctx, base, l.Microshards, steps, seed)
+	return w, false, err
 }
 
 // rebaseAhead writes where the trainer goes on from after window w, whose update was

@@ -62,7 +62,8 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &blockingEager{fail: tc.fail, canceled: make(chan struct{})}
-			tr := New(Params{Eager: e, Log: slog.New(slog.DiscardHandler)})
+			sink := &testSink{}
+			tr := New(Params{Sink: sink, Eager: e, Log: slog.New(slog.DiscardHandler)})
 			tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, nil)
 			<-tr.ahead.started // with no trainer to wait for, it starts at once
 			ctx, cancel := context.WithCancel(context.Background())
@@ -78,6 +79,11 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 			case tc.fail == nil:
 				require.Empty(t, e.moved, "a window for another lease is not moved")
 			}
+			want := "overlap: round %d: dropped the window trained ahead: %s"
+			if tc.fail != nil {
+				want = "overlap: round %d: the window trained ahead failed (%v); training the lease from its base"
+			}
+			require.Equal(t, []string{want}, sink.events, "the status page says why")
 			if tc.fail == nil {
 				select {
 				case <-e.canceled:
@@ -91,7 +97,7 @@ func TestWindowTrainedAheadIsDroppedUnlessItsLeaseComes(t *testing.T) {
 	t.Run("its round closed", func(t *testing.T) {
 		e := &blockingEager{canceled: make(chan struct{})}
 		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
-		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
+		tr := New(Params{Sink: &testSink{}, Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
 		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, nil)
 		ch.head = &chain.Head{Round: 2}
 		tr.dropStaleAhead()
@@ -129,7 +135,7 @@ func TestWindowAheadWaitsForTheRoundsLastUpdate(t *testing.T) {
 	t.Run("the last update", func(t *testing.T) {
 		e := &startingEager{blockingEager{canceled: make(chan struct{})}, make(chan struct{})}
 		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
-		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
+		tr := New(Params{Sink: &testSink{}, Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
 		tr.updates = newUpdates()
 		tr.updates.heard(2, 1, "b")
 		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, []string{"b", "c"})
@@ -148,7 +154,7 @@ func TestWindowAheadWaitsForTheRoundsLastUpdate(t *testing.T) {
 	t.Run("the head first", func(t *testing.T) {
 		e := &startingEager{blockingEager{canceled: make(chan struct{})}, make(chan struct{})}
 		ch := &testChain{stored: map[cid.Cid]*chain.Head{}, changed: make(chan struct{})}
-		tr := New(Params{Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
+		tr := New(Params{Sink: &testSink{}, Eager: e, Chain: ch, Log: slog.New(slog.DiscardHandler)})
 		tr.updates = newUpdates()
 		tr.ahead = tr.launchAhead(context.Background(), "start", 3, []uint32{4, 5}, 10, []string{"b"})
 		notYet(e, "without b's update")

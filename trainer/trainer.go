@@ -51,6 +51,19 @@ type Trained struct {
 	Seconds      float64 // the window end to end
 	TrainSeconds float64 // the worker's training alone
 	OptState     string  // path of the inner optimizer's state after the window ("" = none)
+	// Window says how it was trained under protocol.overlap: eager (ahead.go); its zero
+	// value without overlap.
+	Window WindowKind
+}
+
+// WindowKind is how a window was trained under protocol.overlap: eager.
+type WindowKind struct {
+	Overlap bool // the trainer trains ahead
+	Ahead   bool // trained ahead of its lease, not from its base after the lease came
+	// MovedAt is the step before which a window trained ahead was moved onto its head, or
+	// −1: it had finished before the head came, and its update is measured from its start.
+	MovedAt int
+	Steps   int
 }
 
 // Sink receives what the trainer does, for the node's status, metrics and checkpoints.
@@ -208,12 +221,17 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 	seed := Seed(t.Seed, l.Round, m.Attempt, t.Self)
 	var res *round.Result
 	var w *round.Window // the window, kept past its update under overlap (ahead.go)
+	var kind WindowKind
 	trainStart := time.Now()
 	if t.Eager != nil {
-		w, err = t.eagerWindow(ctx, wctx, base, l, steps, seed)
+		kind = WindowKind{Overlap: true, Steps: steps}
+		w, kind.Ahead, err = t.eagerWindow(ctx, wctx, base, l, steps, seed)
 		if err == nil {
 			defer w.Close()
 			res, err = w.Encode()
+			if kind.Ahead {
+				kind.MovedAt = w.MovedAt()
+			}
 		}
 	} else {
 		res, err = t.Work.Train(wctx, base, l.Microshards, steps, seed)
@@ -231,7 +249,7 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		Peer: t.Self, Delta: res.Delta.Bytes(), Samples: res.Samples, Loss: res.Loss, Microshards: l.Microshards, Seconds: res.Seconds,
 		TrainSeconds: res.TrainSeconds, FetchSeconds: fetched.Seconds() + res.FetchSeconds}
 	t.Sink.Trained(Trained{Round: l.Round, Delta: res.Delta, Samples: res.Samples, Loss: res.Loss, Seconds: res.Seconds,
-		TrainSeconds: res.TrainSeconds, OptState: res.OptState})
+		TrainSeconds: res.TrainSeconds, OptState: res.OptState, Window: kind})
 	t.Log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
 		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds),
 		"fetch_params_seconds", fmt.Sprintf("%.3f", fetched.Seconds()), "fetch_shards_seconds", fmt.Sprintf("%.3f", res.FetchSeconds))

@@ -120,6 +120,17 @@ func printStatus(w io.Writer, s *node.Status) {
 	if c := s.Last; c != nil {
 		fmt.Fprintf(w, "contributed round %d: %d samples, loss %.4f, %.1fs\n", c.Round, c.Samples, c.Loss, c.Seconds)
 	}
+	if o := s.Overlap; o != nil {
+		fmt.Fprintf(w, "overlap     %d of %d windows trained ahead", o.Ahead, o.Windows)
+		switch {
+		case o.Ahead == 0:
+		case o.LastMovedAt >= 0:
+			fmt.Fprintf(w, "; the last moved onto its head before step %d of %d", o.LastMovedAt+1, o.LastSteps)
+		default:
+			fmt.Fprint(w, "; the last finished before its head came")
+		}
+		fmt.Fprintln(w)
+	}
 	if v := s.Validator; v != nil {
 		fmt.Fprintf(w, "leading     round %d attempt %d: %d live trainers, %d/%d reported\n", v.Round, v.Attempt, v.Trainers, len(v.Received), len(v.Leased))
 		for _, p := range slices.Sorted(maps.Keys(v.Barred)) {
