@@ -134,9 +134,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 					fmt.Sscan(m[1], &r)
 					fmt.Sscan(m[2], &acc)
 					mu.Lock()
-					res.Rounds, res.FinalAccuracy = r, acc/100
-					if l := lossField.FindStringSubmatch(line); l != nil {
-						fmt.Sscan(l[1], &res.FinalLoss)
+					if r >= res.Rounds { // metrics that came late for an earlier round do not count
+						res.Rounds, res.FinalAccuracy = r, acc/100
+						if l := lossField.FindStringSubmatch(line); l != nil {
+							fmt.Sscan(l[1], &res.FinalLoss)
+						}
 					}
 					mu.Unlock()
 				}
