@@ -50,6 +50,8 @@ var (
 	tagRe     = regexp.MustCompile(`<[^>]+>`)
 	scriptRe  = regexp.MustCompile(`(?s)<script>.*?</script>`)
 	workerRe  = regexp.MustCompile(`(?s)<table id="worker">.*?</table>`)
+	leasesRe  = regexp.MustCompile(`(?s)<div id="leases">.*?</div>`)
+	overlapRe = regexp.MustCompile(`overlap: (\d+) of \d+ windows trained ahead`) // a trainer's windows trained ahead
 )
 
 // rendered is the page as Chromium rendered it, without the script (whose templates
@@ -125,14 +127,18 @@ func checkHistory(t *testing.T, who string, dom []byte, round uint64) int {
 // charts have a point for every finished round, the time chart a bar split into training,
 // communication, merge and the rest for every round, and the peer table has every node with
 // its roles. Then a trainer restarts without its history file: its page still charts every
-// round, from the chain. A screenshot of the validator's page is saved in
-// e2e/logs/TestDashboardInABrowser/dashboard.png, of the restarted trainer's in
+// round, from the chain. The trainers train ahead (protocol.overlap: eager): the other
+// trainer's page counts its windows trained ahead. A screenshot of the validator's page is
+// saved in e2e/logs/TestDashboardInABrowser/dashboard.png, of the restarted trainer's in
 // trainer-after-restart.png.
 func TestDashboardInABrowser(t *testing.T) {
 	browser := chromium(t)
 	dir := t.TempDir()
 	// Rounds enough that the run does not end during the test.
-	procs := swarm(t, dir, 2, 400, func(_ string, c *config.Config) { c.Protocol.InnerSteps = 100 })
+	procs := swarm(t, dir, 2, 400, func(_ string, c *config.Config) {
+		c.Protocol.InnerSteps = 100
+		c.Protocol.Overlap = config.OverlapEager
+	})
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	for _, p := range procs {
 		p.Start()
@@ -222,6 +228,10 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	tend := checkHistory(t, "restarted trainer", tdom, ts.Round)
+	odom := rendered(t, browser, pageURL(t, procs[2]))
+	if m := overlapRe.FindSubmatch(odom); m == nil || string(m[1]) == "0" {
+		t.Fatalf("the page of %s does not count windows trained ahead (want at least one): %s", procs[2].Name, leasesRe.Find(odom))
+	}
 
 	shots := filepath.Join(RepoRoot(), "e2e", "logs", t.Name())
 	if err := os.MkdirAll(shots, 0o755); err != nil {
