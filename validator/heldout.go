@@ -19,11 +19,12 @@ import (
 // the window could be moved onto it. The head now goes out with notes that lack the
 // held-out metrics and say they are due (chain.Notes.HeldOutDue), and the same proposal
 // goes out again with the completed notes once they are measured, or with notes that say
-// the evaluation failed (chain.Notes.HeldOutFailed; chain.Tips.SetNotes keeps either). A peer can miss that message (not yet subscribed, or it
-// synced the head before the evaluation ended), so each proposal also carries the
-// completed notes of the heads before it (gossip.Head.Earlier), and a node that catches up
-// asks again for notes still due (headsync). The experiment's last head is evaluated
-// before it is published: nothing waits for it, and the run ends with its metrics.
+// the evaluation failed (chain.Notes.HeldOutFailed; chain.Tips.SetNotes keeps either). A
+// peer can miss that message (not yet subscribed, or it synced the head before the
+// evaluation ended), so each proposal also carries the completed notes of the heads
+// before it (gossip.Head.Earlier), and a node that catches up asks again for notes still
+// due (headsync). The experiment's last head is evaluated before it is published: nothing
+// waits for it, and the run ends with its metrics.
 
 // heldOutJob is a published head whose held-out metrics are still to be measured.
 type heldOutJob struct {
@@ -126,12 +127,12 @@ func (v *validator) completeNotes(ctx context.Context, j heldOutJob) {
 	}
 }
 
-// earlierNotes are the completed notes (chain.Notes.Completed) this node holds of the heads before h, newest
-// first, from the gossip.MaxEarlierNotes heads before it: a proposal carries them for the peers that
-// missed them when they went out (not yet subscribed, or synced the head before its
-// evaluation ended). reserve has waited for the evaluation maxEvaluating heads back, so
-// the notes of the head that falls out of the watcher's wait (node/heads.go) are among
-// them.
+// earlierNotes are the completed notes (chain.Notes.Completed) this node holds of the heads
+// before h, newest first, from the gossip.MaxEarlierNotes heads before it: a proposal
+// carries them for the peers that missed them when they went out (not yet subscribed, or
+// synced the head before its evaluation ended). reserve has waited for the evaluation
+// maxEvaluating heads back, so the notes of the head that falls out of the watcher's wait
+// (node/heads.go) are among them.
 func (v *validator) earlierNotes(h *chain.Head) []gossip.EarlierNotes {
 	parent, err := h.ParentID()
 	if err != nil {
