@@ -1,6 +1,8 @@
 package node
 
 import (
+	"sync/atomic"
+
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/protocol"
@@ -9,6 +11,29 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 )
+
+// byteCounter is the host's bandwidth reporter: libp2p's counter, which the per-protocol
+// metrics read, with exact totals beside it for the per-round bytes of the status page.
+// The counter's own totals (go-flow-metrics) advance once a second, so a round shorter
+// than that counted 0 bytes and the next one both rounds'.
+type byteCounter struct {
+	*metrics.BandwidthCounter
+	in, out atomic.Int64
+}
+
+func newByteCounter(bw *metrics.BandwidthCounter) *byteCounter {
+	return &byteCounter{BandwidthCounter: bw}
+}
+
+func (c *byteCounter) LogSentMessage(n int64) {
+	c.out.Add(n)
+	c.BandwidthCounter.LogSentMessage(n)
+}
+
+func (c *byteCounter) LogRecvMessage(n int64) {
+	c.in.Add(n)
+	c.BandwidthCounter.LogRecvMessage(n)
+}
 
 // bandwidthCollector exports libp2p's per-protocol byte counters as
 // p2ptrain_node_protocol_bytes_total{protocol,direction}.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/metrics"
 
 	"github.com/p2pnode/p2pnode/chain"
 )
@@ -124,20 +123,20 @@ func appendHistory(dir string, p RoundPoint) error {
 
 // byteMeter reports the bytes sent and received since its last reading.
 type byteMeter struct {
-	bw       *metrics.BandwidthCounter
+	c        *byteCounter
 	in, out  int64
 	notFirst bool
 }
 
 func (m *byteMeter) delta() (in, out uint64) {
-	if m == nil || m.bw == nil {
+	if m == nil || m.c == nil {
 		return 0, 0
 	}
-	t := m.bw.GetBandwidthTotals()
+	tin, tout := m.c.in.Load(), m.c.out.Load()
 	if m.notFirst {
-		in, out = uint64(max(0, t.TotalIn-m.in)), uint64(max(0, t.TotalOut-m.out))
+		in, out = uint64(max(0, tin-m.in)), uint64(max(0, tout-m.out))
 	}
-	m.in, m.out, m.notFirst = t.TotalIn, t.TotalOut, true
+	m.in, m.out, m.notFirst = tin, tout, true
 	return in, out
 }
 

@@ -65,15 +65,16 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 	if opts.Host != nil {
 		return fx.Module("host",
 			fx.Provide(func() host.Host { return opts.Host }),
-			fx.Provide(func() *metrics.BandwidthCounter { return nil }),
+			fx.Provide(func() *metrics.BandwidthCounter { return nil }, func() *byteCounter { return nil }),
 		)
 	}
 	return fx.Module("host",
 		fx.Provide(
 			metrics.NewBandwidthCounter,
+			newByteCounter,
 			fx.Annotate(
-				func(key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
-					return newHost(cfg, key, bw, reg, log)
+				func(key crypto.PrivKey, bc *byteCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
+					return newHost(cfg, key, bc, reg, log)
 				},
 				fx.OnStop(func(_ context.Context, h host.Host) error { return h.Close() }),
 			),
@@ -91,14 +92,14 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 	)
 }
 
-func newHost(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
+func newHost(cfg *config.Config, key crypto.PrivKey, bw metrics.Reporter, reg prometheus.Registerer, log *slog.Logger) (host.Host, error) {
 	limits := resourceLimits()
 	return newHostWithLimits(cfg, key, bw, reg, log, limits.AutoScale())
 }
 
 // newHostWithLimits is newHost with the resource manager's limits given (scaled to this
 // machine in newHost, fixed in tests); the connection manager's watermarks follow them.
-func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw *metrics.BandwidthCounter, reg prometheus.Registerer, log *slog.Logger,
+func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Reporter, reg prometheus.Registerer, log *slog.Logger,
 	concrete rcmgr.ConcreteLimitConfig) (host.Host, error) {
 	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/fx"
 
@@ -133,7 +132,7 @@ type envParams struct {
 	Export  *export.Writer
 	Pruner  *pruner
 	Wrap    wrapWindows
-	BW      *metrics.BandwidthCounter `optional:"true"`
+	Bytes   *byteCounter `optional:"true"`
 }
 
 func newEnv(p envParams) *env {
@@ -152,7 +151,7 @@ func newEnv(p envParams) *env {
 	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
-		bytes: &byteMeter{bw: p.BW}, pruner: p.Pruner}
+		bytes: &byteMeter{c: p.Bytes}, pruner: p.Pruner}
 	p.Status.peers = func(round uint64) []PeerStatus {
 		return peerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
 	}

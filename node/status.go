@@ -72,8 +72,8 @@ type ContributionInfo struct {
 // proposer signed, which travel with the chain, so any node that holds the heads (after a
 // restart, or a fresh node that synced) has them. Seconds, BytesIn and BytesOut are this
 // node's own measurements, kept in its history file (HistoryFile): absent (0) for rounds
-// the node did not follow itself. The bytes are libp2p's counters (go-flow-metrics), which
-// advance once a second: a round shorter than that may count 0 and the next both rounds'.
+// the node did not follow itself. The bytes are those of its libp2p streams, counted as
+// they go (byteCounter).
 type RoundPoint struct {
 	Round     uint64  `json:"round"`
 	Head      string  `json:"head"`
