@@ -2,37 +2,25 @@ package node
 
 import (
 	"context"
-	"crypto/rand"
 	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-
-	"github.com/p2pnode/p2pnode/config"
 )
 
 // The bytes a round moved are counted as they go over the node's streams: a read right
 // after a transfer has all of it (libp2p's own totals would show 0 until their next
 // once-a-second sweep), and the per-protocol counter still gets the bytes.
 func TestByteMeterCountsEachTransferAtOnce(t *testing.T) {
-	cfg := config.Default()
-	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
-	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	require.NoError(t, err)
 	bw := metrics.NewBandwidthCounter()
 	bc := newByteCounter(bw)
-	server, err := newHost(cfg, key, bc, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	t.Cleanup(func() { server.Close() })
+	server := testHost(t, bc)
 	const proto = "/p2ptrain/test-bytes/1"
 	server.SetStreamHandler(proto, func(s network.Stream) {
 		defer s.Close()

@@ -131,9 +131,10 @@ func (w *watcher) awaitsHeldOut(id cid.Cid) bool {
 const lateNotesRounds = 2 * gossip.MaxEarlierNotes
 
 // completeRecorded adds held-out metrics (or word that their evaluation failed) that came
-// after their round was recorded to the history on the status page (and to the head's metrics when it is the latest): a node
-// that synced heads before their leader evaluated them, or that waited maxAwaited heads
-// in vain, takes them from the proposals that follow (gossip.Head.Earlier). The history
+// after their round was recorded to the history on the status page (and to the head's
+// metrics when it is the latest): a node that synced heads before their leader evaluated
+// them, or that waited maxAwaited heads in vain, takes them from the proposals that follow
+// (gossip.Head.Earlier). The history
 // file needs no change: what it keeps of a round beside the chain's notes is this node's
 // own measurements.
 func (w *watcher) completeRecorded() {

@@ -30,14 +30,8 @@ import (
 // peer holds open on it, however long each stream is allowed to live; another peer is
 // still served.
 func TestStreamsPerPeerAreCapped(t *testing.T) {
-	cfg := config.Default()
-	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
-	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	require.NoError(t, err)
 	log := slog.New(slog.DiscardHandler)
-	server, err := newHost(cfg, key, metrics.NewBandwidthCounter(), prometheus.NewRegistry(), log)
-	require.NoError(t, err)
-	t.Cleanup(func() { server.Close() })
+	server := testHost(t, metrics.NewBandwidthCounter())
 	store, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
 	require.NoError(t, err)
 	x := artifact.NewExchange(server, store, artifact.ExchangeOptions{FrameDeadline: time.Minute})
@@ -104,4 +98,18 @@ func holdStreams(t *testing.T, h host.Host, p peer.ID, proto protocol.ID, n int)
 	}
 	wg.Wait()
 	return held
+}
+
+// testHost is a node's libp2p host on loopback with a fresh key, reporting to bw, closed
+// with the test.
+func testHost(t *testing.T, bw metrics.Reporter) host.Host {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	h, err := newHost(cfg, key, bw, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close() })
+	return h
 }
