@@ -39,8 +39,8 @@ test-go:
 	$(GO) vet -tags attack ./...
 	@# e2e and node first: go test starts packages in the order given, two at a time on two
 	@# cores, and these are the long ones (node waits on timers for ~10 min, e2e runs real
-	@# processes for ~6); in the default, alphabetical order node started 7 minutes in and ran
-	@# alone at the end (go test ./... took 1069 s here, this order 689 s).
+	@# processes for ~6); in the default, alphabetical order node started 3-7 minutes in and ran
+	@# alone at the end (go test ./... took 796 s here, this order 689 s).
 	$(GO) test -race -shuffle=on -timeout 30m ./e2e/ ./node/ ./...
 	@# The 16-trainer scale cluster (issue 16) runs alone, after the packages above: beside
 	@# the e2e package's real processes its 19 in-process nodes starve for CPU on 2 cores.
