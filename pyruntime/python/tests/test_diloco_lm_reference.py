@@ -59,9 +59,27 @@ class LMReferenceTest(unittest.TestCase):
         self.assertIn("| 2 |", text)
         self.assertIn("| outer lr 1, momentum 0.5 | 1 |", text)
 
+    def test_swarm_config_changes_only_the_diloco_workers(self):
+        def lines(*more):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                ref.main(["--config", MINI_FLAGS, "--rounds", "2", "--h", "3", *more])
+            text = out.getvalue().splitlines()
+            return text[0], [l for l in text if " one node round " in l], [l for l in text if " outer lr " in l and " round " in l]
+
+        head, base, dl = lines()
+        head2, base2, dl2 = lines("--swarm-config", "lr=0.05,warmup=1")
+        self.assertNotIn("DiLoCo workers", head)
+        self.assertIn("DiLoCo workers: {'lr': 0.05, 'warmup': 1}", head2)
+        self.assertEqual(base, base2)  # the one node trains as before
+        self.assertEqual(len(dl), 2)
+        self.assertNotEqual(dl, dl2)
+
     def test_bad_config_is_refused(self):
         with self.assertRaisesRegex(ValueError, "workload.config.widht"):
             ref.main(["--config", "widht=32", "--rounds", "1"])
+        with self.assertRaisesRegex(ValueError, "workload.config.l_r"):
+            ref.main(["--config", MINI_FLAGS, "--swarm-config", "l_r=0.1", "--rounds", "1"])
 
 
 if __name__ == "__main__":

@@ -85,10 +85,22 @@ def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_train
     return diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_round)
 
 
+def keys(text):
+    """``key=value,key=value`` (values in JSON) as a dict."""
+    out = {}
+    for kv in filter(None, text.split(",")):
+        k, _, v = kv.partition("=")
+        out[k] = json.loads(v)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m p2ptrain.tools.diloco_lm_reference", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tiny", help="lm preset (tiny, small, base)")
     ap.add_argument("--config", default="", help="more workload.config keys, key=value,key=value (e.g. eval_bytes=65536)")
+    ap.add_argument("--swarm-config", default="",
+                    help="workload.config keys for the DiLoCo workers only, over --config: training keys such as "
+                         "lr=0.003,warmup=33 (both sides start from one init, so the model's shape must match)")
     ap.add_argument("--seeds", default="1", help="comma-separated seeds (model init, data order)")
     ap.add_argument("--rounds", type=int, default=24)
     ap.add_argument("--h", type=int, default=100, help="inner steps per worker per round")
@@ -104,25 +116,23 @@ def main(argv=None):
     a = ap.parse_args(argv)
     outers = a.outer or [Outer(1.0, 0.5, False)]
     seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    extra = {}
-    for kv in filter(None, a.config.split(",")):
-        k, _, v = kv.partition("=")
-        extra[k] = json.loads(v)
+    extra, swarm_extra = keys(a.config), keys(a.swarm_config)
     torch.set_num_threads(a.threads)
 
-    def workload(steps_per_round):
-        cfg = dict(extra, preset=a.preset)
+    def workload(steps_per_round, more=None):
+        cfg = {**extra, **(more or {}), "preset": a.preset}
         if a.decay == "fit":
             cfg["decay_steps"] = steps_per_round * a.rounds
         w = lm.LM(cfg)
         w.device = a.device
         return w
 
-    wl, base_wl = workload(a.h), workload(a.workers * a.h)
+    wl, base_wl = workload(a.h, swarm_extra), workload(a.workers * a.h)
     blocks, _ = wl.split()
     lo = min(a.rounds - a.rounds // 3 + 1, a.rounds)
     print(f"lm {a.preset}: {a.workers} workers x H={a.h} vs one node x {a.workers * a.h} steps a round; "
-          f"{a.rounds} rounds; decay {a.decay}; {len(blocks)} microshards; mean over rounds {lo}-{a.rounds}")
+          f"{a.rounds} rounds; decay {a.decay}; {len(blocks)} microshards; mean over rounds {lo}-{a.rounds}"
+          + (f"; DiLoCo workers: {swarm_extra}" if swarm_extra else ""))
     t0 = time.perf_counter()
     rows = []
     for seed in seeds:
