@@ -6,6 +6,10 @@
 # Usage: scripts/lmcheck-gpu.sh OUTDIR ROUNDS H SECONDS "seed:lr,momentum,nesterov" ...
 # Environment: PRESET (small), PRECISION (bf16), EVAL_BYTES (65536), PYTHON (python3).
 # Each run's table goes to OUTDIR/<seed>-<outer>.txt, its progress to the .log beside it.
+# DATA_PARALLEL=KEYS (e.g. batch_size=48,lr=0.003 for small: the three trainers' batches as
+# one, the preset's lr times three) also runs the data-parallel yardstick beside them, the
+# plain-PyTorch reference as one worker with outer lr 1 and no momentum taking H steps of that
+# batch a round, the first run's seed, to OUTDIR/data-parallel.txt (docs/diloco-cost.md).
 set -u
 out=$1 rounds=$2 h=$3 secs=$4
 shift 4
@@ -31,6 +35,16 @@ for run in "$@"; do
     >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
+if [ -n "${DATA_PARALLEL:-}" ]; then
+  dev=$("$py" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
+  prec=()
+  [ "${PRECISION:-bf16}" = bf16 ] && prec=(--bf16)
+  (cd "$root/pyruntime/python" && exec timeout "$secs" "$py" -m p2ptrain.tools.diloco_lm_reference \
+    --preset "${PRESET:-small}" --device "$dev" "${prec[@]}" --config "eval_bytes=${EVAL_BYTES:-65536}" \
+    --seeds "${1%%:*}" --rounds "$rounds" --h "$h" --workers 1 --swarm-config "$DATA_PARALLEL" \
+    --outer 1.0:0:plain) >"$out/data-parallel.txt" 2>&1 &
+  pids+=($!)
+fi
 for p in "${pids[@]}"; do wait "$p"; done
 kill $mon 2>/dev/null
 echo "GPU utilization, memory every 20 s:"; tr "\n" " " <"$out/gpu.txt"; echo
@@ -39,3 +53,9 @@ for f in "$out"/*.log; do
   t=${f%.log}.txt
   if [ -s "$t" ]; then sed '/^swarm:/,$d' "$t"; else grep -E 'lmcheck_test.go:[0-9]+: [0-9]+s \||^--- ' "$f"; fi
 done
+if [ -n "${DATA_PARALLEL:-}" ]; then
+  # The reference's "DiLoCo" column is the one worker's, i.e. data parallelism; its "one node"
+  # runs H steps of the preset's batch a round and is not the comparison.
+  echo "== $out/data-parallel.txt (the DiLoCo column is data parallelism, $DATA_PARALLEL)"
+  grep -E '^(lm |\| round |\| outer|\|---|\| [0-9]+ \|)' "$out/data-parallel.txt" || tail -n 5 "$out/data-parallel.txt"
+fi
