@@ -40,7 +40,7 @@ if [ -n "${DATA_PARALLEL:-}" ]; then
   prec=()
   [ "${PRECISION:-bf16}" = bf16 ] && prec=(--bf16)
   (cd "$root/pyruntime/python" && exec timeout "$secs" "$py" -m p2ptrain.tools.diloco_lm_reference \
-    --preset "${PRESET:-small}" --device "$dev" "${prec[@]}" --config "eval_bytes=${EVAL_BYTES:-65536}" \
+    --preset "${PRESET:-small}" --device "$dev" ${prec[@]+"${prec[@]}"} --config "eval_bytes=${EVAL_BYTES:-65536}" \
     --seeds "${1%%:*}" --rounds "$rounds" --h "$h" --workers 1 --swarm-config "$DATA_PARALLEL" \
     --outer 1.0:0:plain) >"$out/data-parallel.txt" 2>&1 &
   pids+=($!)
