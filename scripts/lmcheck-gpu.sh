@@ -18,7 +18,9 @@ for b in p2pnode e2e.test; do
   [ -x "$root/bin/$b" ] || { echo "lmcheck-gpu: $root/bin/$b is missing (see the header)" >&2; exit 2; }
 done
 py=${PYTHON:-python3}
-"$py" -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' || exit 2
+info=$("$py" -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")') || exit 2
+echo "$info"
+case $info in *" cuda True "*) dev=cuda ;; *) dev=cpu ;; esac
 mkdir -p "$out"
 (while sleep 20; do nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; done) >"$out/gpu.txt" 2>&1 &
 mon=$!
@@ -36,7 +38,6 @@ for run in "$@"; do
   pids+=($!)
 done
 if [ -n "${DATA_PARALLEL:-}" ]; then
-  dev=$("$py" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
   prec=()
   [ "${PRECISION:-bf16}" = bf16 ] && prec=(--bf16)
   (cd "$root/pyruntime/python" && exec timeout "$secs" "$py" -m p2ptrain.tools.diloco_lm_reference \
