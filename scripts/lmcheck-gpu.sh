@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 15 item 6 on a GPU machine: TestLMLearningCheck (e2e/lmcheck_test.go) for several
 # seeds and outer settings side by side, one GPU shared. Needs bin/p2pnode (the attack build,
-# as the e2e harness runs it) and bin/e2e.test, built where Go is:
-#   make build TAGS=attack && go test -c -o bin/e2e.test ./e2e/
+# as the e2e harness runs it) and bin/e2e.test, built where Go is (stripped: 48 MiB together,
+# under the device's 64 MiB working tree, where unstripped they are 67 MiB):
+#   make build TAGS=attack LDFLAGS='-s -w' && go test -c -ldflags='-s -w' -o bin/e2e.test ./e2e/
 # Usage: scripts/lmcheck-gpu.sh OUTDIR ROUNDS H SECONDS "seed:lr,momentum,nesterov" ...
 # Environment: PRESET (small), PRECISION (bf16), EVAL_BYTES (65536), PYTHON (python3).
 # Each run's table goes to OUTDIR/<seed>-<outer>.txt, its progress to the .log beside it.
