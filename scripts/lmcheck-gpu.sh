@@ -18,7 +18,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 for b in p2pnode e2e.test; do
   [ -x "$root/bin/$b" ] || { echo "lmcheck-gpu: $root/bin/$b is missing (see the header)" >&2; exit 2; }
 done
-py=${PYTHON:-python3}
+py=${PYTHON:-python3} preset=${PRESET:-small} precision=${PRECISION:-bf16} eval_bytes=${EVAL_BYTES:-65536}
 info=$("$py" -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")') || exit 2
 echo "$info"
 case $info in *" cuda True "*) dev=cuda ;; *) dev=cpu ;; esac
@@ -29,10 +29,10 @@ pids=()
 for run in "$@"; do
   seed=${run%%:*} outer=${run#*:}
   name="seed$seed-${outer//,/_}"
-  P2PNODE_E2E_BINARY="$root/bin/p2pnode" P2PNODE_LM_CHECK=1 P2PNODE_LM_CHECK_PRESET=${PRESET:-small} P2PNODE_LM_CHECK_PYTHON=$py \
+  P2PNODE_E2E_BINARY="$root/bin/p2pnode" P2PNODE_LM_CHECK=1 P2PNODE_LM_CHECK_PRESET=$preset P2PNODE_LM_CHECK_PYTHON=$py \
     P2PNODE_LM_CHECK_ROUNDS=$rounds P2PNODE_LM_CHECK_H=$h P2PNODE_LM_CHECK_SEED=$seed \
     P2PNODE_LM_CHECK_OUTER=$outer P2PNODE_LM_CHECK_DECAY=fit \
-    P2PNODE_LM_CHECK_PRECISION=${PRECISION:-bf16} P2PNODE_LM_CHECK_EVAL_BYTES=${EVAL_BYTES:-65536} \
+    P2PNODE_LM_CHECK_PRECISION=$precision P2PNODE_LM_CHECK_EVAL_BYTES=$eval_bytes \
     P2PNODE_LM_CHECK_OUT="$out/$name.txt" \
     "$root/bin/e2e.test" -test.run '^TestLMLearningCheck$' -test.v -test.count=1 -test.timeout "${secs}s" \
     >"$out/$name.log" 2>&1 &
@@ -40,9 +40,9 @@ for run in "$@"; do
 done
 if [ -n "${DATA_PARALLEL:-}" ]; then
   prec=()
-  [ "${PRECISION:-bf16}" = bf16 ] && prec=(--bf16)
+  [ "$precision" = bf16 ] && prec=(--bf16)
   (cd "$root/pyruntime/python" && exec timeout "$secs" "$py" -m p2ptrain.tools.diloco_lm_reference \
-    --preset "${PRESET:-small}" --device "$dev" ${prec[@]+"${prec[@]}"} --config "eval_bytes=${EVAL_BYTES:-65536}" \
+    --preset "$preset" --device "$dev" ${prec[@]+"${prec[@]}"} --config "eval_bytes=$eval_bytes" \
     --seeds "${1%%:*}" --rounds "$rounds" --h "$h" --workers 1 --swarm-config "$DATA_PARALLEL" \
     --outer 1.0:0:plain) >"$out/data-parallel.txt" 2>&1 &
   pids+=($!)
