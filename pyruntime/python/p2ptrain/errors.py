@@ -28,6 +28,13 @@ class NonFinite(P2PTrainError):
     type = "NonFinite"
 
 
+class RankFailed(P2PTrainError):
+    """A rank of a multi-device worker exited or stopped answering: the call failed and
+    every rank was restarted."""
+
+    type = "RankFailed"
+
+
 class Internal(P2PTrainError):
     type = "Internal"
 

@@ -56,24 +56,28 @@ def _dumps(obj, what):
         raise BadRequest(f"optimizer {what} cannot be stored as JSON: {e}") from None
 
 
-def save(optimizer, path):
-    """Write ``optimizer.state_dict()`` to ``path``."""
+def save(optimizer, path, whole=None, write=True):
+    """Write ``optimizer.state_dict()`` to ``path``.
+
+    ``whole`` gives a state tensor whole (FSDP: gathers its shards, a collective that every
+    rank runs in the same order); each tensor is gathered when its turn to be written comes.
+    With ``write`` false the tensors are gathered in that order and dropped: what the ranks
+    that do not write the file do.
+    """
     sd = optimizer.state_dict()
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():
         for key, v in st.items():
             if torch.is_tensor(v):
-                t = v.detach()
-                if t.dtype not in _TORCH_TO_NAME:
-                    raise BadRequest(f"optimizer state {idx}.{key} has unsupported dtype {t.dtype}")
-                name = _TORCH_TO_NAME[t.dtype]
-                t = t.to("cpu").contiguous()
-                if name == "BF16":
-                    tensors[f"state.{idx}.{key}"] = ("BF16", tuple(t.shape), t.view(torch.int16).numpy().view(np.uint16))
-                else:
-                    tensors[f"state.{idx}.{key}"] = t.numpy()
+                if v.dtype not in _TORCH_TO_NAME:
+                    raise BadRequest(f"optimizer state {idx}.{key} has unsupported dtype {v.dtype}")
+                name = _TORCH_TO_NAME[v.dtype]
+                tensors[f"state.{idx}.{key}"] = (name, tuple(v.shape), _on_host(v, name, whole))
             else:
                 scalars.setdefault(str(idx), {})[key] = v
+    if not write:
+        safetensors.produce_in_order(tensors)
+        return
     meta = {
         "format": FORMAT,
         "optimizer": type(optimizer).__name__,
@@ -84,8 +88,20 @@ def save(optimizer, path):
     safetensors.write(path, tensors, meta)
 
 
-def load(optimizer, path):
-    """Load state written by ``save`` into ``optimizer`` (built for the same parameters)."""
+def _on_host(v, dtype_name, whole):
+    def produce():
+        t = (whole(v) if whole else v).detach().to("cpu").contiguous()
+        if dtype_name == "BF16":
+            return t.view(torch.int16).numpy().view(np.uint16)
+        return t.numpy()
+
+    return produce
+
+
+def load(optimizer, path, place=None):
+    """Load state written by ``save`` into ``optimizer`` (built for the same parameters).
+    ``place(param, tensor)`` puts each whole state tensor where its parameter lives (FSDP:
+    this rank's shard of it) as it is read, so the whole state is never on the host at once."""
     with safetensors.File(path) as f:
         meta = f.metadata
         if meta.get("format") != FORMAT:
@@ -105,6 +121,7 @@ def load(optimizer, path):
                 f"{path}: optimizer state was saved for {len(shapes)} parameters with other shapes "
                 f"than the {len(have)} parameters of this model"
             )
+        params = [p for g in optimizer.param_groups for p in g["params"]]
         state = {}
         for name in f.names():
             parts = name.split(".", 2)
@@ -117,7 +134,10 @@ def load(optimizer, path):
                 t = torch.from_numpy(np.array(arr, copy=True).view(np.int16)).view(torch.bfloat16)
             else:
                 t = torch.from_numpy(np.array(arr, copy=True))
-            state.setdefault(int(parts[1]), {})[parts[2]] = t
+            idx = int(parts[1])
+            if place is not None and idx < len(params):
+                t = place(params[idx], t)
+            state.setdefault(idx, {})[parts[2]] = t
     for idx, kv in scalars.items():
         state.setdefault(int(idx), {}).update(kv)
     optimizer.load_state_dict({"state": state, "param_groups": groups})

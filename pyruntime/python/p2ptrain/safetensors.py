@@ -13,6 +13,7 @@ data starts at a multiple of 8, and ``__metadata__`` holding ``format`` and
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -71,7 +72,7 @@ class TensorInfo:
         return f"TensorInfo({self.name!r}, {self.dtype}, {self.shape}, [{self.begin}, {self.end}])"
 
 
-def _name_key(name):
+def name_key(name):
     return name.encode("utf-8")
 
 
@@ -280,31 +281,46 @@ def write(path, tensors, metadata=None, order=None):
     """Write a safetensors file.
 
     ``tensors`` maps name -> numpy array, or name -> ``(dtype_name, shape, array)`` for raw
-    buffers (e.g. BF16 as uint16). Tensors are stored in ascending byte order of their names
-    unless ``order`` gives the names. The file is written to a temporary name and renamed.
+    buffers (e.g. BF16 as uint16), where ``array`` may also be a function that returns it
+    when its turn to be written comes (``produce_in_order`` calls them the same way): a
+    model gathered from shards is then never whole in memory. Tensors are stored in
+    ascending byte order of their names unless ``order`` gives the names. The file is
+    written to a temporary name and renamed.
     """
     path = os.fspath(path)
-    names = list(order) if order is not None else sorted(tensors, key=_name_key)
+    names = list(order) if order is not None else sorted(tensors, key=name_key)
     infos, arrays = [], []
     off = 0
     for name in names:
         v = tensors[name]
         if isinstance(v, tuple):
             dt, shape, a = v
-            a = np.ascontiguousarray(a)
+            if not callable(a):
+                a = np.ascontiguousarray(a)
             shape = tuple(int(d) for d in shape)
+            nbytes = math.prod(shape) * DTYPES[dt][1] if callable(a) else a.size * a.itemsize
         else:
             a, dt = _as_array(v)
             shape = tuple(int(d) for d in a.shape)
-        nbytes = a.size * a.itemsize
+            nbytes = a.size * a.itemsize
         info = TensorInfo(name, dt, shape, off, off + nbytes)
         if info.numel * DTYPES[dt][1] != nbytes:
             raise SafetensorsError(f"tensor {name!r}: {nbytes} bytes for shape {list(shape)} of {dt}")
         infos.append(info)
-        arrays.append(a)
+        arrays.append((info, a))
         off += nbytes
     header = encode_header(infos, metadata or {})
     _atomic_write(path, header, arrays)
+
+
+def produce_in_order(tensors, order=None):
+    """Call the functions among ``write``'s values in the order ``write`` would, dropping
+    their arrays: what a rank that holds a shard but writes nothing does while another
+    rank writes the file, so that their collective gathers pair up."""
+    for name in list(order) if order is not None else sorted(tensors, key=name_key):
+        v = tensors[name]
+        if isinstance(v, tuple) and callable(v[2]):
+            v[2]()
 
 
 def _atomic_write(path, header, arrays):
@@ -313,7 +329,13 @@ def _atomic_write(path, header, arrays):
     try:
         with open(tmp, "wb", buffering=0) as f:
             f.write(header)
-            for a in arrays:
+            for info, a in arrays:
+                if callable(a):
+                    a = np.ascontiguousarray(a())
+                    if a.size * a.itemsize != info.end - info.begin:
+                        raise SafetensorsError(
+                            f"tensor {info.name!r}: produced {a.size * a.itemsize} bytes, its header says {info.end - info.begin}"
+                        )
                 _write_buffer(f, a)
         os.replace(tmp, path)
     except BaseException:
@@ -332,20 +354,37 @@ def pack_metadata(entries, extra=None):
 
 
 def write_pack(path, arrays, extra_metadata=None):
-    """Write a canonical pack from ``[(name, float32 array)]`` (any order; sorted here)."""
-    items = sorted(arrays, key=lambda kv: _name_key(kv[0]))
+    """Write a canonical pack from ``[(name, float32 array)]`` (any order; sorted here).
+    An array may be ``(shape, function)``: the function returns the float32 array when its
+    turn comes (``write``)."""
+    items = sorted(arrays, key=lambda kv: name_key(kv[0]))
     for (a, _), (b, _) in zip(items, items[1:]):
         if a == b:
             raise SafetensorsError(f"duplicate tensor name {a!r}")
-    tensors = {}
+    tensors, entries = {}, []
     for name, a in items:
+        if isinstance(a, tuple):
+            shape, produce = a
+            tensors[name] = ("F32", shape, _float32_from(name, produce))
+            entries.append((name, tuple(int(d) for d in shape)))
+            continue
         a = np.asarray(a)
         if a.dtype != np.dtype("<f4"):
             raise SafetensorsError(f"pack tensor {name!r} is {a.dtype}, packs hold float32 only")
         tensors[name] = a
-    entries = [(name, tuple(a.shape)) for name, a in tensors.items()]
+        entries.append((name, tuple(a.shape)))
     write(path, tensors, pack_metadata(entries, extra_metadata), order=[n for n, _ in items])
     return layout_hash(entries)
+
+
+def _float32_from(name, produce):
+    def checked():
+        a = np.asarray(produce())
+        if a.dtype != np.dtype("<f4"):
+            raise SafetensorsError(f"pack tensor {name!r} is {a.dtype}, packs hold float32 only")
+        return a
+
+    return checked
 
 
 class Pack(File):
@@ -370,7 +409,7 @@ class Pack(File):
                     f"{self.path}: not a pack: tensor {t.name!r} starts at {t.begin}, expected {nxt} (packs are contiguous)"
                 )
             nxt = t.end
-        keys = [_name_key(t.name) for t in self.tensors]
+        keys = [name_key(t.name) for t in self.tensors]
         if any(a >= b for a, b in zip(keys, keys[1:])):
             raise SafetensorsError(f"{self.path}: not a pack: tensors are not stored in name order")
         if self.size - self.data_start != nxt:

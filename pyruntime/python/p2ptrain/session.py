@@ -18,7 +18,7 @@ from array import array
 import numpy as np
 import torch
 
-from . import optstate, packs
+from . import memory, optstate, packs
 from . import workload as workload_mod
 from .errors import BadRequest, LayoutMismatch, NonFinite, P2PTrainError, WorkloadError
 
@@ -117,8 +117,29 @@ def device_info(device):
     return {"device_name": str(device), "device_memory_bytes": 0}
 
 
+def read_shift(path, remove):
+    """The pack a shift request file ({"to": PACK}) names; the file is removed when asked."""
+    try:
+        with open(path, "rb") as f:
+            req = json.load(f)
+        to = req["to"]
+        if not isinstance(to, str) or not to:
+            raise ValueError(f'"to" is {to!r}')
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadRequest(f"shift request {path}: {e}") from e
+    if remove:
+        os.remove(path)
+    return to
+
+
 class Session:
-    def __init__(self, factory, config=None, include=(), exclude=(), device="auto", threads=0, seed=0, precision="fp32"):
+    """The workload's model on one device. A rank of a multi-device worker is a
+    ``rank.RankSession``, which overrides the hooks marked below."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, factory, config=None, include=(), exclude=(), device="auto", threads=0, seed=0, precision="fp32",
+                 activation_checkpointing=False):
         packs.check_globs(include, exclude)
         if threads and int(threads) > 0:
             torch.set_num_threads(int(threads))
@@ -126,6 +147,7 @@ class Session:
         self.config = dict(config or {})
         self.include, self.exclude = list(include), list(exclude)
         self.seed = int(seed)
+        self.activation_checkpointing = bool(activation_checkpointing)
         self.workload = workload_mod.build(factory, self.config)
         if device in (None, "", "auto"):
             device = self.config.get("device", "auto")
@@ -133,6 +155,12 @@ class Session:
         self.precision = precision or "fp32"
         self.amp_dtype = check_precision(self.precision, self.device)
         self.workload.device = self.device
+        self.workload.rank, self.workload.world_size = self.rank, self.world_size
+        if self.activation_checkpointing and not callable(getattr(self.workload, "blocks", None)):
+            raise BadRequest(
+                f"workload.activation_checkpointing: workload {factory!r} has no blocks(model) method naming the "
+                f"modules to checkpoint (see p2ptrain.Workload.blocks)"
+            )
         self._build(self.seed)
 
     def _build(self, seed):
@@ -142,7 +170,9 @@ class Session:
             model = self.workload.build_model()
         if not isinstance(model, torch.nn.Module):
             raise WorkloadError(f"build_model() returned {type(model).__name__}, not a torch.nn.Module")
-        model = model.to(self.device)
+        if self.activation_checkpointing:
+            memory.checkpoint_blocks(self._blocks(model))
+        model = self._place(model)
         model.train()
         self.model = model
         self.spec = packs.PackSpec(model, self.include, self.exclude)
@@ -150,6 +180,24 @@ class Session:
             raise BadRequest(
                 f"the include/exclude globs ({self.include} / {self.exclude}) select no floating-point tensors of the model"
             )
+        # What loss() is given: the model itself here, the DDP wrapper on a rank.
+        self.loss_model = model
+
+    def _blocks(self, model):
+        """The workload's repeated blocks (activation checkpointing and FSDP work per block)."""
+        fn = getattr(self.workload, "blocks", None)
+        if not callable(fn):
+            return []
+        with user_code("blocks()"):
+            blocks = list(fn(model))
+        for b in blocks:
+            if not isinstance(b, torch.nn.Module):
+                raise WorkloadError(f"blocks() must return torch.nn.Module objects, got {type(b).__name__}")
+        return blocks
+
+    def _place(self, model):
+        """Put a freshly built model on the device (a rank also wraps or shards it)."""
+        return model.to(self.device)
 
     # ---- protocol methods -------------------------------------------------------------
 
@@ -167,31 +215,75 @@ class Session:
 
     def init(self, seed, out):
         self._build(seed)
-        packs.export_pack(self.spec, out)
+        self._export(out)
         return {"layout_hash": self.spec.layout_hash, "param_count": self.spec.param_count}
 
     def load(self, pack):
-        packs.load_pack(self.spec, pack)
+        self._load(pack)
         return {"layout_hash": self.spec.layout_hash}
 
     def export(self, out):
-        packs.export_pack(self.spec, out)
+        self._export(out)
         return {"layout_hash": self.spec.layout_hash}
 
-    def _batches(self, shards):
-        """An endless batch iterator: calls batches() again when it runs out."""
+    # ---- hooks a rank overrides ---------------------------------------------------------
+
+    def _load(self, pack):
+        packs.load_pack(self.spec, pack)
+
+    def _export(self, out):
+        packs.export_pack(self.spec, out)
+
+    def _save_optimizer(self, opt, path):
+        optstate.save(opt, path)
+
+    def _load_optimizer(self, opt, path):
+        optstate.load(opt, path)
+
+    def _train_batches(self, shards, seed):
+        """The window's batches as (batch, weight): every batch, weight 1 (drawn with the
+        global RNG, which train seeded with seed). A rank keeps its share of the stream
+        (weight 0 marks a rank left idle by a short lease)."""
+        for b in self._batches(shards):
+            yield b, 1.0
+
+    def _shift_to(self, path, step, steps):
+        """The pack a shift request at path asks to move onto before this step, or None."""
+        if not os.path.exists(path):
+            return None
+        return read_shift(path, remove=True)
+
+    def _shift(self, to, base):
+        packs.shift_pack(self.spec, to, base)
+
+    def progress(self, steps_done):
+        """Called after every inner step (a rank tells its coordinator, which watches for a
+        rank that stopped)."""
+
+    def _losses(self, pending, weight):
+        """The losses of the steps in pending (a rank: the mean over the ranks that trained)."""
+        return torch.stack(pending).cpu().tolist()
+
+    def _check_finite(self):
+        packs.check_finite(self.spec)
+
+    def _batches(self, shards, passes=None):
+        """An endless batch iterator: calls batches() again when it runs out. Each finished
+        pass's batch count is appended to passes (when given)."""
         while True:
             with user_code("batches()"):
                 it = iter(self.workload.batches(list(shards)))
-            got = False
+            got = 0
             while True:
                 with user_code("batches()"):
                     try:
                         b = next(it)
                     except StopIteration:
                         break
-                got = True
+                got += 1
                 yield b
+            if passes is not None:
+                passes.append(got)
             if not got:
                 raise WorkloadError(f"batches() yielded no batches from {len(shards)} shard file(s)")
 
@@ -222,7 +314,7 @@ class Session:
             batch = w.to_device(batch, self.device)
         opt.zero_grad(set_to_none=True)
         with user_code("loss()"), self._autocast():
-            loss = w.loss(self.model, batch)
+            loss = w.loss(self.loss_model, batch)
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise WorkloadError(f"loss() must return a scalar tensor, got {type(loss).__name__}")
         return loss, batch
@@ -248,51 +340,52 @@ class Session:
         if shift and not base:
             raise BadRequest("train: shift needs a base")
         if base:
-            self.load(base)
+            self._load(base)
         seed_everything(seed)
         opt = self._optimizer()
         if opt_in:
-            optstate.load(opt, opt_in)
-        model, w = self.model, self.workload
-        model.train()
-        batches = self._batches(shards)
-        on_cpu = self.device.type == "cpu"
+            self._load_optimizer(opt, opt_in)
+        w = self.workload
+        self.model.train()
+        batches = self._train_batches(shards, seed)
         scaler = self._scaler()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        # On a GPU, look at the losses every 32 steps and at the end (not a device sync per
+        # step); on a CPU at every step.
+        every = 1 if self.device.type == "cpu" else 32
         losses, pending = [], []
         samples = 0
         t0 = time.perf_counter()
         shifted_to, shifted_at = None, -1
+        weight = 1.0
         for step in range(steps):
-            if shift and shifted_to is None and os.path.exists(shift):
-                shifted_to = self._shift(shift, base)
-                shifted_at = step
-            loss, batch = self._step(opt, next(batches))
-            if on_cpu:
-                v = float(loss.detach())
-                if not math.isfinite(v):
-                    raise NonFinite(f"loss is {v} at step {step + 1} of {steps}")
-                losses.append(v)
-            else:
-                # Avoid a device sync per step: check every 32 steps and at the end.
-                pending.append(loss.detach().float().reshape(()))
-            self._update(opt, loss, scaler)
-            with user_code("count_samples()"):
-                samples += int(w.count_samples(batch))
-            if pending and (len(pending) == 32 or step == steps - 1):
-                vals = torch.stack(pending).cpu().tolist()
+            if shift and shifted_to is None:
+                to = self._shift_to(shift, step, steps)
+                if to is not None:
+                    self._shift(to, base)
+                    shifted_to, shifted_at = to, step
+            batch, weight = next(batches)
+            loss, batch = self._step(opt, batch)
+            pending.append(loss.detach().float().reshape(()))
+            self._update(opt, loss if weight == 1 else loss * weight, scaler)
+            if weight:
+                with user_code("count_samples()"):
+                    samples += int(w.count_samples(batch))
+            if len(pending) == every or step == steps - 1:
+                vals = self._losses(pending, weight)
                 for i, v in enumerate(vals):
                     if not math.isfinite(v):
                         raise NonFinite(f"loss is {v} at step {len(losses) + i + 1} of {steps}")
                 losses.extend(vals)
                 pending = []
+            self.progress(step + 1)
         seconds = time.perf_counter() - t0
-        packs.check_finite(self.spec)
+        self._check_finite()
         if out:
-            packs.export_pack(self.spec, out)
+            self._export(out)
         if opt_out:
-            optstate.save(opt, opt_out)
+            self._save_optimizer(opt, opt_out)
         metrics = {"samples_per_second": samples / seconds if seconds > 0 else 0.0}
         if self.device.type == "cuda":
             metrics["device_max_memory_allocated_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
@@ -313,23 +406,9 @@ class Session:
             "metrics": metrics,
         }
 
-    def _shift(self, path, base):
-        """Apply the shift request at path (see train) and remove it; returns its target."""
-        try:
-            with open(path, "rb") as f:
-                req = json.load(f)
-            to = req["to"]
-            if not isinstance(to, str) or not to:
-                raise ValueError(f'"to" is {to!r}')
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise BadRequest(f"shift request {path}: {e}") from e
-        packs.shift_pack(self.spec, to, base)
-        os.remove(path)
-        return to
-
     def evaluate(self, pack=None):
         if pack:
-            self.load(pack)
+            self._load(pack)
         self.model.eval()
         try:
             with torch.no_grad(), user_code("evaluate()"), self._autocast():
@@ -343,27 +422,29 @@ class Session:
         if not shards or steps <= 0:
             return out
         # A throw-away model so that probing never changes the loaded parameters.
-        saved_model, saved_spec = self.model, self.spec
+        saved = self.model, self.spec, self.loss_model
         try:
             self._build(self.seed)
             seed_everything(self.seed)
             opt = self._optimizer()
-            batches = self._batches(shards)
+            batches = self._train_batches(shards, self.seed)
             scaler = self._scaler()
             samples, seconds = 0, 0.0
             for i in range(steps + 1):
                 t0 = time.perf_counter()
-                loss, batch = self._step(opt, next(batches))
-                self._update(opt, loss, scaler)
+                batch, weight = next(batches)
+                loss, batch = self._step(opt, batch)
+                self._update(opt, loss if weight == 1 else loss * weight, scaler)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
                 if i > 0:  # the first step warms up allocators and kernels
                     seconds += time.perf_counter() - t0
-                    samples += int(self.workload.count_samples(batch))
+                    if weight:
+                        samples += int(self.workload.count_samples(batch))
             out["samples_per_second"] = samples / seconds if seconds > 0 else 0.0
             out["seconds_per_step"] = seconds / steps
         finally:
-            self.model, self.spec = saved_model, saved_spec
+            self.model, self.spec, self.loss_model = saved
         return out
 
     # ---- the seed-style baseline (benchmark only) -----------------------------------------

@@ -28,6 +28,8 @@ CAPABILITIES = (
     "legacy_pack",
     "nonfinite_metrics_as_strings",
     "train_shift",
+    "ranks",
+    "activation_checkpointing",
 )
 
 
@@ -102,6 +104,12 @@ class Worker:
     def __init__(self):
         self.session = None
 
+    def close(self):
+        """Stop the ranks of a multi-device session (a single-device one has none)."""
+        close = getattr(self.session, "close", None)
+        if close is not None:
+            close()
+
     def dispatch(self, method, params):
         if not isinstance(params, dict):
             raise BadRequest("params must be a JSON object")
@@ -132,15 +140,36 @@ class Worker:
         threads = _int(params, "threads", required=False)
         seed = _int(params, "seed", required=False)
         precision = _str(params, "precision", required=False) or "fp32"
+        devices = params.get("devices")
+        if devices is not None and devices != "all" and not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+            raise BadRequest(f"parameter 'devices' must be 'all' or a list of device names, got {devices!r}")
+        ranks = _int(params, "ranks", required=False)
+        shard = _str(params, "shard", required=False) or "ddp"
+        checkpointing = _get(params, "activation_checkpointing", bool, "a boolean", required=False, default=False)
+        rank_timeout = _get(params, "rank_timeout", (int, float), "a number of seconds", required=False, default=120)
+        if rank_timeout <= 0:
+            raise BadRequest(f"workload.rank_timeout must be positive, got {rank_timeout}")
         try:
             import torch  # noqa: F401
         except Exception as e:
             from .errors import WorkloadError
 
             raise WorkloadError(f"torch is not importable by {sys.executable}: {type(e).__name__}: {e}") from e
-        from .session import Session
+        from . import placement
 
-        self.session = Session(factory, config, include, exclude, device, threads, seed, precision)
+        on = placement.plan(device, devices, ranks, shard)
+        if on is not None and len(on) > 1:
+            from .ranks import Ranks
+
+            self.session = Ranks([str(d) for d in on], factory, config, include, exclude, threads, seed, precision,
+                                 shard=shard, activation_checkpointing=checkpointing, timeout=rank_timeout)
+        else:
+            from .session import Session
+
+            if on is not None:
+                device = str(on[0])
+            self.session = Session(factory, config, include, exclude, device, threads, seed, precision,
+                                   activation_checkpointing=checkpointing)
         result = {"protocol_version": max(common), "capabilities": list(CAPABILITIES)}
         result.update(self.session.info())
         return result
@@ -192,11 +221,19 @@ def error_body(e):
         etype, msg = "BadRequest", f"{type(e).__name__}: {e}"
     else:
         etype, msg = "Internal", f"{type(e).__name__}: {e}"
-    return {"type": etype, "message": msg, "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
+    tb = getattr(e, "remote_traceback", "") or "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return {"type": etype, "message": msg, "traceback": tb}
 
 
 def serve(fd_in, fd_out):
     w = Worker()
+    try:
+        return _serve(w, fd_in, fd_out)
+    finally:
+        w.close()
+
+
+def _serve(w, fd_in, fd_out):
     while True:
         req_id = None
         try:

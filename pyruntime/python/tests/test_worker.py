@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -95,6 +96,15 @@ class WorkerProcess:
         self.err.close()
 
 
+def alive(pid):
+    """Whether a process runs (a zombie, exited but not yet reaped, does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def hello(**kw):
     params = {"versions": [1], "factory": TINY, "config": {}, "include": [], "exclude": [], "device": "cpu", "threads": 1, "seed": 0}
     params.update(kw)
@@ -165,6 +175,34 @@ class WorkerProtocolTest(unittest.TestCase):
 
         self.assertEqual(self.w.ok("shutdown"), {})
         self.assertEqual(self.w.proc.wait(timeout=30), 0)
+
+    def test_ranks_behind_one_worker(self):
+        """hello with ranks: 2 starts two rank processes; the worker answers for both, and
+        when the node goes away they go too."""
+        h = self.w.ok("hello", **hello(ranks=2, rank_timeout=30))
+        self.assertIn("ranks", h["capabilities"])
+        self.assertEqual(h["ranks"], 2)
+        pids = [d["pid"] for d in h["devices"]]
+        self.assertEqual([d["device"] for d in h["devices"]], ["cpu", "cpu"])
+        r = self.w.ok("train", base=None, shards=["unused"], steps=4, seed=1, opt_in=None, opt_out=None, out=self.path("out.st"))
+        self.assertEqual(r["samples"], 4 * 2 * 16)
+        self.assertEqual([x["rank"] for x in r["ranks"]], [0, 1])
+        self.assertTrue(all(x["peak_rss_bytes"] > 0 for x in r["ranks"]))
+        self.w.close()
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertFalse([pid for pid in pids if alive(pid)], "rank processes outlived their worker")
+
+    def test_ranks_refused_naming_the_field(self):
+        from p2ptrain import placement
+
+        if placement.fully_shard_fn() is not None:
+            self.skipTest("this torch has FSDP2: shard fsdp is not refused")
+        resp = self.w.call("hello", **hello(ranks=2, shard="fsdp"))
+        self.assertFalse(resp["ok"])
+        self.assertEqual(resp["error"]["type"], "BadRequest")
+        self.assertIn("workload.shard fsdp", resp["error"]["message"])
 
     def test_train_shift(self):
         """A shift request moves the model onto another pack before the next step, once."""

@@ -13,8 +13,11 @@
     creates it — so a restarted worker runs clean.
     ``arm_file``: when set, the fault fires only while this file exists.
     ``at_step`` counts ``loss`` calls since the workload was built.
+    ``rank``: when set, the fault fires only on that rank of a multi-rank worker.
+- ``p2ptrain.testing:Recorder`` Tiny that appends the sample indices of every batch it trains
+  to ``record_dir``/rank<R>.txt (which rank trained which batches)
 """
 
-from .faults import Faulty, Tiny
+from .faults import Faulty, Recorder, Tiny
 
-__all__ = ["Tiny", "Faulty"]
+__all__ = ["Tiny", "Faulty", "Recorder"]

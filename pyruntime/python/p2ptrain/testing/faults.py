@@ -44,6 +44,23 @@ class Tiny(Workload):
         return {"mse": float(F.mse_loss(model(self.xt.to(dev)), self.yt.to(dev)))}
 
 
+class Recorder(Tiny):
+    """Tiny whose batches carry their sample indices; every batch trained is appended to
+    ``record_dir``/rank<R>.txt as one line of indices (which batches which rank trained)."""
+
+    def batches(self, shard_paths):
+        perm = torch.randperm(len(self.x))
+        for lo in range(0, len(perm), self.batch_size):
+            idx = perm[lo : lo + self.batch_size]
+            yield self.x[idx], self.y[idx], idx
+
+    def loss(self, model, batch):
+        x, y, idx = batch
+        with open(os.path.join(self.config["record_dir"], f"rank{self.rank}.txt"), "a") as f:
+            f.write(" ".join(str(int(i)) for i in idx) + "\n")
+        return F.mse_loss(model(x), y)
+
+
 class Faulty(Tiny):
     def __init__(self, config):
         super().__init__(config)
@@ -59,6 +76,8 @@ class Faulty(Tiny):
 
     def _armed(self):
         if self.arm_file and not os.path.exists(self.arm_file):
+            return False
+        if "rank" in self.config and self.rank != int(self.config["rank"]):
             return False
         if not self.once_file:
             return True

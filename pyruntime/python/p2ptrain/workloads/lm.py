@@ -13,18 +13,24 @@ preset    layers  width  heads  context  batch_size  lr      parameters  fp32 pa
 tiny      5       128    4      128      8           2e-3    1.04 M      4.2 MB
 small     6       384    6      256      16          1e-3    10.8 M      43 MB
 base      12      768    12     1024     8           6e-4    85.9 M      344 MB
+large     20      2048   16     1024     8           3e-4    1.01 B      4.04 GB
 ========  ======  =====  =====  =======  ==========  ======  ==========  ===================
 
 ``base`` is GPT-2 small's shape (12 layers, width 768, 12 heads, context 1024); with a
 256-byte vocabulary instead of GPT-2's 50257 tokens its embedding is 38 M parameters
-smaller, so it has 86 M parameters rather than 124 M.
+smaller, so it has 86 M parameters rather than 124 M. ``large`` (about 1 B parameters) is
+sized for one 24 GB GPU in bf16 with ``workload.activation_checkpointing: true`` (docs/gpu.md),
+or for several GPUs with ``workload.shard: fsdp``.
 
-Other keys (defaults): ``warmup`` (preset: 100/200/500 steps), ``decay_steps`` (cosine
-horizon in inner steps, preset: 3000/10000/50000), ``min_lr`` (0.1, as a fraction of ``lr``),
+Other keys (defaults): ``warmup`` (preset: 100/200/500/1000 steps), ``decay_steps`` (cosine
+horizon in inner steps, preset: 3000/10000/50000/100000), ``min_lr`` (0.1, as a fraction of ``lr``),
 ``weight_decay`` (0.1, on matrices only), ``betas`` ([0.9, 0.95]), ``grad_clip`` (1.0; 0 turns
 it off), ``corpus_bytes`` (tiny: 2 MB, else 0 = the whole corpus), ``shard_bytes`` (65536),
-``holdout`` (0.05), ``eval_bytes`` (tiny: 16384, small and base: 8192; evaluation is a
+``holdout`` (0.05), ``eval_bytes`` (tiny: 16384, the others: 8192; evaluation is a
 forward pass over that much text, so keep it small on CPUs).
+
+``blocks(model)`` names the transformer blocks: the worker checkpoints their activations
+(``workload.activation_checkpointing``) and shards them one by one (``workload.shard: fsdp``).
 
 Data. The corpus is the Python standard library's ``.py`` sources (the same text as
 ``charlm``: about 11 MB under Debian's Python 3.11), cut into blocks of ``shard_bytes``;
@@ -66,6 +72,8 @@ PRESETS = {
                   decay_steps=10000, corpus_bytes=0, eval_bytes=8192),
     "base": dict(layers=12, width=768, heads=12, context=1024, batch_size=8, lr=6e-4, warmup=500,
                  decay_steps=50000, corpus_bytes=0, eval_bytes=8192),
+    "large": dict(layers=20, width=2048, heads=16, context=1024, batch_size=8, lr=3e-4, warmup=1000,
+                  decay_steps=100000, corpus_bytes=0, eval_bytes=8192),
 }
 COMMON = dict(weight_decay=0.1, min_lr=0.1, betas=[0.9, 0.95], grad_clip=1.0, shard_bytes=65536, holdout=0.05)
 # Keys the worker (not the workload) reads from workload.config; accepted and ignored here.
@@ -278,6 +286,10 @@ class LM(Workload):
 
     def build_model(self):
         return build_transformer(self.layers, self.width, self.heads, self.context)
+
+    def blocks(self, model):
+        """The transformer blocks: the units of activation checkpointing and of FSDP."""
+        return list(model.blocks)
 
     def build_optimizer(self, model):
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
