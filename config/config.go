@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
 
 // Config is one experiment as seen by one node.
 type Config struct {
@@ -121,10 +125,64 @@ type Workload struct {
 	Device       string            `yaml:"device"`
 	Precision    string            `yaml:"precision"`
 	Threads      int               `yaml:"threads"`
-	Backend      string            `yaml:"backend"`
-	Command      Command           `yaml:"command"`
-	CallTimeout  time.Duration     `yaml:"call_timeout"`
-	TrainTimeout time.Duration     `yaml:"train_timeout"`
+	// Devices lists the GPUs the worker runs one rank on each (cuda:0, cuda:1, ...), or is
+	// "all" (every GPU torch sees); Ranks is a number of ranks on the CPU. Either makes the
+	// worker start its ranks with torch.distributed (docs/gpu.md); neither trains on Device.
+	Devices Devices `yaml:"devices"`
+	Ranks   int     `yaml:"ranks"`
+	// Shard is ShardDDP (every rank holds the model) or ShardFSDP (FSDP2 over the ranks).
+	Shard string `yaml:"shard"`
+	// ActivationCheckpointing recomputes each of the workload's blocks in the backward pass
+	// instead of keeping its activations.
+	ActivationCheckpointing bool `yaml:"activation_checkpointing"`
+	// RankTimeout is the ranks' collective timeout: a rank that stops for longer fails the
+	// window, and the worker restarts its ranks.
+	RankTimeout  time.Duration `yaml:"rank_timeout"`
+	Backend      string        `yaml:"backend"`
+	Command      Command       `yaml:"command"`
+	CallTimeout  time.Duration `yaml:"call_timeout"`
+	TrainTimeout time.Duration `yaml:"train_timeout"`
+}
+
+// How a multi-rank worker splits the model (workload.shard).
+const (
+	ShardDDP  = "ddp"  // every rank holds the whole model; gradients averaged every step
+	ShardFSDP = "fsdp" // FSDP2: parameters, gradients and optimizer state split over the ranks
+)
+
+// DevicesAll is workload.devices' one-word form: every GPU torch sees.
+const DevicesAll = "all"
+
+// Devices is workload.devices: a list of GPUs, or DevicesAll (held as a list of that one
+// word).
+type Devices []string
+
+// All reports whether the devices are DevicesAll.
+func (d Devices) All() bool { return len(d) == 1 && d[0] == DevicesAll }
+
+// UnmarshalYAML takes a list, or one word (all, or a single device).
+func (d *Devices) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*d = nil
+		if n.Value != "" {
+			*d = Devices{n.Value}
+		}
+		return nil
+	}
+	var s []string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	*d = s
+	return nil
+}
+
+// MarshalYAML writes DevicesAll as the word, a list as a list.
+func (d Devices) MarshalYAML() (any, error) {
+	if d.All() {
+		return DevicesAll, nil
+	}
+	return []string(d), nil
 }
 
 // Command is the checkpoint-command backend: the user's own training script.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 )
 
 func TestTemplateSpellsOutTheDefaults(t *testing.T) {
@@ -104,6 +105,22 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"device index", "workload:\n  device: cuda:x", []string{`workload.device: "cuda:x"`}},
 		{"precision", "workload:\n  precision: fp8", []string{`workload.precision: must be fp32, bf16 or fp16, got "fp8"`}},
 		{"fp16 on cpu", "workload:\n  device: cpu\n  precision: fp16", []string{"workload.precision: fp16 needs a CUDA device"}},
+		{"a GPU twice", "workload:\n  devices: [cuda:0, cuda:1, cuda:0]", []string{`workload.devices[2]: "cuda:0" names the same GPU as workload.devices[0]`}},
+		{"a GPU without index", "workload:\n  devices: [cuda:0, cuda]", []string{`workload.devices[1]: "cuda": name each GPU by its index`}},
+		{"not a GPU", "workload:\n  devices: [gpu0, cuda:1]", []string{`workload.devices[0]: "gpu0" is not a GPU`}},
+		{"cpu and cuda", "workload:\n  devices: [cpu, cuda:0]", []string{"workload.devices: mixes cpu and cuda"}},
+		{"cpu devices", "workload:\n  devices: [cpu, cpu]", []string{"workload.devices: lists cpu: set workload.device: cpu and workload.ranks"}},
+		{"all in a list", "workload:\n  devices: [all, cuda:0]", []string{"workload.devices[0]: all stands alone"}},
+		{"devices and device", "workload:\n  device: cuda:0\n  devices: [cuda:0, cuda:1]", []string{`workload.devices: and workload.device ("cuda:0") are both set`}},
+		{"devices and ranks", "workload:\n  devices: all\n  ranks: 2", []string{"workload.ranks: and workload.devices are both set"}},
+		{"ranks on a gpu", "workload:\n  device: cuda:0\n  ranks: 2", []string{`workload.ranks: 2 runs ranks on the CPU, and workload.device is "cuda:0"`}},
+		{"negative ranks", "workload:\n  ranks: -1", []string{"workload.ranks: must be >= 0, got -1"}},
+		{"fsdp on one rank", "workload:\n  device: cpu\n  shard: fsdp", []string{"workload.shard: fsdp needs at least two ranks"}},
+		{"fsdp on one gpu", "workload:\n  devices: [cuda:1]\n  shard: fsdp", []string{"workload.shard: fsdp needs at least two ranks"}},
+		{"shard", "workload:\n  shard: zero3", []string{`workload.shard: must be ddp or fsdp, got "zero3"`}},
+		{"rank timeout", "workload:\n  rank_timeout: 0s", []string{"workload.rank_timeout: must be > 0"}},
+		{"ranks need the worker", "workload:\n  backend: checkpoint_command\n  command:\n    program: train.sh\n  devices: all", []string{"workload.devices: needs the worker backend"}},
+		{"checkpointing needs the worker", "workload:\n  backend: checkpoint_command\n  command:\n    program: train.sh\n  activation_checkpointing: true", []string{"workload.activation_checkpointing: needs the worker backend"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,6 +134,30 @@ func TestErrorsNameTheField(t *testing.T) {
 				require.Contains(t, err.Error(), w)
 			}
 		})
+	}
+}
+
+// workload.devices is a list or one word, and survives a write and a read (the e2e harness
+// writes configs back to YAML).
+func TestDevicesListOrAll(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want Devices
+	}{
+		{"workload:\n  devices: all", Devices{DevicesAll}},
+		{"workload:\n  devices: [cuda:0, cuda:1]", Devices{"cuda:0", "cuda:1"}},
+		{"workload:\n  devices: []", nil},
+		{"workload:\n  ranks: 2\n  device: cpu", nil},
+	} {
+		cfg, err := Parse([]byte(tc.yaml))
+		require.NoError(t, err, tc.yaml)
+		require.NoError(t, cfg.Validate(), tc.yaml)
+		require.Equal(t, tc.want, cfg.Workload.Devices, tc.yaml)
+		b, err := yaml.Marshal(cfg)
+		require.NoError(t, err)
+		again, err := Parse(b)
+		require.NoError(t, err)
+		require.Equal(t, cfg.Workload, again.Workload, "%s round trip:\n%s", tc.yaml, b)
 	}
 }
 

@@ -37,6 +37,8 @@ func Default() *Config {
 			Device:       "auto",
 			Precision:    PrecisionFP32,
 			Threads:      1,
+			Shard:        ShardDDP,
+			RankTimeout:  2 * time.Minute,
 			Backend:      BackendWorker,
 			CallTimeout:  2 * time.Minute,
 			TrainTimeout: 30 * time.Minute,

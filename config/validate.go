@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -198,6 +199,71 @@ func (c *Config) validateWorkload(v *validator) {
 		v.check(w.Command.Program != "", "workload.command.program", "must be set for backend %q", BackendCommand)
 	default:
 		v.add("workload.backend", "must be %q or %q, got %q", BackendWorker, BackendCommand, w.Backend)
+	}
+	validateRanks(v, w)
+}
+
+// validateRanks checks workload.devices, ranks, shard and the memory options: what the
+// worker would refuse without looking at the machine (whether a GPU exists is its check,
+// at start-up).
+func validateRanks(v *validator, w Workload) {
+	v.check(w.Ranks >= 0, "workload.ranks", "must be >= 0, got %d", w.Ranks)
+	v.check(w.RankTimeout > 0, "workload.rank_timeout", "must be > 0")
+	world := max(w.Ranks, 1)
+	if len(w.Devices) > 0 {
+		v.check(w.Device == "" || w.Device == "auto", "workload.devices", "and workload.device (%q) are both set: set one of them", w.Device)
+		v.check(w.Ranks <= 1, "workload.ranks", "and workload.devices are both set: ranks counts CPU processes, devices lists GPUs")
+		if !w.Devices.All() {
+			world = len(w.Devices)
+			checkDeviceList(v, w.Devices)
+		}
+	} else if w.Ranks > 1 && w.Device != "" && w.Device != "auto" && w.Device != "cpu" {
+		v.add("workload.ranks", "%d runs ranks on the CPU, and workload.device is %q: list GPUs in workload.devices instead", w.Ranks, w.Device)
+	}
+	multi := w.Devices.All() || world > 1
+	switch w.Shard {
+	case "", ShardDDP:
+	case ShardFSDP:
+		v.check(multi, "workload.shard", "fsdp needs at least two ranks (workload.devices or workload.ranks): with one device there is nothing to shard the model over")
+	default:
+		v.add("workload.shard", "must be %s or %s, got %q", ShardDDP, ShardFSDP, w.Shard)
+	}
+	if w.Backend == BackendCommand {
+		v.check(!multi, "workload.devices", "needs the worker backend: the checkpoint command runs your own script as it is")
+		v.check(!w.ActivationCheckpointing, "workload.activation_checkpointing", "needs the worker backend: the checkpoint command runs your own script as it is")
+	}
+}
+
+// checkDeviceList checks a list of GPUs: each cuda:N, none twice, no cpu among them.
+func checkDeviceList(v *validator, devs []string) {
+	seen := map[int]int{}
+	cpu, gpu := false, false
+	for i, d := range devs {
+		field := fmt.Sprintf("workload.devices[%d]", i)
+		n, isGPU := strings.CutPrefix(d, "cuda:")
+		switch {
+		case d == DevicesAll:
+			v.add(field, "all stands alone: write devices: all")
+		case d == "cpu":
+			cpu = true
+		case d == "cuda":
+			v.add(field, "%q: name each GPU by its index (cuda:0, cuda:1, ...)", d)
+		case isGPU && validDevice(d):
+			gpu = true
+			idx, _ := strconv.Atoi(n)
+			if j, ok := seen[idx]; ok {
+				v.add(field, "%q names the same GPU as workload.devices[%d]", d, j)
+			}
+			seen[idx] = i
+		default:
+			v.add(field, "%q is not a GPU: list them as cuda:0, cuda:1, ...", d)
+		}
+	}
+	switch {
+	case cpu && gpu:
+		v.add("workload.devices", "mixes cpu and cuda: ranks run on one kind of device (GPUs here, CPU ranks with workload.ranks)")
+	case cpu:
+		v.add("workload.devices", "lists cpu: set workload.device: cpu and workload.ranks: N for ranks on the CPU")
 	}
 }
 

@@ -186,6 +186,7 @@ func runtimeOptions(cfg *config.Config, log *slog.Logger) pyruntime.Options {
 	return pyruntime.Options{
 		Interpreter: w.Interpreter, Factory: w.Factory, Config: w.Config, PythonPath: w.PythonPath, Env: w.Env,
 		Include: w.Include, Exclude: w.Exclude, Device: w.Device, Precision: w.Precision, Threads: w.Threads, Seed: cfg.Experiment.Seed,
+		Devices: w.Devices, Ranks: w.Ranks, Shard: w.Shard, ActivationCheckpointing: w.ActivationCheckpointing, RankTimeout: w.RankTimeout,
 		CallTimeout: w.CallTimeout, TrainTimeout: w.TrainTimeout, Backend: w.Backend,
 		Command:        pyruntime.CommandOptions{Program: w.Command.Program, Args: w.Command.Args, Env: w.Command.Env},
 		Logger:         log.With("pkg", "pyruntime"),

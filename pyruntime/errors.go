@@ -32,6 +32,9 @@ var (
 	ErrLayoutMismatch = errors.New("LayoutMismatch")
 	ErrNonFinite      = errors.New("NonFinite")
 	ErrInternal       = errors.New("Internal")
+	// ErrRankFailed: a rank of a multi-device worker exited or stopped answering; the
+	// call failed and the worker restarted its ranks.
+	ErrRankFailed = errors.New("RankFailed")
 )
 
 // RemoteError is an error raised in Python and reported in a response frame (or in a
@@ -57,6 +60,8 @@ func (e *RemoteError) Is(target error) bool {
 		return e.Type == "NonFinite"
 	case ErrInternal:
 		return e.Type == "Internal"
+	case ErrRankFailed:
+		return e.Type == "RankFailed"
 	}
 	return false
 }

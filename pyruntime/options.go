@@ -25,6 +25,9 @@ const (
 	DefaultCallTimeout  = 60 * time.Second
 	DefaultTrainTimeout = 10 * time.Minute
 	DefaultMaxRestarts  = 3
+	DefaultRankTimeout  = 2 * time.Minute
+	// DevicesAll in Options.Devices: every GPU torch sees.
+	DevicesAll = "all"
 )
 
 // Options configure a Runtime. Zero values take the defaults noted on each field.
@@ -47,8 +50,22 @@ type Options struct {
 	// Precision is "fp32" (default), "bf16" (autocast to bfloat16) or "fp16" (autocast to
 	// float16 with a GradScaler; CUDA only).
 	Precision string
-	// Threads sets torch.set_num_threads and OMP_NUM_THREADS (0: torch's default).
+	// Threads sets torch.set_num_threads and OMP_NUM_THREADS (0: torch's default; with
+	// ranks on the CPU, the cores shared out among them); with ranks, per rank.
 	Threads int
+	// Devices lists the GPUs the worker starts one rank on each ("cuda:0", "cuda:1", ...,
+	// or DevicesAll alone), Ranks a number of ranks on the CPU: the worker then trains with
+	// torch.distributed (docs/gpu.md), and the node still sees one worker. Neither: the
+	// worker trains on Device itself.
+	Devices []string
+	Ranks   int
+	// Shard is "ddp" (default: every rank holds the model) or "fsdp" (FSDP2).
+	Shard string
+	// ActivationCheckpointing recomputes each of the workload's blocks in the backward pass.
+	ActivationCheckpointing bool
+	// RankTimeout is how long a rank may stop before the call fails and the ranks are
+	// restarted (the collectives' timeout too; default 2m).
+	RankTimeout time.Duration
 	// Seed seeds the model the worker builds at hello (Init takes its own seed).
 	Seed int64
 
@@ -117,6 +134,13 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxRestarts == 0 {
 		o.MaxRestarts = DefaultMaxRestarts
 	}
+	if o.RankTimeout == 0 {
+		o.RankTimeout = DefaultRankTimeout
+	}
+	if o.Shard == "" {
+		o.Shard = "ddp"
+	}
+	o.Devices = slices.Clone(o.Devices)
 	if o.Backend == "" {
 		o.Backend = BackendWorker
 	}
@@ -154,6 +178,12 @@ func (o Options) validate() error {
 	}
 	if o.Threads < 0 {
 		bad("Threads", "%d is negative", o.Threads)
+	}
+	if o.Ranks < 0 || o.RankTimeout < 0 {
+		bad("Ranks/RankTimeout", "negative")
+	}
+	if o.Backend == BackendCommand && o.ranked() {
+		bad("Devices/Ranks/ActivationCheckpointing", "the checkpoint-command backend runs the user's own script as it is; ranks and memory options need the worker backend")
 	}
 	if o.CallTimeout < 0 || o.TrainTimeout < 0 {
 		bad("CallTimeout/TrainTimeout", "negative timeout")

@@ -53,10 +53,16 @@ type Info struct {
 	DeviceName   string `json:"device_name,omitempty"`
 	DeviceMemory int64  `json:"device_memory_bytes,omitempty"`
 	// Precision is the training precision (fp32, bf16 or fp16).
-	Precision  string `json:"precision,omitempty"`
-	LayoutHash string `json:"layout_hash,omitempty"`
-	ParamCount int64  `json:"param_count,omitempty"`
-	PID        int    `json:"pid,omitempty"`
+	Precision string `json:"precision,omitempty"`
+	// Ranks, Shard and Devices describe a worker that trains on several devices (Device is
+	// then rank 0's); ActivationCheckpointing whether blocks are recomputed.
+	Ranks                   int          `json:"ranks,omitempty"`
+	Shard                   string       `json:"shard,omitempty"`
+	ActivationCheckpointing bool         `json:"activation_checkpointing,omitempty"`
+	Devices                 []RankDevice `json:"devices,omitempty"`
+	LayoutHash              string       `json:"layout_hash,omitempty"`
+	ParamCount              int64        `json:"param_count,omitempty"`
+	PID                     int          `json:"pid,omitempty"`
 	// P2PTrain says which p2ptrain package the worker runs: installed (version, path) or
 	// the copy embedded in the node.
 	P2PTrain string `json:"p2ptrain,omitempty"`
@@ -91,8 +97,13 @@ type TrainResult struct {
 	Seconds   float64 `json:"seconds"`
 	// ShiftedTo is the pack a TrainJob.Shift request moved the model onto ("": none), and
 	// ShiftedAt the index of the step it was applied before.
-	ShiftedTo string             `json:"shifted_to"`
-	ShiftedAt int                `json:"shifted_at"`
+	ShiftedTo string `json:"shifted_to"`
+	ShiftedAt int    `json:"shifted_at"`
+	// Ranks reports each rank of a multi-device worker (Samples and Seconds are then the
+	// node's: every rank's samples, the slowest rank's time); IdleRanks counts the ranks the
+	// lease's batches left idle.
+	Ranks     []RankDevice       `json:"ranks,omitempty"`
+	IdleRanks int                `json:"idle_ranks,omitempty"`
 	Metrics   map[string]float64 `json:"-"`
 }
 
@@ -136,6 +147,12 @@ type Status struct {
 	LastCallDuration time.Duration `json:"last_call_duration,omitempty"`
 	LastError        string        `json:"last_error,omitempty"`
 	LastErrorAt      time.Time     `json:"last_error_at,omitzero"`
+	// Ranks, Devices and RankRestarts: a worker on several devices (Options.Devices,
+	// Options.Ranks): each rank's device, pid and memory, and how often the ranks were
+	// restarted after one died or hung.
+	Ranks        int          `json:"ranks,omitempty"`
+	Devices      []RankDevice `json:"devices,omitempty"`
+	RankRestarts int          `json:"rank_restarts,omitempty"`
 }
 
 // metrics decodes {name: number | "nan" | "inf" | "-inf"} (JSON has no NaN).

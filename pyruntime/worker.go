@@ -44,6 +44,7 @@ type Worker struct {
 	loadedGen      int // gen of the process that last ran Load
 	nextID         int64
 	callLog
+	ranks rankBook
 }
 
 type workerProc struct {
@@ -74,17 +75,21 @@ type response struct {
 }
 
 type helloResult struct {
-	ProtocolVersion int      `json:"protocol_version"`
-	Capabilities    []string `json:"capabilities"`
-	Workload        string   `json:"workload"`
-	Python          string   `json:"python"`
-	Torch           string   `json:"torch"`
-	Device          string   `json:"device"`
-	DeviceName      string   `json:"device_name"`
-	DeviceMemory    int64    `json:"device_memory_bytes"`
-	Precision       string   `json:"precision"`
-	LayoutHash      string   `json:"layout_hash"`
-	ParamCount      int64    `json:"param_count"`
+	ProtocolVersion         int          `json:"protocol_version"`
+	Capabilities            []string     `json:"capabilities"`
+	Workload                string       `json:"workload"`
+	Python                  string       `json:"python"`
+	Torch                   string       `json:"torch"`
+	Device                  string       `json:"device"`
+	DeviceName              string       `json:"device_name"`
+	DeviceMemory            int64        `json:"device_memory_bytes"`
+	Precision               string       `json:"precision"`
+	LayoutHash              string       `json:"layout_hash"`
+	ParamCount              int64        `json:"param_count"`
+	Ranks                   int          `json:"ranks"`
+	Shard                   string       `json:"shard"`
+	ActivationCheckpointing bool         `json:"activation_checkpointing"`
+	Devices                 []RankDevice `json:"devices"`
 }
 
 // NewWorker checks opts; nothing runs until Start.
@@ -154,6 +159,10 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
 		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
+	if info.Ranks > 1 {
+		w.log.Info("python worker ranks ready", "ranks", info.Ranks, "devices", rankDeviceNames(info.Devices), "shard", info.Shard,
+			"activation_checkpointing", info.ActivationCheckpointing)
+	}
 	return info, nil
 }
 
@@ -189,6 +198,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 		"include": nonNil(o.Include), "exclude": nonNil(o.Exclude),
 		"device": o.Device, "precision": o.Precision, "threads": o.Threads, "seed": o.Seed,
 	}
+	o.rankParams(params)
 	if _, err := w.roundTrip(ctx, p, "hello", params, &hr, o.CallTimeout); err != nil {
 		p.shutdown()
 		var re *RemoteError
@@ -202,7 +212,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 		return nil, Info{}, fmt.Errorf("pyruntime: %s: %w", what,
 			mismatchError(o, w.src, fmt.Errorf("worker %d chose protocol version %d", c.pid, hr.ProtocolVersion)))
 	}
-	for _, capName := range requiredCapabilities {
+	for _, capName := range slices.Concat(requiredCapabilities, o.rankCapabilities()) {
 		if !slices.Contains(hr.Capabilities, capName) {
 			p.shutdown()
 			return nil, Info{}, fmt.Errorf("pyruntime: %s: %w: worker %d lacks capability %q (has %v)",
@@ -214,6 +224,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 		Workload: hr.Workload, Python: hr.Python, Torch: hr.Torch, Device: hr.Device,
 		DeviceName: hr.DeviceName, DeviceMemory: hr.DeviceMemory, Precision: hr.Precision,
 		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid, P2PTrain: w.src.String(),
+		Ranks: hr.Ranks, Shard: hr.Shard, ActivationCheckpointing: hr.ActivationCheckpointing, Devices: hr.Devices,
 	}
 	return p, info, nil
 }
@@ -257,6 +268,7 @@ func (w *Worker) adopt(p *workerProc, info Info, restart bool) {
 		w.log.Warn("restarted worker has a different model layout", "was", w.info.LayoutHash, "now", info.LayoutHash)
 	}
 	w.proc, w.info = p, info
+	w.ranks.started(info)
 	w.gen++
 	w.state = StateReady
 	w.failedRestarts = 0
@@ -423,6 +435,7 @@ func (w *Worker) record(method string, start time.Time, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.recordCall(method, start, err)
+	w.ranks.failed(err)
 }
 
 // roundTrip sends one request and waits for its response. fatal reports that the worker
@@ -569,6 +582,9 @@ func (w *Worker) Train(ctx context.Context, job TrainJob) (TrainResult, error) {
 		return TrainResult{}, err
 	}
 	res := r.result()
+	w.mu.Lock()
+	w.ranks.trained(res, w.log)
+	w.mu.Unlock()
 	if res.Steps != job.Steps {
 		return res, fmt.Errorf("pyruntime: train (factory %s): %w: worker ran %d steps, asked for %d", w.opts.Factory, ErrProtocol, res.Steps, job.Steps)
 	}
@@ -680,6 +696,7 @@ func (w *Worker) Status() Status {
 	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts,
 		Device: w.info.Device, DeviceName: w.info.DeviceName, DeviceMemory: w.info.DeviceMemory, Precision: w.info.Precision}
 	w.fill(&s)
+	w.ranks.fill(&s)
 	if w.proc != nil {
 		s.PID = w.proc.pid
 	}
