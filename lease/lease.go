@@ -125,6 +125,9 @@ type Trainer struct {
 	// (an epoch's tail) proven trainers are served first: announced capacity is the peer's
 	// own claim, and a trainer whose updates fail or are rejected "finishes" fastest.
 	Proven bool
+	// SamplesPerStep is what one of its inner steps read in its last window (0 unknown): a
+	// trainer with several ranks reads a batch on each per step.
+	SamplesPerStep float64
 }
 
 // OneOf returns the trainer a round that leases one trainer per attempt (Book.Lone) takes
@@ -324,15 +327,45 @@ func Relative(trainers []Trainer) map[string]float64 {
 	return out
 }
 
-// Steps scales the round's inner steps to each trainer's relative capacity, so that every
-// trainer's window takes about as long as an average trainer's: between a quarter and
-// four times innerSteps.
+// Steps scales the round's inner steps to each trainer's relative step rate, so that
+// every trainer's window takes about as long as an average trainer's: between a quarter
+// and four times innerSteps. The step rate is the capacity over the samples a step reads
+// (SamplesPerStep; the mean of the known ones where unknown): trainers whose steps read
+// alike scale by capacity alone, and a trainer with N ranks, whose steps read N batches,
+// gets N times the microshards (Assign) but not N times the steps as well, which would
+// make its window N times as long and read each of its examples N times.
 func Steps(trainers []Trainer, innerSteps int) map[string]int {
-	rel := Relative(trainers)
+	rel := Relative(stepRates(trainers))
 	lo, hi := max(1, (innerSteps+3)/4), 4*innerSteps
 	out := make(map[string]int, len(trainers))
 	for _, t := range trainers {
 		out[t.Peer] = min(hi, max(lo, int(math.Round(float64(innerSteps)*rel[t.Peer]))))
+	}
+	return out
+}
+
+// stepRates returns the trainers with their capacity divided by their samples per step
+// (see Steps); the trainers as they are when no samples per step is known.
+func stepRates(trainers []Trainer) []Trainer {
+	var sum float64
+	known := 0
+	for _, t := range trainers {
+		if t.SamplesPerStep > 0 && !math.IsInf(t.SamplesPerStep, 0) {
+			sum += t.SamplesPerStep
+			known++
+		}
+	}
+	if known == 0 {
+		return trainers
+	}
+	mean := sum / float64(known)
+	out := slices.Clone(trainers)
+	for i := range out {
+		per := out[i].SamplesPerStep
+		if !(per > 0) || math.IsInf(per, 0) {
+			per = mean
+		}
+		out[i].Capacity /= per
 	}
 	return out
 }

@@ -244,6 +244,24 @@ func TestStepsScaleWithCapacity(t *testing.T) {
 	require.Equal(t, map[string]int{"a": 20, "b": 20}, Steps([]Trainer{{Peer: "a", Capacity: 11}, {Peer: "b", Capacity: 9}}, 20), "close capacities: measurement noise")
 }
 
+// A trainer with two ranks reads two batches a step: at the per-rank speed of two
+// one-rank trainers it has twice their capacity, and gets twice their microshards but
+// the same steps, so its window takes as long as theirs and reads each example once.
+func TestTwoRankTrainerGetsTwiceTheDataNotTwiceTheSteps(t *testing.T) {
+	ts := []Trainer{{Peer: "a-two-ranks", Capacity: 64, SamplesPerStep: 16}, {Peer: "b", Capacity: 32, SamplesPerStep: 8}, {Peer: "c", Capacity: 32, SamplesPerStep: 8}}
+	require.Equal(t, map[string]int{"a-two-ranks": 20, "b": 20, "c": 20}, Steps(ts, 20))
+	all := make([]uint32, 100)
+	for i := range all {
+		all[i] = uint32(i)
+	}
+	got := Assign(all, ts, 4, []byte("seed"))
+	require.Len(t, got["a-two-ranks"], 2*len(got["b"]))
+	require.Len(t, got["b"], len(got["c"]))
+	// Before its first window it is taken to read what the others do: capacity alone.
+	ts[0].SamplesPerStep = 0
+	require.Equal(t, 30, Steps(ts, 20)["a-two-ranks"])
+}
+
 func TestDeadlineFollowsKnownPace(t *testing.T) {
 	floor, ceiling, unknown := 5*time.Second, 10*time.Minute, 30*time.Second
 	bounds := Timing{Floor: floor, Ceiling: ceiling, Unknown: unknown}

@@ -103,7 +103,7 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 		steps = v.Config.Protocol.InnerSteps
 	}
 	v.paces.observe(from, c.Seconds, steps)
-	v.noteSpeed(from, c)
+	v.noteSpeed(from, c, steps)
 	rc := p.rc
 	rc.fetch = time.Since(p.start)
 	r.received[from] = rc

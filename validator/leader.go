@@ -762,8 +762,9 @@ func (v *validator) rejectContribution(r *openRound, from string, delta []byte, 
 
 // noteSpeed takes a trainer's current speed from its contribution (trainerSet.measured):
 // the leader from those it accepts, a follower from every contribution its author sent, so
-// whichever validator leads the next round sizes its leases by it.
-func (v *validator) noteSpeed(from string, c *gossip.Contribution) {
+// whichever validator leads the next round sizes its leases by it. steps is the lease's
+// inner steps (0 where this validator does not know the lease).
+func (v *validator) noteSpeed(from string, c *gossip.Contribution, steps int) {
 	if c.Peer != from {
 		return
 	}
@@ -771,7 +772,7 @@ func (v *validator) noteSpeed(from string, c *gossip.Contribution) {
 	if train == 0 {
 		train = c.Seconds // a trainer that does not report the split
 	}
-	v.trainers.measured(from, c.Samples, train)
+	v.trainers.measured(from, c.Samples, train, steps)
 }
 
 // propose merges what was received and publishes the proposal (nil: nothing survived

@@ -361,7 +361,7 @@ type staleReport struct {
 // (following, standing aside): its trainer's speed, and what it tells of a lease of the
 // round before (noteReport).
 func (v *validator) overheard(c bus.Received[gossip.Contribution], open uint64) {
-	v.noteSpeed(c.From, c.Msg)
+	v.noteSpeed(c.From, c.Msg, 0)
 	v.noteReport(c.From, c.Msg, open)
 }
 

@@ -25,6 +25,9 @@ type trainerSeen struct {
 	sent     int64   // the time its last announcement carried (unix ms, its clock)
 	started  int64   // the process start it announced (unix ms; 0 unknown)
 	stepSecs float64 // its own seconds per inner step (0 unknown)
+	// samplesPerStep is what a step of its last window read (0 unknown): several batches
+	// for a trainer with several ranks (lease.Steps).
+	samplesPerStep float64
 	// returns counts the times it came back: announced a new process start (a restart)
 	// or was heard from again after a gap of more than gossip.LiveFor between its announcements. A leader that
 	// sees it change for a trainer it leased knows the lease is lost (lease.Book.Gone).
@@ -85,9 +88,10 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 // measured records the speed a trainer's accepted contribution reports (samples in its
 // training seconds, what the trainer itself measures and announces as its capacity), so
 // the next round's leases follow it at once rather than after the trainer's next
-// announcement: a round can be shorter than gossip.AnnounceEvery. Only trainers heard from are
-// updated; liveness stays with the announcements.
-func (t *trainerSet) measured(peer string, samples uint64, seconds float64) {
+// announcement: a round can be shorter than gossip.AnnounceEvery. steps (0: unknown) is
+// the window's inner steps, which tell the samples one step reads. Only trainers heard
+// from are updated; liveness stays with the announcements.
+func (t *trainerSet) measured(peer string, samples uint64, seconds float64, steps int) {
 	if samples == 0 || seconds <= 0 {
 		return
 	}
@@ -95,6 +99,9 @@ func (t *trainerSet) measured(peer string, samples uint64, seconds float64) {
 	defer t.mu.Unlock()
 	if s, ok := t.peers[peer]; ok {
 		s.capacity = float64(samples) / seconds
+		if steps > 0 {
+			s.samplesPerStep = float64(samples) / float64(steps)
+		}
 		t.peers[peer] = s
 	}
 }
@@ -136,7 +143,7 @@ func (t *trainerSet) live() []lease.Trainer {
 	var out []lease.Trainer
 	for p, s := range t.peers {
 		if now.Sub(s.at) <= gossip.LiveFor {
-			out = append(out, lease.Trainer{Peer: p, Capacity: s.capacity})
+			out = append(out, lease.Trainer{Peer: p, Capacity: s.capacity, SamplesPerStep: s.samplesPerStep})
 		}
 	}
 	slices.SortFunc(out, func(a, b lease.Trainer) int { return strings.Compare(a.Peer, b.Peer) })

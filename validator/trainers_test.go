@@ -89,11 +89,12 @@ func TestTrainerSetCountsReturns(t *testing.T) {
 func TestTrainerSetTakesCapacityFromContributions(t *testing.T) {
 	ts := newTrainerSet()
 	ts.seen("p", &gossip.Announce{Peer: "p", Roles: []string{config.RoleTrainer}, Time: 1, Capacity: 0})
-	ts.measured("p", 32, 0.002)
-	ts.measured("q", 32, 0.004) // never announced: not a live trainer
-	ts.measured("p", 32, 0)     // no training time: ignored
+	ts.measured("p", 32, 0.002, 4)
+	ts.measured("q", 32, 0.004, 4) // never announced: not a live trainer
+	ts.measured("p", 32, 0, 4)     // no training time: ignored
 	live := ts.live()
 	require.Len(t, live, 1)
 	require.Equal(t, "p", live[0].Peer)
 	require.InDelta(t, 16000.0, live[0].Capacity, 1e-9)
+	require.InDelta(t, 8.0, live[0].SamplesPerStep, 1e-9, "32 samples in 4 steps")
 }
