@@ -14,7 +14,8 @@ Users subclass ``Workload`` and name it in the experiment config
         def evaluate(self, model) -> dict[str, float]: ...      # held-out metrics
         @classmethod
         def prepare_dataset(cls, config: dict, out_dir: str) -> None: ...  # optional
-        # optional overrides: to_device(batch, device), count_samples(batch)
+        # optional overrides: to_device(batch, device), count_samples(batch),
+        # blocks(model) (the repeated blocks: activation checkpointing, FSDP)
 
 The worker (``python -m p2ptrain.worker``, started by the node) owns device placement
 (``self.device`` is set before ``build_model``), seeding, the inner optimizer's state
@@ -28,6 +29,11 @@ Modules:
 - ``p2ptrain.packs``        model state dict <-> pack (globs, layout check)
 - ``p2ptrain.optstate``     inner-optimizer state <-> safetensors
 - ``p2ptrain.session``      a workload + model on a device; the protocol's methods
+- ``p2ptrain.placement``    workload.devices / ranks / shard: where the ranks run, checked
+- ``p2ptrain.ranks``        ranks inside one worker: starts, watches and restarts them
+- ``p2ptrain.rank``         one rank: DDP (gloo/NCCL), its share of the batch stream
+- ``p2ptrain.fsdp``         workload.shard fsdp: FSDP2 shards, whole-model packs from them
+- ``p2ptrain.memory``       activation checkpointing per block; peak memory
 - ``p2ptrain.worker``       the framed request loop (docs/worker-protocol.md)
 - ``p2ptrain.command``      the ready-made checkpoint command
 - ``p2ptrain.prepare``      ``prepare_dataset`` from the command line

@@ -188,7 +188,7 @@ class RankSession(Session):
         weight = 0.0 if self.idle else world / active
         if self.rank:
             # The model's own randomness (dropout) differs between ranks, as in any DDP run.
-            seed_everything(seed * 1_000_003 + self.rank)
+            seed_everything((seed * 1_000_003 + self.rank) % (1 << 63))
         while True:
             group = [head.popleft() if head else stream_rng.draw(stream) for _ in range(active)]
             yield group[self.rank % active], weight

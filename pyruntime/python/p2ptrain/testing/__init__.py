@@ -16,8 +16,11 @@
     ``rank``: when set, the fault fires only on that rank of a multi-rank worker.
 - ``p2ptrain.testing:Recorder`` Tiny that appends the sample indices of every batch it trains
   to ``record_dir``/rank<R>.txt (which rank trained which batches)
+- ``p2ptrain.testing:PacedLM`` the lm workload with every step taking at least
+  ``step_seconds``: trainers of equal speed on a loaded machine
 """
 
 from .faults import Faulty, Recorder, Tiny
+from .paced import PacedLM
 
-__all__ = ["Tiny", "Faulty", "Recorder"]
+__all__ = ["Tiny", "Faulty", "Recorder", "PacedLM"]
