@@ -30,11 +30,21 @@ class Workload:
     ``batches`` may be a generator; when it is exhausted before the requested number of
     steps, the worker calls it again (so one pass over the shards is enough). Shuffle with
     torch's global RNG (``torch.randperm``) to stay deterministic for a given seed.
+
+    With several ranks (``workload.devices`` / ``workload.ranks``) every rank builds the
+    workload; ``self.rank`` and ``self.world_size`` say which it is. Every rank reads the same
+    batch stream and trains its share of it (so ``batches`` must not depend on the rank),
+    ``loss`` gets the model wrapped by DDP under ``shard: ddp`` (``model.module`` is yours), and
+    every parameter must take part in the loss. An optional ``blocks(model)`` returns the
+    model's repeated blocks (a transformer's layers): the worker checkpoints their
+    activations (``workload.activation_checkpointing``) and shards them one by one
+    (``workload.shard: fsdp``).
     """
 
     def __init__(self, config):
         self.config = dict(config or {})
         self.device = None  # a torch.device, set by the worker
+        self.rank, self.world_size = 0, 1  # set by the worker
 
     def build_model(self):
         raise NotImplementedError(f"{type(self).__name__}.build_model")

@@ -204,6 +204,78 @@ class RanksTest(unittest.TestCase):
         self.assertEqual(max_abs_diff(base, self.path("export")), 0.0)
 
 
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@unittest.skipUnless(GPUS >= 1, "needs a CUDA GPU (scripts/ranks-gpu.sh runs these on the GPU machine)")
+class CUDATest(unittest.TestCase):
+    """NCCL ranks and FSDP2 on GPUs: skipped where torch sees none (here), run by
+    scripts/ranks-gpu.sh where it does."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="p2ptrain-ranks-cuda-")
+        data = os.path.join(cls.dir, "data")
+        os.makedirs(data)
+        LM.prepare_dataset(LM_CFG, data)
+        cls.shards = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".txt"))[:2]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, f"{self.id().rsplit('.', 1)[-1]}-{name}")
+
+    def test_devices_all_on_one_gpu_is_that_gpu(self):
+        on = placement.plan(devices="all")
+        self.assertEqual(len(on), GPUS)
+        s = Session(LM_F, LM_CFG, device=str(on[0]), seed=1, activation_checkpointing=True, precision="bf16")
+        r = s.train(base=None, shards=self.shards, steps=4, seed=2, out=self.path("out"))
+        self.assertGreater(r["metrics"]["device_max_memory_allocated_bytes"], 0)
+
+    @unittest.skipUnless(GPUS >= 2, "needs two GPUs")
+    def test_nccl_two_ranks_equal_one_gpu_at_twice_the_batch(self):
+        base = self.path("base")
+        one = Session(LM_F, dict(LM_CFG, batch_size=8), device="cuda:0", seed=1)
+        one.init(1, base)
+        job = dict(base=base, shards=self.shards, steps=6, seed=5)
+        one.train(**job, out=self.path("one"))
+        two = Ranks(["cuda:0", "cuda:1"], LM_F, LM_CFG, seed=1)
+        self.addCleanup(two.close)
+        r = two.train(**job, out=self.path("two"), opt_out=self.path("opt-two"), opt_in=None, shift=None)
+        d = max_abs_diff(self.path("one"), self.path("two"))
+        print(f"\nNCCL 2 GPUs x batch 4 vs 1 GPU x batch 8: max abs difference {d:.3g}")
+        self.assertLess(d, 1e-3)
+        self.assertEqual(len(r["ranks"]), 2)
+
+    @unittest.skipUnless(GPUS >= 2, "needs two GPUs")
+    def test_fsdp_trains_as_ddp_and_writes_whole_model_files(self):
+        if placement.fully_shard_fn() is None:
+            self.skipTest(f"torch {torch.__version__} has no FSDP2")
+        base = self.path("base")
+        Session(LM_F, LM_CFG, device="cuda:0", seed=1).init(1, base)
+        job = dict(base=base, shards=self.shards, steps=6, seed=5, shift=None)
+        outs = {}
+        for shard in ("ddp", "fsdp"):
+            r = Ranks(["cuda:0", "cuda:1"], LM_F, LM_CFG, seed=1, shard=shard)
+            self.addCleanup(r.close)
+            r.train(**job, out=self.path(shard), opt_in=None, opt_out=self.path(f"opt-{shard}"))
+            # A second window from the first's optimizer state (FSDP loads its shard of it).
+            r.train(**dict(job, seed=6), out=self.path(f"{shard}-b"), opt_in=self.path(f"opt-{shard}"), opt_out=None)
+            outs[shard] = r
+        d1 = max_abs_diff(self.path("ddp"), self.path("fsdp"))
+        d2 = max_abs_diff(self.path("ddp-b"), self.path("fsdp-b"))
+        print(f"\nFSDP2 vs DDP on 2 GPUs: max abs difference {d1:.3g} after 6 steps, {d2:.3g} after 12")
+        self.assertLess(d1, 1e-3)
+        self.assertLess(d2, 1e-3)
+        # The optimizer state FSDP gathered is the file a one-device worker reads: one GPU at
+        # twice the batch goes on from it as the FSDP ranks did.
+        one = Session(LM_F, dict(LM_CFG, batch_size=8), device="cuda:0", seed=1)
+        one.train(**dict(job, seed=6), out=self.path("one-b"), opt_in=self.path("opt-fsdp"))
+        self.assertLess(max_abs_diff(self.path("one-b"), self.path("fsdp-b")), 1e-3)
+
+
 class PlacementTest(unittest.TestCase):
     def test_bad_settings_are_refused_naming_the_field(self):
         cases = [
