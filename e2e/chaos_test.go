@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/node"
 )
 
 // damage is what a chaos step does to a killed node's store before it starts again.
@@ -236,18 +235,7 @@ func TestChaosValidatorThenItsLeasedTrainer(t *testing.T) {
 	}
 	waitAll(t, procs, 5*time.Minute)
 	sameTips(t, procs)
-	stores, err := node.OpenStores(v.Cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tip, err := stores.ResolveHead("latest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, heads, err := stores.Heads.Chain(tip)
-	if err != nil {
-		t.Fatal(err)
-	}
+	heads := v.HeadChain(t)
 	var merged []string
 	for _, c := range heads[round].Contributions {
 		merged = append(merged, c.Peer)

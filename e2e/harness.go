@@ -22,6 +22,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/node"
 )
@@ -278,6 +279,24 @@ func (p *Proc) Status(ctx context.Context) (*node.Status, error) {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// HeadChain reads the head chain (genesis first) from the node's store, up to its tip.
+func (p *Proc) HeadChain(t testing.TB) []*chain.Head {
+	t.Helper()
+	stores, err := node.OpenStores(p.Cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip, err := stores.ResolveHead("latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, heads, err := stores.Heads.Chain(tip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return heads
 }
 
 // Metrics reads the node's /metrics.

@@ -12,7 +12,6 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/demo"
 	"github.com/p2pnode/p2pnode/lease"
-	"github.com/p2pnode/p2pnode/node"
 )
 
 // ranksSwarm is the lm workload's tiny preset, cut so that a CPU step takes milliseconds
@@ -69,20 +68,8 @@ func audit(t *testing.T, p *Proc) lease.Report {
 // from each trainer in the heads of rounds from on.
 func mergedBy(t *testing.T, v *Proc, from uint64) (microshards, samples map[string]int) {
 	t.Helper()
-	stores, err := node.OpenStores(v.Cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tip, err := stores.ResolveHead("latest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, heads, err := stores.Heads.Chain(tip)
-	if err != nil {
-		t.Fatal(err)
-	}
 	microshards, samples = map[string]int{}, map[string]int{}
-	for _, h := range heads {
+	for _, h := range v.HeadChain(t) {
 		if h.Round < from {
 			continue
 		}
@@ -101,14 +88,8 @@ func mergedBy(t *testing.T, v *Proc, from uint64) (microshards, samples map[stri
 func TestTwoRankTrainerInASwarm(t *testing.T) {
 	const rounds = 8
 	procs := ranksSwarm(t, t.TempDir(), rounds, 20, 0.25)
-	for _, p := range procs {
-		p.Start()
-	}
-	for _, p := range procs {
-		if err := p.Wait(8 * time.Minute); err != nil {
-			t.Fatalf("%s: %v", p.Name, err)
-		}
-	}
+	startSwarm(t, procs)
+	waitAll(t, procs, 8*time.Minute)
 	v := procs[0]
 	loss0, ok0 := v.MetricAt(0, "loss")
 	lossN, okN := v.MetricAt(rounds, "loss")
@@ -146,9 +127,7 @@ func TestTwoRankTrainerInASwarm(t *testing.T) {
 func TestRankKilledMidWindow(t *testing.T) {
 	const rounds = 6
 	procs := ranksSwarm(t, t.TempDir(), rounds, 60, 0.1)
-	for _, p := range procs {
-		p.Start()
-	}
+	startSwarm(t, procs)
 	two := procs[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -178,11 +157,7 @@ func TestRankKilledMidWindow(t *testing.T) {
 	Eventually(t, time.Minute, "trainer-1 to give its lease back", func() bool {
 		return strings.Contains(two.Logs(), "released lease") && strings.Contains(two.Logs(), "RankFailed")
 	})
-	for _, p := range procs {
-		if err := p.Wait(8 * time.Minute); err != nil {
-			t.Fatalf("%s: %v", p.Name, err)
-		}
-	}
+	waitAll(t, procs, 8*time.Minute)
 	rep := audit(t, procs[0])
 	merged, _ := mergedBy(t, procs[0], killedRound+1)
 	after := merged[two.peerID(t)]

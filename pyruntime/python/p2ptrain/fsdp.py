@@ -21,7 +21,7 @@ older torch at hello, so nothing here is imported there.
 
 import torch
 
-from . import placement, safetensors
+from . import packs, placement, safetensors
 from .errors import LayoutMismatch
 
 try:  # torch >= 2.5
@@ -96,14 +96,7 @@ def load_pack(spec, path):
 
 def shift_pack(spec, to, frm):
     """packs.shift_pack on the shards: each rank adds its chunk of ``to`` − ``frm``."""
-    with safetensors.Pack(to) as a, safetensors.Pack(frm) as b:
-        for p in (a, b):
-            if p.layout_hash != spec.layout_hash:
-                raise LayoutMismatch(f"pack {p.path} has layout {p.layout_hash}, the model expects {spec.layout_hash}")
-        with torch.no_grad():
-            for name, t in spec.tensors:
-                d = torch.from_numpy(a.array(name)) - torch.from_numpy(b.array(name))
-                local(t).add_(local_chunk(d, t))
+    packs.shift_pack(spec, to, frm, part=lambda d, t: (local(t), local_chunk(d, t)))
 
 
 def whole_host_f32(t):

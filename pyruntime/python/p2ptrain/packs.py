@@ -115,10 +115,12 @@ def load_pack(spec, path):
     return spec.layout_hash
 
 
-def shift_pack(spec, to, frm):
+def shift_pack(spec, to, frm, part=None):
     """Add pack ``to`` minus pack ``frm`` to the spec's tensors, in place: moves a model
     trained from ``frm`` onto ``to`` with the progress it made kept. Both packs must have the
-    model's layout; the model is unchanged when either does not."""
+    model's layout; the model is unchanged when either does not. ``part(delta, t)`` gives
+    the tensor to add to and the piece of the whole delta it holds (a rank's shard, FSDP);
+    by default ``t`` and all of it."""
     with safetensors.Pack(to) as a, safetensors.Pack(frm) as b:
         for p in (a, b):
             if p.layout_hash != spec.layout_hash:
@@ -126,7 +128,11 @@ def shift_pack(spec, to, frm):
         with torch.no_grad():
             for name, t in spec.tensors:
                 d = torch.from_numpy(a.array(name)) - torch.from_numpy(b.array(name))
-                t.add_(d.to(device=t.device, dtype=t.dtype))
+                if part is None:
+                    t.add_(d.to(device=t.device, dtype=t.dtype))
+                else:
+                    dst, piece = part(d, t)
+                    dst.add_(piece)
 
 
 def _repoint(model, name, src):
