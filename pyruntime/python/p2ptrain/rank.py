@@ -24,9 +24,6 @@ import datetime
 import os
 import random
 import signal
-import sys
-import time
-import traceback
 
 import numpy as np
 import torch
@@ -80,26 +77,26 @@ class RankSession(Session):
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=float(timeout)))
-        self.mesh = None
+        # The FSDP module imports what only torch >= 2.4 has: placement.plan refused fsdp
+        # on an older torch before any rank started.
+        self.fsdp = self.mesh = None
         if self.shard == "fsdp":
             from . import fsdp
 
-            self.mesh = fsdp.mesh(dev.type, world)
+            self.fsdp, self.mesh = fsdp, fsdp.mesh(dev.type, world)
         super().__init__(device=str(dev), **kw)
 
     # ---- the model on this rank -----------------------------------------------------------
 
     def _place(self, model):
-        if self.shard == "fsdp":
-            from . import fsdp
-
+        if self.fsdp:
             # FSDP2 moves each rank's shards to the mesh's device.
-            return fsdp.shard(model, self._blocks(model), self.mesh)
+            return self.fsdp.shard(model, self._blocks(model), self.mesh)
         return model.to(self.device)
 
     def _build(self, seed):
         super()._build(seed)
-        if self.shard == "ddp":
+        if not self.fsdp:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -113,42 +110,29 @@ class RankSession(Session):
             self.loss_model = DistributedDataParallel(self.model, device_ids=ids, broadcast_buffers=False)
 
     def _load(self, pack):
-        if self.shard == "fsdp":
-            from . import fsdp
-
-            fsdp.load_pack(self.spec, pack)
+        if self.fsdp:
+            self.fsdp.load_pack(self.spec, pack)
         else:
             packs.load_pack(self.spec, pack)
 
     def _export(self, out):
-        if self.shard == "fsdp":
-            from . import fsdp
-
-            fsdp.export_pack(self.spec, out, writer=self.rank == 0)
+        if self.fsdp:
+            self.fsdp.export_pack(self.spec, out, writer=self.rank == 0)
         elif self.rank == 0:
             packs.export_pack(self.spec, out)
 
     def _save_optimizer(self, opt, path):
-        if self.shard == "fsdp":
-            from . import fsdp
-
-            optstate.save(opt, path, whole=fsdp.whole, write=self.rank == 0)
+        if self.fsdp:
+            optstate.save(opt, path, whole=self.fsdp.whole, write=self.rank == 0)
         elif self.rank == 0:
             optstate.save(opt, path)
 
     def _load_optimizer(self, opt, path):
-        if self.shard == "fsdp":
-            from . import fsdp
-
-            optstate.load(opt, path, place=lambda param, t: fsdp.as_sharded(t, param))
-        else:
-            optstate.load(opt, path)
+        optstate.load(opt, path, place=(lambda param, t: self.fsdp.as_sharded(t, param)) if self.fsdp else None)
 
     def _shift(self, to, base):
-        if self.shard == "fsdp":
-            from . import fsdp
-
-            fsdp.shift_pack(self.spec, to, base)
+        if self.fsdp:
+            self.fsdp.shift_pack(self.spec, to, base)
         else:
             packs.shift_pack(self.spec, to, base)
 
@@ -236,7 +220,7 @@ class RankSession(Session):
             raise NonFinite("a parameter holds non-finite value(s) after training on another rank")
 
     def evaluate(self, pack=None):
-        if self.shard == "ddp" and self.rank != 0:
+        if not self.fsdp and self.rank != 0:
             # Rank 0 evaluates alone; the others load the pack too, so that every rank
             # holds the same parameters afterwards.
             if pack:

@@ -358,7 +358,6 @@ class Session:
         samples = 0
         t0 = time.perf_counter()
         shifted_to, shifted_at = None, -1
-        weight = 1.0
         for step in range(steps):
             if shift and shifted_to is None:
                 to = self._shift_to(shift, step, steps)

@@ -8,7 +8,8 @@ An option is ``+``-joined words: a precision (``fp32``, ``bf16``, ``fp16``), ``a
 ``--devices`` given, ``workload.shard``). Each option runs in a fresh process (a fresh
 peak): the worker's own code (``Session``, or ``Ranks`` for ranks) builds the model, trains
 one warm-up step, then ``--steps`` steps, on the lm's own data. Columns: seconds per step
-(the timed steps), samples per second (every rank's), each process's peak RSS (the worker, or each rank), and on CUDA
+(the timed steps), the worker process's CPU seconds per step (one-process rows: what tells
+options apart on a machine that others load too), samples per second (every rank's), each process's peak RSS (the worker, or each rank), and on CUDA
 ``torch.cuda.max_memory_allocated`` per device. An option that does not fit says why
 (out of memory, or refused) in its row.
 
@@ -26,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -69,7 +71,11 @@ def run_one(args):
             s = Session(factory, cfg, device=devices[0], **common)
         job = dict(base=None, shards=shards, opt_in=None, opt_out=None, shift=None, out=os.path.join(args.scratch, "out"))
         s.train(steps=1, seed=1, **job)
+        cpu0 = time.process_time()
         r = s.train(steps=args.steps, seed=2, **job)
+        if o["ranks"] <= 1:
+            # CPU time tells options apart on a machine others load too; wall time does not.
+            out["cpu_seconds_per_step"] = (time.process_time() - cpu0) / args.steps
         out["seconds_per_step"] = r["seconds"] / args.steps
         out["samples_per_second"] = r["samples"] / r["seconds"] if r["seconds"] > 0 else 0.0
         if o["ranks"] > 1:
@@ -136,15 +142,16 @@ def main(argv=None):
             row = json.loads(lines[-1]) if lines else {"option": opt, "error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}"}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"| {args.preset}: option | s/step | samples/s | peak RSS per process (MiB, malloc {args.malloc}) | max CUDA memory allocated per device (MiB) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"| {args.preset}: option | s/step | CPU s/step | samples/s | peak RSS per process (MiB, malloc {args.malloc}) | max CUDA memory allocated per device (MiB) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:
-            print(f"| {r['option']} | — | — | — | {r['error']} |")
+            print(f"| {r['option']} | — | — | — | — | {r['error']} |")
             continue
         rss = ", ".join(mib(x["peak_rss_bytes"]) for x in r["ranks"])
         cuda = ", ".join(f"{x['device']} {mib(x['max_memory_allocated_bytes'])}" for x in r["ranks"] if "max_memory_allocated_bytes" in x) or "—"
-        print(f"| {r['option']} | {r['seconds_per_step']:.3f} | {r['samples_per_second']:.1f} | {rss} | {cuda} |")
+        cpu = f"{r['cpu_seconds_per_step']:.3f}" if "cpu_seconds_per_step" in r else "—"
+        print(f"| {r['option']} | {r['seconds_per_step']:.3f} | {cpu} | {r['samples_per_second']:.1f} | {rss} | {cuda} |")
     return 0
 
 
