@@ -115,16 +115,16 @@ const (
 
 // Workload is the Python side: what trains and how it is run.
 type Workload struct {
-	Interpreter  string            `yaml:"interpreter"`
-	Factory      string            `yaml:"factory"`
-	Config       map[string]any    `yaml:"config"`
-	PythonPath   []string          `yaml:"python_path"`
-	Env          map[string]string `yaml:"env"`
-	Include      []string          `yaml:"include"`
-	Exclude      []string          `yaml:"exclude"`
-	Device       string            `yaml:"device"`
-	Precision    string            `yaml:"precision"`
-	Threads      int               `yaml:"threads"`
+	Interpreter string            `yaml:"interpreter"`
+	Factory     string            `yaml:"factory"`
+	Config      map[string]any    `yaml:"config"`
+	PythonPath  []string          `yaml:"python_path"`
+	Env         map[string]string `yaml:"env"`
+	Include     []string          `yaml:"include"`
+	Exclude     []string          `yaml:"exclude"`
+	Device      string            `yaml:"device"`
+	Precision   string            `yaml:"precision"`
+	Threads     int               `yaml:"threads"`
 	// Devices lists the GPUs the worker runs one rank on each (cuda:0, cuda:1, ...), or is
 	// "all" (every GPU torch sees); Ranks is a number of ranks on the CPU. Either makes the
 	// worker start its ranks with torch.distributed (docs/gpu.md); neither trains on Device.
