@@ -104,3 +104,29 @@ func TestWorkerRanksRefusedAtStart(t *testing.T) {
 		})
 	}
 }
+
+// A lease with fewer batches than ranks (here one batch a pass, two ranks) trains on one
+// rank; the other sits the window out, and the node warns once, not every window.
+func TestWorkerRanksIdleWarnsOnce(t *testing.T) {
+	t.Parallel()
+	requireTorch(t)
+	opts, lb := baseOptions(t, tinyFactory, map[string]any{"batch_size": 256})
+	opts.Ranks = 2
+	w, _ := startWorker(t, opts)
+	job := TrainJob{Shards: []string{"unused"}, Steps: 3, Out: filepath.Join(w.ScratchDir(), "out.safetensors")}
+	for range 2 {
+		res, err := w.Train(context.Background(), job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.IdleRanks != 1 || res.Samples != 3*256 || !res.Ranks[1].Idle {
+			t.Fatalf("idle ranks %d, samples %d, ranks %+v", res.IdleRanks, res.Samples, res.Ranks)
+		}
+	}
+	if n := strings.Count(lb.String(), "fewer batches than the worker has ranks"); n != 1 {
+		t.Fatalf("warned %d times, want once:\n%s", n, lb.String())
+	}
+	if st := w.Status(); len(st.Devices) != 2 || !st.Devices[1].Idle {
+		t.Fatalf("status devices %+v", st.Devices)
+	}
+}
