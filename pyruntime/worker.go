@@ -158,10 +158,10 @@ func (w *Worker) start(ctx context.Context) (Info, error) {
 	}
 	w.adopt(p, info, false)
 	w.log.Info("python worker ready", "worker", info.PID, "python", info.Python, "torch", info.Torch,
-		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch)
+		"device", info.Device, "device_name", info.DeviceName, "precision", info.Precision, "p2ptrain", info.P2PTrain, "params", info.ParamCount, "layout_hash", info.LayoutHash, "scratch", w.scratch,
+		"activation_checkpointing", info.ActivationCheckpointing)
 	if info.Ranks > 1 {
-		w.log.Info("python worker ranks ready", "ranks", info.Ranks, "devices", rankDeviceNames(info.Devices), "shard", info.Shard,
-			"activation_checkpointing", info.ActivationCheckpointing)
+		w.log.Info("python worker ranks ready", "ranks", info.Ranks, "devices", rankDeviceNames(info.Devices), "shard", info.Shard)
 	}
 	return info, nil
 }

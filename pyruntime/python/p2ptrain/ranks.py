@@ -110,8 +110,7 @@ class Ranks:
 
     def _ready(self, first=False):
         """Wait for every rank of the current set to be up (its session built)."""
-        answers = self._gather(None, watch=False, first=first, startup=True)
-        return answers
+        return self._gather(None, watch=False, first=first, startup=True)
 
     def _ensure(self):
         """Make sure a full set of ranks is up before a call: one that died between calls
@@ -185,10 +184,13 @@ class Ranks:
                     raise failure
                 self._restart(f"{names} gave no answer to {what} within {self.grace:.0f}s after {detail}")
             if (watch or startup) and now - last_step >= limit:
+                if startup:
+                    why = f"{', '.join(self._name(r) for r in silent)} did not start within {limit:.0f}s (workload.rank_timeout + 60s)"
+                    if first:
+                        self._kill()
+                        raise RankFailed(why)
+                    self._restart(why)
                 at = ", ".join(f"rank {r} at step {s}" for r, s in enumerate(steps))
-                if first:
-                    self._kill()
-                    raise RankFailed(f"the ranks did not start within {limit:.0f}s (workload.rank_timeout + 60s)")
                 self._restart(f"no rank finished a step of {what} for {limit:.0f}s (workload.rank_timeout + {2 * self.grace:.0f}s; {at})")
         if errors:
             # Every rank answered, and some failed alike: the ranks are in step, no restart.

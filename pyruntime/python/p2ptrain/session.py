@@ -211,6 +211,7 @@ class Session:
             **device_info(self.device),
             "layout_hash": self.spec.layout_hash,
             "param_count": self.spec.param_count,
+            "activation_checkpointing": self.activation_checkpointing,
         }
 
     def init(self, seed, out):
