@@ -102,7 +102,7 @@ func TestTwoRankTrainerInASwarm(t *testing.T) {
 	got, samples := mergedBy(t, v, 3)
 	two, twoSamples := got[procs[1].peerID(t)], samples[procs[1].peerID(t)]
 	t.Logf("held-out loss %.3f -> %.3f; merged in rounds 3-%d: 2-rank trainer %d microshards (%d samples), 1-rank trainers %d and %d (%d and %d samples); audit %+v",
-		loss0, lossN, rounds, two, got[procs[2].peerID(t)], got[procs[3].peerID(t)], twoSamples,
+		loss0, lossN, rounds, two, twoSamples, got[procs[2].peerID(t)], got[procs[3].peerID(t)],
 		samples[procs[2].peerID(t)], samples[procs[3].peerID(t)], rep)
 	for _, p := range procs[2:] {
 		n, ns := got[p.peerID(t)], samples[p.peerID(t)]
