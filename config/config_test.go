@@ -18,10 +18,75 @@ func TestTemplateSpellsOutTheDefaults(t *testing.T) {
 	require.NoError(t, got.Validate())
 }
 
-func TestEmptyFileIsAllDefaults(t *testing.T) {
-	got, err := Parse(nil)
+// A file with no settings is refused (a truncated config must not start the default
+// experiment); `{}` says "every default" on purpose.
+func TestEmptyFileIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		empty      bool
+	}{
+		{"no bytes", "", true},
+		{"blank lines", "\n\n", true},
+		{"comments only", "# experiment:\n#   rounds: 5\n", true},
+		{"a document marker only", "---\n", true},
+		{"null", "~\n", true},
+		{"an empty mapping", "{}\n", false},
+		{"one setting", "experiment:\n  rounds: 5\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse([]byte(tc.yaml))
+			if !tc.empty {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrEmpty)
+			require.ErrorIs(t, err, ErrInvalid)
+			require.Nil(t, got)
+		})
+	}
+	got, err := Parse([]byte("{}"))
 	require.NoError(t, err)
 	require.Equal(t, Default(), got)
+
+	p := filepath.Join(t.TempDir(), "p2pnode.yaml")
+	require.NoError(t, os.WriteFile(p, nil, 0o600))
+	_, err = Load(p)
+	require.ErrorIs(t, err, ErrEmpty)
+	require.Contains(t, err.Error(), p, "the error names the file")
+}
+
+// A fraction in an integer setting is refused naming the setting, not truncated; whole
+// numbers written as floats, and fractions in float settings and durations, are fine.
+func TestFractionForIntegerSettingIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string // want: "" when the file is accepted
+	}{
+		{"rounds", "experiment:\n  rounds: 2.9\n", "experiment.rounds: 2.9 is not a whole number (line 2)"},
+		{"threads", "workload:\n  threads: 1.5\n", "workload.threads: 1.5 is not a whole number (line 2)"},
+		{"int64 seed", "experiment:\n  seed: 0.5\n", "experiment.seed: 0.5 is not a whole number"},
+		{"negative", "lease:\n  min_group: -1.5\n", "lease.min_group: -1.5 is not a whole number"},
+		{"exponent", "experiment:\n  rounds: 2.5e0\n", "experiment.rounds: 2.5e0 is not a whole number"},
+		{"infinity", "experiment:\n  rounds: .inf\n", "experiment.rounds: .inf is not a whole number"},
+		{"two at once", "experiment:\n  rounds: 2.9\nworkload:\n  threads: 1.5\n", "workload.threads: 1.5"},
+		{"whole as float", "experiment:\n  rounds: 3.0\n", ""},
+		{"whole with exponent", "experiment:\n  rounds: 1e2\n", ""},
+		{"float setting", "protocol:\n  diloco:\n    outer_lr: 0.5\n", ""},
+		{"duration", "lease:\n  round_timeout: 1.5s\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.yaml))
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalid)
+			require.ErrorContains(t, err, tc.want)
+			require.Nil(t, cfg)
+		})
+	}
+	cfg, err := Parse([]byte("experiment:\n  rounds: 3.0\n"))
+	require.NoError(t, err)
+	require.Equal(t, 3, cfg.Experiment.Rounds)
 }
 
 // protocol.diloco.outer_lr left out, or 0, is the codec's default; a number is kept.

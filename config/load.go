@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -21,6 +23,11 @@ const MaxFileBytes = 1 << 20
 
 // ErrInvalid is wrapped by every error about config content.
 var ErrInvalid = errors.New("invalid config")
+
+// ErrEmpty is a config file with no settings at all. It is refused rather than read as all
+// defaults: a file truncated to nothing must not silently start the default experiment.
+// A file that means the defaults says so with `{}`.
+var ErrEmpty = errors.New("the file holds no settings (truncated?); write `{}` to run every default, or start from `p2pnode init`")
 
 // Load reads, strictly decodes and validates the config at path, applying defaults first
 // and resolving relative paths against the file's directory.
@@ -55,9 +62,12 @@ func Parse(b []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(&root); err != nil {
 		if errors.Is(err, io.EOF) {
-			return cfg, nil // an empty file means all defaults
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, ErrEmpty)
 		}
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if len(root.Content) == 1 && root.Content[0].ShortTag() == "!!null" {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, ErrEmpty)
 	}
 	lines := map[int]string{}
 	var problems []string
@@ -138,6 +148,10 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string, lines map[int]string,
 			lines[v.Line] = p
 			checkKnown(v, f.Type, p, lines, problems)
 		}
+	case yaml.ScalarNode:
+		if msg := notWhole(n, t); msg != "" {
+			*problems = append(*problems, fmt.Sprintf("%s: %s (line %d)", path, msg, n.Line))
+		}
 	case yaml.SequenceNode:
 		if t.Kind() != reflect.Slice {
 			return
@@ -149,6 +163,28 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string, lines map[int]string,
 		}
 	}
 }
+
+// notWhole says why a number cannot go in an integer setting of type t, "" if it can or t
+// is no integer. The YAML decoder truncates 2.9 to 2 without a word; durations are
+// strings ("1.5s") and left to it.
+func notWhole(n *yaml.Node, t reflect.Type) string {
+	if t == durationType || n.ShortTag() != "!!float" {
+		return ""
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	default:
+		return ""
+	}
+	f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
+	if err != nil || f != math.Trunc(f) || math.IsInf(f, 0) {
+		return fmt.Sprintf("%s is not a whole number", n.Value)
+	}
+	return ""
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
 
 // renamed explains fields that older configs used, instead of "unknown field".
 var renamed = map[string]string{

@@ -136,9 +136,32 @@ func scratchDead(dir string, pid int) bool {
 	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil
 }
 
+// processAlive says whether pid names a process that still runs. A zombie (exited, not yet
+// reaped by its parent) answers signal 0 like a live process, but it has closed its files
+// and released its locks: it is dead to the sweep.
 func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	if err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	state, ok := procState(pid)
+	return !ok || (state != 'Z' && state != 'X')
+}
+
+// procState is the state letter of pid in /proc/<pid>/stat ('R', 'S', 'Z', ...); false
+// where /proc cannot say.
+func procState(pid int) (byte, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the
+	// last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, false
+	}
+	return b[i+2], true
 }
 
 // sweepScratchDirs sweeps every place we make scratch directories in and logs what it

@@ -113,3 +113,56 @@ func TestMakeScratchNamesAndLocksItsDirectory(t *testing.T) {
 	require.NoError(t, removeScratch(dir))
 	require.NoDirExists(t, dir)
 }
+
+// A process that has exited but is not yet reaped (a zombie) is dead: its lock is released
+// and the sweep removes its directory. Table: what processAlive says of each kind of pid.
+func TestProcessAliveTreatsZombiesAsDead(t *testing.T) {
+	live := exec.Command("sleep", "60")
+	require.NoError(t, live.Start())
+	t.Cleanup(func() { live.Process.Kill(); live.Wait() })
+	zombie := startZombie(t)
+	for _, tc := range []struct {
+		name  string
+		pid   int
+		alive bool
+	}{
+		{"this process", os.Getpid(), true},
+		{"a running child", live.Process.Pid, true},
+		{"init (another user's, signal refused or not)", 1, true},
+		{"an exited, unreaped child", zombie.Process.Pid, false},
+		{"an exited, reaped child", deadPID(t), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.alive, processAlive(tc.pid))
+		})
+	}
+}
+
+func TestSweepRemovesScratchOfZombies(t *testing.T) {
+	base := t.TempDir()
+	cmd, dir := startScratchHelper(t, base)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	waitState(t, cmd.Process.Pid, 'Z') // not reaped: no Wait yet
+	removed, err := sweepScratch(base)
+	require.NoError(t, err)
+	require.Equal(t, []string{dir}, removed)
+	require.NoDirExists(t, dir)
+}
+
+// startZombie starts a child that exits at once and is left unreaped until the test ends.
+func startZombie(t *testing.T) *exec.Cmd {
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Wait() })
+	waitState(t, cmd.Process.Pid, 'Z')
+	return cmd
+}
+
+// waitState waits until pid is in state want (its exit takes a moment on a loaded machine).
+func waitState(t *testing.T, pid int, want byte) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		s, ok := procState(pid)
+		return ok && s == want
+	}, 30*time.Second, 10*time.Millisecond, "pid %d never reached state %c", pid, want)
+}
