@@ -44,7 +44,31 @@ type Notes struct {
 	// HeldOutFailed ends what HeldOutDue promised without metrics: the proposer's held-out
 	// evaluation of the head failed (its log says why), so nodes need not wait for them.
 	HeldOutFailed bool `cbor:"10,keyasint,omitempty"`
+	// Rejections names the peer and reason of the round's rejected contributions, in the
+	// order the proposer rejected them (at most MaxNoteEntries; Rejected counts them all),
+	// so that every node can tell each trainer what became of its work (credit/).
+	Rejections []Rejection `cbor:"11,keyasint,omitempty"`
+	// Quarantined lists the peers the proposer kept out of leases when it closed the round,
+	// each with the last round of its quarantine, sorted by peer (at most MaxNoteEntries).
+	Quarantined []Quarantine `cbor:"12,keyasint,omitempty"`
 }
+
+// Rejection is one rejected contribution in a round's notes: its author and the reason
+// (a validator.RejectReasons value, e.g. norm_outlier).
+type Rejection struct {
+	Peer   string `cbor:"1,keyasint"`
+	Reason string `cbor:"2,keyasint"`
+}
+
+// Quarantine is a peer kept out of leases through round Until.
+type Quarantine struct {
+	Peer  string `cbor:"1,keyasint"`
+	Until uint64 `cbor:"2,keyasint"`
+}
+
+// MaxNoteEntries bounds the Rejections and the Quarantined of one round's notes: peer ids
+// are free to mint, and notes must stay under MaxNotesBytes.
+const MaxNoteEntries = 256
 
 // Completed reports whether n ends what notes with HeldOutDue promised: it gives the
 // held-out metrics, or says their evaluation failed.
@@ -126,6 +150,22 @@ func (n *Notes) check() error {
 			return fmt.Errorf("%w: held-out metric %q = %v", ErrMalformed, k, v)
 		}
 	}
+	if len(n.Rejections) > MaxNoteEntries || len(n.Quarantined) > MaxNoteEntries {
+		return fmt.Errorf("%w: %d rejections and %d quarantined peers, at most %d each", ErrMalformed, len(n.Rejections), len(n.Quarantined), MaxNoteEntries)
+	}
+	if uint64(len(n.Rejections)) > n.Rejected {
+		return fmt.Errorf("%w: %d rejections listed, %d counted", ErrMalformed, len(n.Rejections), n.Rejected)
+	}
+	for _, r := range n.Rejections {
+		if !noteName(r.Peer) || !noteName(r.Reason) {
+			return fmt.Errorf("%w: rejection of peer %q for reason %q", ErrMalformed, r.Peer, r.Reason)
+		}
+	}
+	for i, q := range n.Quarantined {
+		if !noteName(q.Peer) || (i > 0 && n.Quarantined[i-1].Peer >= q.Peer) {
+			return fmt.Errorf("%w: quarantined peer %q (names must be set and sorted, each once)", ErrMalformed, q.Peer)
+		}
+	}
 	for _, s := range []float64{n.Seconds, n.TrainSeconds, n.CommSeconds, n.MergeSeconds} {
 		if math.IsNaN(s) || math.IsInf(s, 0) || s < 0 {
 			return fmt.Errorf("%w: round time %v", ErrMalformed, s)
@@ -133,6 +173,9 @@ func (n *Notes) check() error {
 	}
 	return nil
 }
+
+// noteName reports whether s may name a peer or a reason in notes.
+func noteName(s string) bool { return s != "" && len(s) <= 128 }
 
 // DecodeNotes decodes notes (without checking the signature: VerifyNotes does).
 func DecodeNotes(b []byte) (*Notes, error) {

@@ -31,7 +31,9 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 	_, err = st.Notes(id)
 	require.ErrorIs(t, err, ErrNotFound)
 	n := &Notes{Round: 0, HeldOut: map[string]float64{"loss": 2.3, "accuracy": 0.1}, Rejected: 2,
-		Seconds: 3, TrainSeconds: 1.5, CommSeconds: 0.5, MergeSeconds: 0.25}
+		Seconds: 3, TrainSeconds: 1.5, CommSeconds: 0.5, MergeSeconds: 0.25,
+		Rejections:  []Rejection{{Peer: "12D3KooWA", Reason: "norm_outlier"}, {Peer: "12D3KooWB", Reason: "late"}},
+		Quarantined: []Quarantine{{Peer: "12D3KooWA", Until: 6}}}
 	require.NoError(t, SignNotes(k, id, n))
 	require.Equal(t, self, n.Sig.Peer)
 	require.NoError(t, st.PutNotes(id, n))
@@ -49,8 +51,14 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 			c.HeldOut = map[string]float64{"loss": 0.1, "accuracy": 0.1}
 			return id, &c
 		},
-		"rejections hidden": func() (cid.Cid, *Notes) { c := *got; c.Rejected = 0; return id, &c },
+		"rejections hidden": func() (cid.Cid, *Notes) { c := *got; c.Rejected, c.Rejections = 0, nil; return id, &c },
 		"signer swapped":    func() (cid.Cid, *Notes) { c := *got; _, p := key(t); c.Sig.Peer = p; return id, &c },
+		"reason changed": func() (cid.Cid, *Notes) {
+			c := *got
+			c.Rejections = []Rejection{{Peer: "12D3KooWA", Reason: "late"}, {Peer: "12D3KooWB", Reason: "late"}}
+			return id, &c
+		},
+		"quarantine dropped": func() (cid.Cid, *Notes) { c := *got; c.Quarantined = nil; return id, &c },
 	} {
 		hid, bn := bad()
 		require.ErrorIs(t, VerifyNotes(hid, bn), ErrBadSignature, name)
@@ -59,6 +67,16 @@ func TestNotesAreSignedStoredAndSynced(t *testing.T) {
 	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOut: map[string]float64{"loss": 1}, HeldOutDue: true}), ErrMalformed, "metrics given and due")
 	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOutFailed: true, HeldOutDue: true}), ErrMalformed, "evaluation failed and due")
 	require.ErrorIs(t, SignNotes(k, id, &Notes{HeldOutFailed: true, HeldOut: map[string]float64{"loss": 1}}), ErrMalformed, "evaluation failed and given")
+	for name, bad := range map[string]*Notes{
+		"more rejections listed than counted": {Rejected: 1, Rejections: []Rejection{{"a", "late"}, {"b", "late"}}},
+		"rejection without a reason":          {Rejected: 1, Rejections: []Rejection{{"a", ""}}},
+		"rejection without a peer":            {Rejected: 1, Rejections: []Rejection{{"", "late"}}},
+		"quarantined twice":                   {Quarantined: []Quarantine{{"a", 3}, {"a", 4}}},
+		"quarantined unsorted":                {Quarantined: []Quarantine{{"b", 3}, {"a", 4}}},
+		"too many rejections":                 {Rejected: MaxNoteEntries + 1, Rejections: make([]Rejection, MaxNoteEntries+1)},
+	} {
+		require.ErrorIs(t, SignNotes(k, id, bad), ErrMalformed, name)
+	}
 
 	mn, err := mocknet.FullMeshConnected(2)
 	require.NoError(t, err)
@@ -141,4 +159,34 @@ func TestTipsCompleteNotes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzDecodeNotes: notes come from any peer with the chain; whatever decodes is well formed
+// and encodes to notes that decode and encode to the same bytes.
+func FuzzDecodeNotes(f *testing.F) {
+	for _, n := range []*Notes{
+		{Round: 3, HeldOut: map[string]float64{"loss": 1.5}, Rejected: 2, Seconds: 4,
+			Rejections:  []Rejection{{Peer: "12D3KooWA", Reason: "norm_outlier"}, {Peer: "12D3KooWA", Reason: "late"}},
+			Quarantined: []Quarantine{{Peer: "12D3KooWA", Until: 8}, {Peer: "12D3KooWB", Until: 9}}},
+		{Round: 1, HeldOutDue: true},
+	} {
+		b, err := Marshal(n)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Add([]byte{0xa0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := DecodeNotes(b)
+		if err != nil {
+			return
+		}
+		require.NoError(t, n.check())
+		again, err := Marshal(n)
+		require.NoError(t, err)
+		m, err := DecodeNotes(again)
+		require.NoError(t, err)
+		third, err := Marshal(m)
+		require.NoError(t, err)
+		require.Equal(t, again, third)
+	})
 }

@@ -59,9 +59,11 @@ type openRound struct {
 	blindGrant bool // the current attempt was leased with no pace known
 	atGrant    int  // contributions received when the current attempt was leased
 	// started is when the leader took the round; rejected counts the contributions it
-	// rejected (for the round notes).
-	started  time.Time
-	rejected uint64
+	// rejected and rejections names the first chain.MaxNoteEntries of them (for the round
+	// notes).
+	started    time.Time
+	rejected   uint64
+	rejections []chain.Rejection
 	// order is the round's validator order (lease.Leaders) and rank this validator's place
 	// in it; takenBy is a validator after it that leads the round too (grantHeard): this
 	// one steps aside (standAside).
@@ -754,7 +756,7 @@ func (v *validator) rejectContribution(r *openRound, from string, delta []byte, 
 		art = id.String()
 	}
 	v.rejected(from, r.round, reason, fmt.Sprintf(format, args...), art)
-	r.rejected++
+	r.reject(from, reason)
 	if bar && r.book.Bar(from, reason) {
 		v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
 	}
@@ -807,7 +809,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 				}
 			}
 			v.rejected(rj.Peer, r.round, rj.Reason, rj.Detail, art)
-			r.rejected++
+			r.reject(rj.Peer, rj.Reason)
 			rejected[rj.Peer] = rj.Reason
 			delete(r.received, rj.Peer)
 			// Its microshards return to the pool, for other trainers: a rejected peer gets
@@ -838,6 +840,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	}
 	mergeTook := time.Since(mergeStart)
 	notes := r.notes(mergeTook)
+	notes.Quarantined = quarantineNotes(v.quarantine.List(r.round))
 	if v.final(r.round) {
 		// Nothing waits for the last head: it goes out with its metrics, after the
 		// heads before it have theirs (heldout.go).
@@ -887,7 +890,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 // (a trainer's fetch of the base parameters and microshards, then this validator's fetch of
 // its update), and merge (screening, aggregation, signing).
 func (r *openRound) notes(merge time.Duration) *chain.Notes {
-	n := &chain.Notes{Round: r.round, Rejected: r.rejected, MergeSeconds: merge.Seconds()}
+	n := &chain.Notes{Round: r.round, Rejected: r.rejected, Rejections: r.rejections, MergeSeconds: merge.Seconds()}
 	for _, rc := range r.received {
 		train := rc.msg.TrainSeconds
 		if train == 0 {
@@ -897,6 +900,27 @@ func (r *openRound) notes(merge time.Duration) *chain.Notes {
 		n.CommSeconds = max(n.CommSeconds, rc.msg.FetchSeconds+rc.fetch.Seconds())
 	}
 	return n
+}
+
+// reject counts a rejected contribution of peer to the round, for the round notes.
+func (r *openRound) reject(peer, reason string) {
+	r.rejected++
+	if len(r.rejections) < chain.MaxNoteEntries {
+		r.rejections = append(r.rejections, chain.Rejection{Peer: peer, Reason: reason})
+	}
+}
+
+// quarantineNotes is a quarantine list (lease.Quarantine.List) as round notes carry it:
+// sorted by peer, at most chain.MaxNoteEntries.
+func quarantineNotes(list map[string]uint64) []chain.Quarantine {
+	var out []chain.Quarantine
+	for _, p := range slices.Sorted(maps.Keys(list)) {
+		if len(out) == chain.MaxNoteEntries {
+			break
+		}
+		out = append(out, chain.Quarantine{Peer: p, Until: list[p]})
+	}
+	return out
 }
 
 // WorkCandidates are the trainers as lease sizing sees them: with speed-proportional work

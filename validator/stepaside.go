@@ -336,14 +336,15 @@ func (v *validator) settleHeld(r *openRound, final bool) {
 		switch issuer := v.grants.issuer(r.round, r.baseID, k.lease, k.trainer); {
 		case issuer != "":
 			r.foreign[k.trainer] = true
+			r.reject(k.trainer, ReasonForeignLease)
 			v.rejected(k.trainer, r.round, ReasonForeignLease, fmt.Sprintf("lease %s was granted by %s, another validator leading round %d (its grant was read after the contribution)",
 				k.lease, issuer, r.round), art)
 		case final:
+			r.reject(k.trainer, "no_lease")
 			v.rejected(k.trainer, r.round, "no_lease", fmt.Sprintf("lease %s was not granted to %s by any validator heard by the round's end", k.lease, k.trainer), art)
 		default:
 			continue
 		}
-		r.rejected++
 		delete(r.held, k)
 	}
 }
