@@ -1,0 +1,48 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"slices"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/credit"
+)
+
+// Credits adds up every peer's account (credit.Ledger) over the chain held here, from head
+// back to genesis or the oldest head held, counting the round notes signed by one of
+// validators only.
+func (s *Stores) Credits(head cid.Cid, validators []string) (*credit.Ledger, error) {
+	var l credit.Ledger
+	err := s.Heads.Walk(head, func(id cid.Cid, h *chain.Head) error {
+		n, err := s.Heads.Notes(id)
+		if err != nil || !slices.Contains(validators, n.Sig.Peer) {
+			n = nil
+		}
+		l.Add(h, n)
+		return nil
+	})
+	if err != nil && !errors.Is(err, chain.ErrNotFound) {
+		return nil, fmt.Errorf("credits from head %s: %w", head, err)
+	}
+	return &l, nil
+}
+
+// StoredPeerID is the peer id of the identity cfg names ("" when there is none yet: this
+// reads, never creates, it).
+func StoredPeerID(cfg *config.Config) (string, error) {
+	if _, err := os.Stat(cfg.Node.Identity); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	key, err := LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return "", err
+	}
+	return PeerID(key)
+}
