@@ -27,6 +27,7 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/internal/freeport"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 // Options configure a demo run.
@@ -224,11 +225,11 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 	if err := o.checkWorkload(); err != nil {
 		return nil, err
 	}
-	key, err := node.LoadIdentity(filepath.Join(o.Dir, "validator", "identity.key"), o.Log)
+	key, err := p2p.LoadIdentity(filepath.Join(o.Dir, "validator", "identity.key"), o.Log)
 	if err != nil {
 		return nil, err
 	}
-	vid, err := node.PeerID(key)
+	vid, err := p2p.PeerID(key)
 	if err != nil {
 		return nil, err
 	}

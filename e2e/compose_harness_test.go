@@ -28,6 +28,7 @@ import (
 	dfleet "github.com/p2pnode/p2pnode/docker/fleet"
 	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 // The docker-compose harness: a fleet from e2e/compose*.yaml under a project name of its
@@ -299,12 +300,12 @@ func (c *composeFleet) statusRaw(svc string) ([]byte, error) {
 }
 
 // status is a service's /status.
-func (c *composeFleet) status(svc string) (*node.Status, error) {
+func (c *composeFleet) status(svc string) (*status.Status, error) {
 	b, err := c.statusRaw(svc)
 	if err != nil {
 		return nil, err
 	}
-	var s node.Status
+	var s status.Status
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("%s: status: %w", svc, err)
 	}
@@ -312,8 +313,8 @@ func (c *composeFleet) status(svc string) (*node.Status, error) {
 }
 
 // statuses reads several services' status at once (one sweep).
-func (c *composeFleet) statuses(svcs []string) ([]*node.Status, error) {
-	out := make([]*node.Status, len(svcs))
+func (c *composeFleet) statuses(svcs []string) ([]*status.Status, error) {
+	out := make([]*status.Status, len(svcs))
 	errs := make([]error, len(svcs))
 	var wg sync.WaitGroup
 	for i, s := range svcs {
@@ -328,7 +329,7 @@ func (c *composeFleet) statuses(svcs []string) ([]*node.Status, error) {
 }
 
 // waitFor polls a service's status until cond holds.
-func (c *composeFleet) waitFor(svc string, timeout time.Duration, what string, cond func(*node.Status) bool) *node.Status {
+func (c *composeFleet) waitFor(svc string, timeout time.Duration, what string, cond func(*status.Status) bool) *status.Status {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	var last error
@@ -352,14 +353,14 @@ func (c *composeFleet) waitFor(svc string, timeout time.Duration, what string, c
 }
 
 // waitRound waits until a service's canonical head is at round r or later.
-func (c *composeFleet) waitRound(svc string, r uint64, timeout time.Duration) *node.Status {
+func (c *composeFleet) waitRound(svc string, r uint64, timeout time.Duration) *status.Status {
 	c.t.Helper()
-	return c.waitFor(svc, timeout, fmt.Sprintf("round %d", r), func(s *node.Status) bool { return s.Head != "" && s.Round >= r })
+	return c.waitFor(svc, timeout, fmt.Sprintf("round %d", r), func(s *status.Status) bool { return s.Head != "" && s.Round >= r })
 }
 
 // sameHead polls every service until one sweep finds them all on the same head (rounds
 // keep closing meanwhile, so a sweep may straddle a new head).
-func (c *composeFleet) sameHead(svcs []string, timeout time.Duration) (string, uint64, []*node.Status) {
+func (c *composeFleet) sameHead(svcs []string, timeout time.Duration) (string, uint64, []*status.Status) {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	var seen string
@@ -479,4 +480,4 @@ func trainers(n int) []string {
 	return out
 }
 
-func accuracy(s *node.Status) float64 { return s.HeadMetrics["accuracy"] }
+func accuracy(s *status.Status) float64 { return s.HeadMetrics["accuracy"] }

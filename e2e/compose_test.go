@@ -14,6 +14,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 // The docker-compose scenarios (`make e2e`): a containerised fleet of one validator (also
@@ -64,13 +65,13 @@ func TestComposeTrainerCrash(t *testing.T) {
 	f := newFleet(t, fleetOptions{InnerSteps: 1500, RoundTimeout: 20 * time.Second})
 	f.up()
 	f.waitRound("validator", 2, 3*time.Minute)
-	f.waitFor("trainer-2", time.Minute, "a lease (mid-window)", func(s *node.Status) bool { return len(s.Leases) > 0 })
+	f.waitFor("trainer-2", time.Minute, "a lease (mid-window)", func(s *status.Status) bool { return len(s.Leases) > 0 })
 	f.docker("kill", f.id("trainer-2"))
 	killed := f.waitRound("validator", 0, time.Minute).Round
 	t.Logf("killed trainer-2 mid-window at round %d", killed)
 	f.waitRound("validator", killed+3, 3*time.Minute)
 	f.docker("start", f.id("trainer-2"))
-	f.waitFor("trainer-2", 3*time.Minute, "a contribution after the restart", func(s *node.Status) bool {
+	f.waitFor("trainer-2", 3*time.Minute, "a contribution after the restart", func(s *status.Status) bool {
 		return s.Last != nil && s.Last.Round > killed+3
 	})
 	head, round, _ := f.sameHead(fleet3, time.Minute)
@@ -93,7 +94,7 @@ func TestComposeValidatorRestart(t *testing.T) {
 	t.Logf("validator stopped at round %d, head %s", stopped, tip)
 	time.Sleep(3 * time.Second) // the trainers notice it is gone
 	f.docker("start", f.id("validator"))
-	first := f.waitFor("validator", 2*time.Minute, "its status after the restart", func(s *node.Status) bool { return s.Head != "" })
+	first := f.waitFor("validator", 2*time.Minute, "its status after the restart", func(s *status.Status) bool { return s.Head != "" })
 	if first.Round < stopped || (first.Round == stopped && first.Head != tip) {
 		t.Fatalf("after the restart the validator reports round %d head %s; it stopped at round %d head %s", first.Round, first.Head, stopped, tip)
 	}
@@ -123,7 +124,7 @@ func TestComposePartition(t *testing.T) {
 	}
 	f.docker("network", "connect", "--alias", "trainer-3", net, f.id("trainer-3"))
 	t.Logf("trainer-3 partitioned from round %d to %d", cut, cut+2)
-	f.waitFor("trainer-3", 3*time.Minute, "a contribution after the partition", func(s *node.Status) bool {
+	f.waitFor("trainer-3", 3*time.Minute, "a contribution after the partition", func(s *status.Status) bool {
 		return s.Last != nil && s.Last.Round > cut+2
 	})
 	head, round, _ := f.sameHead(fleet3, time.Minute)
@@ -190,8 +191,8 @@ func poisonScenario(t *testing.T, mode string) {
 	f.up(fleet3...)
 	f.waitRound("validator", 2, 3*time.Minute)
 	f.up("attacker")
-	attacker := f.waitFor("attacker", 2*time.Minute, "its status", func(s *node.Status) bool { return s.Peer != "" }).Peer
-	q := f.waitFor("validator", 2*time.Minute, "the attacker to be quarantined", func(s *node.Status) bool {
+	attacker := f.waitFor("attacker", 2*time.Minute, "its status", func(s *status.Status) bool { return s.Peer != "" }).Peer
+	q := f.waitFor("validator", 2*time.Minute, "the attacker to be quarantined", func(s *status.Status) bool {
 		if s.Validator == nil {
 			return false
 		}

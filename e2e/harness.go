@@ -25,6 +25,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 // Binary builds p2pnode for the tests once per test binary and returns its path;
@@ -263,8 +264,8 @@ func (p *Proc) MetricAt(r int, name string) (float64, bool) {
 }
 
 // Status reads the node's /status through the address it records in its store.
-func (p *Proc) Status(ctx context.Context) (*node.Status, error) {
-	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, node.HTTPAddrFile))
+func (p *Proc) Status(ctx context.Context) (*status.Status, error) {
+	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, status.HTTPAddrFile))
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +275,7 @@ func (p *Proc) Status(ctx context.Context) (*node.Status, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	var s node.Status
+	var s status.Status
 	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
 		return nil, err
 	}
@@ -302,7 +303,7 @@ func (p *Proc) HeadChain(t testing.TB) []*chain.Head {
 // Metrics reads the node's /metrics.
 func (p *Proc) Metrics(t testing.TB) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, node.HTTPAddrFile))
+	b, err := os.ReadFile(filepath.Join(p.Cfg.Node.StoreDir, status.HTTPAddrFile))
 	if err != nil {
 		t.Fatalf("%s: %v", p.Name, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 // The process-harness versions of the docker-compose scenarios (compose_test.go, build tag
@@ -68,7 +69,7 @@ func waitRound(t *testing.T, p *Proc, round int, timeout time.Duration) {
 	Eventually(t, timeout, fmt.Sprintf("%s to print round %d", p.Name, round), func() bool { return lastRound(p) >= round })
 }
 
-func statusOf(p *Proc) *node.Status {
+func statusOf(p *Proc) *status.Status {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := p.Status(ctx)
@@ -184,7 +185,7 @@ func TestSwarmValidatorRestart(t *testing.T) {
 	v2 := NewProc(t, dir, v.Name, v.Cfg)
 	DumpOnFailure(t, v2)
 	v2.Start()
-	var first *node.Status
+	var first *status.Status
 	Eventually(t, time.Minute, "the restarted validator's status", func() bool {
 		first = statusOf(v2)
 		return first != nil && first.Head != ""

@@ -45,6 +45,7 @@ import (
 	"github.com/p2pnode/p2pnode/demo"
 	"github.com/p2pnode/p2pnode/internal/wan"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 func envInt(name string, def int) int {
@@ -103,7 +104,7 @@ func helperHost(t *testing.T, listen []string, maxMessage uint32) host.Host {
 	opts := []libp2p.Option{
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.Security(noise.ID, noise.New),
-		libp2p.Muxer(yamux.ID, node.Yamux(maxMessage)),
+		libp2p.Muxer(yamux.ID, p2p.Yamux(maxMessage)),
 	}
 	if len(listen) > 0 {
 		opts = append(opts, libp2p.ListenAddrStrings(listen...))

@@ -24,12 +24,11 @@ import (
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
-	"github.com/p2pnode/p2pnode/internal/version"
+	"github.com/p2pnode/p2pnode/p2p"
 	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/status"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
-
-// Version is announced to peers (the libp2p user agent) and shown in status.
-var Version = "p2pnode/" + version.Version
 
 // Options are what the caller adds to a config.
 type Options struct {
@@ -47,8 +46,8 @@ type Options struct {
 // Node is a running p2pnode: build it with New, then Run it.
 type Node struct {
 	app    *fx.App
-	status *statusBoard
-	http   *httpServer
+	status *status.Board
+	http   *status.HTTPServer
 	errs   *loopErrors
 	self   peer.ID
 	reg    *prometheus.Registry
@@ -94,9 +93,9 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		fx.Supply(cfg, opts),
 		fx.Provide(
 			func(o Options) *slog.Logger { return o.Logger },
-			newRegistry,
+			status.NewRegistry,
 			func(r *prometheus.Registry) prometheus.Registerer { return r },
-			newNodeMetrics,
+			status.NewMetrics,
 			func() *loopErrors { return &loopErrors{} },
 		),
 		storageModule(cfg),
@@ -110,7 +109,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		httpModule(cfg),
 		rolesModule(cfg),
 		exportModule(cfg),
-		fx.Invoke(registerPeersGauge),
+		fx.Invoke(p2p.RegisterPeersGauge),
 	)
 }
 
@@ -121,20 +120,21 @@ func storageModule(cfg *config.Config) fx.Option {
 				return artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
 			},
 			func() (*chain.Store, error) { return chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads")) },
-			func(store *artifact.Store, heads *chain.Store, t *chain.Tips, m *nodeMetrics, log *slog.Logger) *pruner {
+			func(store *artifact.Store, heads *chain.Store, t *chain.Tips, m *status.Metrics, log *slog.Logger) *upkeep.Pruner {
 				if cfg.Node.Archive {
 					return nil
 				}
 				// Keep the tip's contributions where trainers rebuild heads from them.
-				return newPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == "sparse", cfg.Node.StoreDir, m, log.With("pkg", "node", "component", "prune"))
+				return upkeep.NewPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == "sparse", cfg.Node.StoreDir,
+					upkeep.PruneCounters{Artifacts: m.PrunedArtifacts, Bytes: m.PrunedBytes}, log.With("pkg", "node", "component", "prune"))
 			},
 			fx.Annotate(
-				func(store *artifact.Store, pr *pruner, log *slog.Logger) (*checkpoint.Checkpointer, error) {
+				func(store *artifact.Store, pr *upkeep.Pruner, log *slog.Logger) (*checkpoint.Checkpointer, error) {
 					var opts []checkpoint.Option
 					if pr != nil {
 						// Kept generations pin their heads' artifacts: more of them than
 						// node.keep_heads would keep older heads alive.
-						opts = append(opts, checkpoint.KeepGenerations(min(cfg.Node.KeepHeads, 3)), checkpoint.AfterPrune(pr.afterCheckpoint))
+						opts = append(opts, checkpoint.KeepGenerations(min(cfg.Node.KeepHeads, 3)), checkpoint.AfterPrune(pr.AfterCheckpoint))
 					}
 					return checkpoint.Open(filepath.Join(cfg.Node.StoreDir, "state"), store, log.With("pkg", "checkpoint"), opts...)
 				},
@@ -166,7 +166,7 @@ func identityModule(cfg *config.Config, opts Options) fx.Option {
 	return fx.Module("identity",
 		fx.Provide(
 			func(log *slog.Logger) (crypto.PrivKey, error) {
-				k, err := LoadIdentity(path, log)
+				k, err := p2p.LoadIdentity(path, log)
 				if err != nil && cfg.Node.Identity != "" {
 					return nil, fmt.Errorf("node.identity: %w", err)
 				}
@@ -246,14 +246,14 @@ func busModule(cfg *config.Config) fx.Option {
 				return g, nil
 			},
 			func(lc fx.Lifecycle, h host.Host, g *gossip.Gossip, x *artifact.Exchange, log *slog.Logger) bus.Bus {
-				b := newNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
-				runInBackground(lc, b.run, nil)
+				b := p2p.NewNetBus(g, x, h.ConnManager(), log.With("pkg", "bus"))
+				runInBackground(lc, b.Run, nil)
 				return b
 			},
 		),
-		fx.Invoke(func(p *pruner, x *artifact.Exchange) {
+		fx.Invoke(func(p *upkeep.Pruner, x *artifact.Exchange) {
 			if p != nil {
-				p.setPartials(x.RemoveIdlePartials)
+				p.SetPartials(x.RemoveIdlePartials)
 			}
 		}),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *chain.Tips, log *slog.Logger) {
@@ -277,17 +277,17 @@ func validatorIDs(cfg *config.Config, self peer.ID) []peer.ID {
 
 func httpModule(cfg *config.Config) fx.Option {
 	if cfg.Node.HTTP == "" || cfg.Node.HTTP == "off" {
-		return fx.Provide(func() *httpServer { return nil })
+		return fx.Provide(func() *status.HTTPServer { return nil })
 	}
 	return fx.Module("http",
 		fx.Provide(fx.Annotate(
-			func(b *statusBoard, reg *prometheus.Registry, log *slog.Logger) *httpServer {
-				return newHTTPServer(cfg.Node.HTTP, filepath.Join(cfg.Node.StoreDir, HTTPAddrFile), b, reg, log.With("pkg", "http"))
+			func(b *status.Board, reg *prometheus.Registry, log *slog.Logger) *status.HTTPServer {
+				return status.NewHTTPServer(cfg.Node.HTTP, filepath.Join(cfg.Node.StoreDir, status.HTTPAddrFile), b, reg, log.With("pkg", "http"))
 			},
-			fx.OnStart(func(ctx context.Context, h *httpServer) error { return h.start(ctx) }),
-			fx.OnStop(func(ctx context.Context, h *httpServer) error { return h.stop(ctx) }),
+			fx.OnStart(func(ctx context.Context, h *status.HTTPServer) error { return h.Start(ctx) }),
+			fx.OnStop(func(ctx context.Context, h *status.HTTPServer) error { return h.Stop(ctx) }),
 		)),
-		fx.Invoke(func(*httpServer) {}),
+		fx.Invoke(func(*status.HTTPServer) {}),
 	)
 }
 
@@ -334,7 +334,7 @@ func (n *Node) Run(ctx context.Context) error {
 }
 
 // Status returns the node's current status.
-func (n *Node) Status() Status { return n.status.Snapshot() }
+func (n *Node) Status() status.Status { return n.status.Snapshot() }
 
 // HTTPAddr is the bound status address ("" when HTTP is off or not started).
 func (n *Node) HTTPAddr() string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/stretchr/testify/require"
 )
 
@@ -100,7 +101,7 @@ func TestRestartedTrainerIsLeasedAgainInItsRound(t *testing.T) {
 // normalRoundTime is the median round time in n's history from round from on.
 func normalRoundTime(n *clusterNode, from uint64) time.Duration {
 	var secs []float64
-	for _, p := range loadHistory(n.cfg.Node.StoreDir) {
+	for _, p := range status.LoadHistory(n.cfg.Node.StoreDir) {
 		if p.Round >= from {
 			secs = append(secs, p.Seconds)
 		}

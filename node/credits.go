@@ -13,6 +13,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/credit"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 // Credits adds up every peer's account (credit.Ledger) over the chain held here, from head
@@ -40,9 +41,9 @@ func StoredPeerID(cfg *config.Config) (string, error) {
 	if _, err := os.Stat(cfg.Node.Identity); errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
-	key, err := LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
+	key, err := p2p.LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return "", err
 	}
-	return PeerID(key)
+	return p2p.PeerID(key)
 }

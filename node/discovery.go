@@ -2,25 +2,13 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
-	"time"
 
-	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/network"
-	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/protocol"
-	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
-	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
-	dutil "github.com/libp2p/go-libp2p/p2p/discovery/util"
-	"github.com/libp2p/go-libp2p/p2p/net/swarm"
-	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 // discoveryModule finds peers: the configured bootstrap peers (kept connected), the
@@ -38,278 +26,43 @@ func discoveryModule(cfg *config.Config, opts Options) fx.Option {
 	)
 }
 
-// bootstrapPeers parses node.bootstrap (validated already).
-func bootstrapPeers(cfg *config.Config) ([]peer.AddrInfo, error) {
-	var out []peer.AddrInfo
-	for i, s := range cfg.Node.Bootstrap {
-		ai, err := peer.AddrInfoFromString(s)
-		if err != nil {
-			return nil, fmt.Errorf("node.bootstrap[%d]: %w", i, err)
-		}
-		out = append(out, *ai)
-	}
-	return out, nil
-}
-
-// keptPeers are the peers a node keeps connected: the bootstrap peers (with their
-// configured addresses) and the configured validators other than itself (dialled at the
-// addresses the peerstore has learnt for them).
-func keptPeers(cfg *config.Config, self peer.ID) ([]peer.AddrInfo, error) {
-	peers, err := bootstrapPeers(cfg)
-	if err != nil {
-		return nil, err
-	}
-	for _, id := range validatorIDs(cfg, self) {
-		if id != self && !slices.ContainsFunc(peers, func(ai peer.AddrInfo) bool { return ai.ID == id }) {
-			peers = append(peers, peer.AddrInfo{ID: id})
-		}
-	}
-	return peers, nil
-}
-
 func bootstrapModule(cfg *config.Config) fx.Option {
 	return fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) error {
-		peers, err := keptPeers(cfg, h.ID())
+		peers, err := p2p.KeptPeers(cfg, validatorIDs(cfg, h.ID()), h.ID())
 		if err != nil || len(peers) == 0 {
 			return err
 		}
-		protectKeptPeers(h, peers)
+		p2p.ProtectKeptPeers(h, peers)
 		// Watch connections from now on, before anything dials: the addresses a
 		// validator was reached at are remembered from its first connection.
-		w := watchKept(h, peers)
-		runInBackground(lc, func(ctx context.Context) { w.keep(ctx, log.With("pkg", "bootstrap")) },
-			func() error { w.close(); return nil })
+		w := p2p.WatchKept(h, peers)
+		runInBackground(lc, func(ctx context.Context) { w.Keep(ctx, log.With("pkg", "bootstrap")) },
+			func() error { w.Close(); return nil })
 		return nil
 	})
-}
-
-// Redial pacing for kept peers. They are few and the swarm cannot work without them, so a
-// node keeps trying twice a second: a restarted validator is reached within a
-// second or two of listening again, where libp2p's own dial backoff (5 s and growing)
-// and a backoff of ours growing to 30 s had trainers wait several round deadlines.
-const (
-	keepTick        = 250 * time.Millisecond
-	keepMinBackoff  = 250 * time.Millisecond
-	keepMaxBackoff  = 500 * time.Millisecond
-	keepDialTimeout = 10 * time.Second
-)
-
-// keptPeer is the redial state of one kept peer.
-type keptPeer struct {
-	ai      peer.AddrInfo
-	backoff time.Duration
-	next    time.Time
-	dialing bool
-}
-
-// keptWatch keeps a node connected to its kept peers (keep), and remembers the addresses
-// it reached them at. A validator is configured by peer id only; its addresses are what
-// the peerstore learnt while connected to it, and the peerstore can lose them when the
-// connection drops: seen in TestRestartedPeerIsRedialledWithin2s, about 1 run in 40 under
-// load, the peerstore held no address for the peer once it was gone ("no addresses"), and
-// the peer was never dialled again. Identify rewrites a peer's addresses and their TTLs on
-// each exchange and on the last disconnection; the exchange of a connection that closed
-// at once racing that disconnection is the likely cause, not proven. So every outbound
-// connection's remote address, and the addresses the peerstore holds while connected, are
-// kept here as well.
-type keptWatch struct {
-	h      host.Host
-	peers  []peer.AddrInfo
-	notify *network.NotifyBundle
-
-	mu sync.Mutex
-	// dialled holds the remote addresses of outbound connections to each kept peer,
-	// advertised those the peerstore held for it while connected; newest last, at most
-	// maxKeptAddrs each, so a peer that advertises many cannot push out the one that
-	// worked.
-	dialled, advertised map[peer.ID][]ma.Multiaddr
-}
-
-// maxKeptAddrs bounds each list of addresses remembered per kept peer.
-const maxKeptAddrs = 8
-
-// watchKept starts remembering the kept peers' addresses: from the connections open now
-// and from every connection opened until close.
-func watchKept(h host.Host, peers []peer.AddrInfo) *keptWatch {
-	w := &keptWatch{h: h, dialled: map[peer.ID][]ma.Multiaddr{}, advertised: map[peer.ID][]ma.Multiaddr{}}
-	kept := map[peer.ID]bool{}
-	for _, ai := range peers {
-		if ai.ID != h.ID() {
-			w.peers = append(w.peers, ai)
-			kept[ai.ID] = true
-		}
-	}
-	// An inbound connection's remote address is the peer's outgoing port, not one it
-	// listens at: only dialled connections teach an address here.
-	w.notify = &network.NotifyBundle{ConnectedF: func(_ network.Network, c network.Conn) {
-		if kept[c.RemotePeer()] && c.Stat().Direction == network.DirOutbound {
-			w.learn(w.dialled, c.RemotePeer(), c.RemoteMultiaddr())
-		}
-	}}
-	h.Network().Notify(w.notify)
-	for id := range kept {
-		for _, c := range h.Network().ConnsToPeer(id) {
-			w.notify.Connected(h.Network(), c)
-		}
-	}
-	return w
-}
-
-func (w *keptWatch) close() { w.h.Network().StopNotify(w.notify) }
-
-// learn adds addrs to p's list in m (dialled or advertised).
-func (w *keptWatch) learn(m map[peer.ID][]ma.Multiaddr, p peer.ID, addrs ...ma.Multiaddr) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	l := m[p]
-	for _, a := range addrs {
-		l = slices.DeleteFunc(l, a.Equal)
-		l = append(l, a)
-	}
-	if len(l) > maxKeptAddrs {
-		l = slices.Clone(l[len(l)-maxKeptAddrs:])
-	}
-	m[p] = l
-}
-
-// addrs is what keep dials a kept peer at: its configured addresses and those remembered
-// (the peerstore's are added by the dial itself).
-func (w *keptWatch) addrs(ai peer.AddrInfo) []ma.Multiaddr {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Concat(ai.Addrs, w.dialled[ai.ID], w.advertised[ai.ID])
-}
-
-// keepConnected watches and keeps the kept peers connected until ctx ends (watchKept and
-// keep in one, for callers with nothing to dial before).
-func keepConnected(ctx context.Context, h host.Host, peers []peer.AddrInfo, log *slog.Logger) {
-	w := watchKept(h, peers)
-	defer w.close()
-	w.keep(ctx, log)
-}
-
-// keep dials the kept peers at start and again whenever a connection drops, each in its
-// own goroutine so that a peer whose dials hang does not delay the others.
-func (w *keptWatch) keep(ctx context.Context, log *slog.Logger) {
-	h := w.h
-	state := make(map[peer.ID]*keptPeer, len(w.peers))
-	for _, ai := range w.peers {
-		state[ai.ID] = &keptPeer{ai: ai}
-	}
-	results := make(chan peer.ID)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	t := time.NewTicker(keepTick)
-	defer t.Stop()
-	for {
-		now := time.Now()
-		for id, k := range state {
-			if h.Network().Connectedness(id) == network.Connected {
-				// What identify learnt: the addresses the peer listens at.
-				w.learn(w.advertised, id, h.Peerstore().Addrs(id)...)
-				continue
-			}
-			if k.dialing || now.Before(k.next) {
-				continue
-			}
-			ai := peer.AddrInfo{ID: id, Addrs: w.addrs(k.ai)}
-			if len(ai.Addrs) == 0 && len(h.Peerstore().Addrs(id)) == 0 {
-				continue // a validator we have not learnt an address for yet
-			}
-			k.dialing = true
-			wg.Go(func() {
-				dialKept(ctx, h, ai, log)
-				select {
-				case results <- id:
-				case <-ctx.Done():
-				}
-			})
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case id := <-results:
-			k := state[id]
-			k.dialing = false
-			if h.Network().Connectedness(id) == network.Connected {
-				k.backoff = 0
-				continue
-			}
-			k.backoff = min(max(2*k.backoff, keepMinBackoff), keepMaxBackoff)
-			k.next = time.Now().Add(k.backoff)
-		}
-	}
-}
-
-// dialKept dials a kept peer, first clearing the swarm's dial backoff for it: that
-// backoff was set by dials that failed while the peer was down, and would refuse this
-// dial for seconds after the peer is back.
-func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logger) {
-	if sw, ok := h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
-		sw.Backoff().Clear(ai.ID)
-	}
-	dctx, cancel := context.WithTimeout(ctx, keepDialTimeout)
-	defer cancel()
-	if err := h.Connect(dctx, ai); err != nil {
-		log.Debug("dial of a bootstrap peer or validator failed", "peer", ai.ID.String(), "err", err)
-		return
-	}
-	log.Info("connected to a bootstrap peer or validator", "peer", ai.ID.String())
 }
 
 func dhtModule(cfg *config.Config) fx.Option {
 	if !cfg.Node.DHT {
 		return fx.Options()
 	}
-	rendezvous := "/p2ptrain/" + cfg.Experiment.Network + "/" + cfg.Experiment.ID
 	return fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) error {
-		peers, err := bootstrapPeers(cfg)
+		peers, err := p2p.BootstrapPeers(cfg)
 		if err != nil {
 			return err
 		}
 		log = log.With("pkg", "dht")
 		ctx, cancel := context.WithCancel(context.Background())
-		d, err := dht.New(ctx, h, dht.Mode(dht.ModeAutoServer), dht.ProtocolPrefix(protocol.ID("/p2ptrain/"+cfg.Experiment.Network)),
-			dht.BootstrapPeers(peers...))
+		d, err := p2p.NewDHT(ctx, h, cfg, peers)
 		if err != nil {
 			cancel()
-			return fmt.Errorf("node.dht: %w", err)
+			return err
 		}
 		// The loop stops on the hook's context; the DHT's own context ends after it.
-		runInBackground(lc, func(loop context.Context) { rendezvousLoop(loop, h, d, rendezvous, log) },
+		runInBackground(lc, func(loop context.Context) { p2p.RendezvousLoop(loop, h, d, p2p.Rendezvous(cfg), log) },
 			func() error { cancel(); return d.Close() })
 		return nil
 	})
-}
-
-// rendezvousLoop advertises this node under the experiment's namespace and connects to the
-// other nodes found there, so a swarm grows beyond its bootstrap peers.
-func rendezvousLoop(ctx context.Context, h host.Host, d *dht.IpfsDHT, ns string, log *slog.Logger) {
-	disc := drouting.NewRoutingDiscovery(d)
-	for {
-		if err := d.Bootstrap(ctx); err == nil && len(d.RoutingTable().ListPeers()) > 0 {
-			dutil.Advertise(ctx, disc, ns)
-			peers, err := disc.FindPeers(ctx, ns)
-			if err == nil {
-				for ai := range peers {
-					if ai.ID == h.ID() || len(ai.Addrs) == 0 || h.Network().Connectedness(ai.ID) == network.Connected {
-						continue
-					}
-					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-					if err := h.Connect(cctx, ai); err == nil {
-						log.Debug("connected to a peer found in the DHT", "peer", ai.ID.String())
-					}
-					cancel()
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(30 * time.Second):
-		}
-	}
 }
 
 func mdnsModule(cfg *config.Config) fx.Option {
@@ -317,30 +70,10 @@ func mdnsModule(cfg *config.Config) fx.Option {
 		return fx.Options()
 	}
 	return fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) {
-		n := &mdnsNotifee{h: h, log: log.With("pkg", "mdns")}
-		svc := mdns.NewMdnsService(h, "p2ptrain-"+cfg.Experiment.Network, n)
+		svc := p2p.NewMDNS(h, cfg, log.With("pkg", "mdns"))
 		lc.Append(fx.Hook{
 			OnStart: func(context.Context) error { return svc.Start() },
 			OnStop:  func(context.Context) error { return svc.Close() },
 		})
 	})
-}
-
-type mdnsNotifee struct {
-	h   host.Host
-	log *slog.Logger
-}
-
-// HandlePeerFound connects to peers found on the LAN.
-func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
-	if ai.ID == n.h.ID() {
-		return
-	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := n.h.Connect(ctx, ai); err == nil {
-			n.log.Info("connected to a peer on the LAN", "peer", ai.ID.String())
-		}
-	}()
 }

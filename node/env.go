@@ -17,8 +17,11 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/export"
+	"github.com/p2pnode/p2pnode/p2p"
 	"github.com/p2pnode/p2pnode/pyruntime"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/status"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 // env is what every role loop shares.
@@ -34,17 +37,17 @@ type env struct {
 	heads      *chain.Store
 	rt         pyruntime.Runtime // nil when the node runs no workload
 	data       *dataState
-	status     *statusBoard
-	keeper     *keeper
+	status     *status.Board
+	keeper     *upkeep.Keeper
 	validators []string // peers whose signatures make a head canonical
 	progress   io.Writer
-	metrics    *nodeMetrics
-	peers      *peerRounds    // rounds announced by peers
-	bytes      *byteMeter     // libp2p bytes moved, per round
-	wrapWork   wrapWindows    // what the trainer loop trains with, made of its round.Trainer
-	exporter   *export.Writer // keeps export.dir current; nil when export is off
-	rebuild    *round.Merger  // rebuilds heads from their contributions (see rebuildsHeads); nil if not
-	pruner     *pruner        // deletes old artifacts after checkpoints; nil with node.archive
+	metrics    *status.Metrics
+	peers      *status.PeerRounds // rounds announced by peers
+	bytes      *p2p.ByteMeter     // libp2p bytes moved, per round
+	wrapWork   wrapWindows        // what the trainer loop trains with, made of its round.Trainer
+	exporter   *export.Writer     // keeps export.dir current; nil when export is off
+	rebuild    *round.Merger      // rebuilds heads from their contributions (see rebuildsHeads); nil if not
+	pruner     *upkeep.Pruner     // deletes old artifacts after checkpoints; nil with node.archive
 }
 
 func (e *env) isValidator(p string) bool { return slices.Contains(e.validators, p) }

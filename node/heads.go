@@ -14,6 +14,8 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
+	"github.com/p2pnode/p2pnode/internal/version"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/trainer"
 )
 
@@ -42,7 +44,7 @@ func (a *announcer) run(ctx context.Context) error {
 func (a *announcer) announce(ctx context.Context) {
 	id, h := a.tips.Current()
 	msg := &gossip.Announce{Experiment: a.cfg.Experiment.ID, Peer: a.self, Roles: a.cfg.Experiment.Roles,
-		Capacity: a.capacity.SamplesPerSecond(), Version: Version, Time: time.Now().UnixMilli(), Started: a.started,
+		Capacity: a.capacity.SamplesPerSecond(), Version: version.Agent(), Time: time.Now().UnixMilli(), Started: a.started,
 		StepSeconds: a.capacity.StepSeconds()}
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
@@ -84,7 +86,7 @@ func (w *watcher) run(ctx context.Context) error {
 				}
 				w.log.Info("round limit reached", "rounds", w.cfg.Experiment.Rounds, "head", id.String())
 				w.linger(ctx, h.Round)
-				if err := w.keeper.ck.Flush(ctx); err != nil {
+				if err := w.keeper.Flush(ctx); err != nil {
 					return fmt.Errorf("final checkpoint: %w", err)
 				}
 				w.stop()
@@ -139,7 +141,7 @@ const lateNotesRounds = 2 * gossip.MaxEarlierNotes
 // own measurements.
 func (w *watcher) completeRecorded() {
 	var bare []string
-	w.status.update(func(s *Status) {
+	w.status.Update(func(s *status.Status) {
 		for _, p := range s.History[max(0, len(s.History)-lateNotesRounds):] {
 			if p.HeldOut == nil && !p.HeldOutFailed {
 				bare = append(bare, p.Head)
@@ -157,16 +159,16 @@ func (w *watcher) completeRecorded() {
 	if len(found) == 0 {
 		return
 	}
-	var latest *RoundPoint
-	var completed []RoundPoint
-	w.status.update(func(s *Status) {
+	var latest *status.RoundPoint
+	var completed []status.RoundPoint
+	w.status.Update(func(s *status.Status) {
 		for i := max(0, len(s.History)-lateNotesRounds); i < len(s.History); i++ {
 			p := &s.History[i]
 			n, ok := found[p.Head]
 			if !ok || p.HeldOut != nil || p.HeldOutFailed {
 				continue
 			}
-			p.setNotes(n)
+			p.SetNotes(n)
 			completed = append(completed, *p)
 			if i == len(s.History)-1 {
 				l := *p
@@ -178,11 +180,11 @@ func (w *watcher) completeRecorded() {
 		}
 	})
 	if latest != nil {
-		w.metrics.head(latest.Round, latest.TrainLoss, latest.HeldOut)
+		w.metrics.Head(latest.Round, latest.TrainLoss, latest.HeldOut)
 	}
 	for _, p := range completed {
 		if _, ok := w.bare[p.Head]; ok && w.progress != nil {
-			printLateMetrics(w.progress, w.cfg.Experiment.Rounds, p)
+			status.PrintLateMetrics(w.progress, w.cfg.Experiment.Rounds, p)
 		}
 		delete(w.bare, p.Head)
 	}
@@ -217,7 +219,7 @@ func (w *watcher) linger(ctx context.Context, final uint64) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if w.peers.allAt(final) {
+		if w.peers.AllAt(final) {
 			return
 		}
 		select {
@@ -234,8 +236,8 @@ func (w *watcher) linger(ctx context.Context, final uint64) {
 // onHead does what a new canonical head asks of this node at once: status, tip file,
 // export and checkpoint. The round's history point and progress line are record's.
 func (w *watcher) onHead(id cid.Cid, h *chain.Head, took time.Duration) headSeen {
-	in, out := w.bytes.delta()
-	w.status.update(func(s *Status) {
+	in, out := w.bytes.Delta()
+	w.status.Update(func(s *status.Status) {
 		// The head's held-out metrics come with its record.
 		s.Head, s.Round, s.Epoch, s.TrainLoss, s.HeadMetrics = id.String(), h.Round, h.Ledger.Epoch, h.Metrics.TrainLoss, nil
 	})
@@ -245,9 +247,9 @@ func (w *watcher) onHead(id cid.Cid, h *chain.Head, took time.Duration) headSeen
 	if every := uint64(w.cfg.Export.EveryRounds); w.exporter != nil && (h.Round%every == 0 || w.done()) {
 		w.exporter.SubmitHead(id)
 	}
-	if err := w.keeper.headChanged(id, h); err != nil {
+	if err := w.keeper.HeadChanged(id, h); err != nil {
 		w.log.Error("checkpoint failed", "round", h.Round, "err", err)
-		w.status.event("checkpoint", "round %d: %v", h.Round, err)
+		w.status.Event("checkpoint", "round %d: %v", h.Round, err)
 	}
 	return headSeen{id: id, h: h, took: took, bytesIn: in, bytesOut: out}
 }
@@ -256,24 +258,24 @@ func (w *watcher) onHead(id cid.Cid, h *chain.Head, took time.Duration) headSeen
 // progress output, with the round notes known now.
 func (w *watcher) record(seen headSeen) {
 	id, h, took := seen.id, seen.h, seen.took
-	point := w.roundPoint(id, h)
+	point := status.HeadPoint(w.tips, id, h)
 	point.Seconds, point.BytesIn, point.BytesOut = took.Seconds(), seen.bytesIn, seen.bytesOut
 	// The next head of the chain the history holds is appended; anything else (the first
 	// head after a start, a jump after catching up) rebuilds the history from the chain.
-	var rebuilt []RoundPoint
+	var rebuilt []status.RoundPoint
 	parent, _ := h.ParentID()
-	if last, ok := w.status.lastPoint(); !ok || !parent.Defined() || last.Head != parent.String() {
-		rebuilt = w.chainHistory(id)
+	if last, ok := w.status.LastPoint(); !ok || !parent.Defined() || last.Head != parent.String() {
+		rebuilt = status.ChainHistory(w.cfg.Node.StoreDir, w.heads, w.tips, w.log, id)
 		if n := len(rebuilt); n > 0 && rebuilt[n-1].Head == point.Head && took == 0 {
 			// A restarted node follows its tip again: keep what it measured then.
 			point = rebuilt[n-1]
 		}
 	}
 	metrics := point.HeldOut
-	if err := appendHistory(w.cfg.Node.StoreDir, point); err != nil {
+	if err := status.AppendHistory(w.cfg.Node.StoreDir, point); err != nil {
 		w.log.Warn("could not record the round in the history", "err", err)
 	}
-	w.status.update(func(s *Status) {
+	w.status.Update(func(s *status.Status) {
 		if s.Head == point.Head {
 			s.HeadMetrics = metrics
 		}
@@ -284,13 +286,13 @@ func (w *watcher) record(seen headSeen) {
 			s.History = s.History[:len(s.History)-1]
 		}
 		s.History = append(s.History, point)
-		if len(s.History) > maxHistory {
-			s.History = s.History[len(s.History)-maxHistory:]
+		if len(s.History) > status.MaxHistory {
+			s.History = s.History[len(s.History)-status.MaxHistory:]
 		}
 	})
-	w.metrics.head(h.Round, h.Metrics.TrainLoss, metrics)
+	w.metrics.Head(h.Round, h.Metrics.TrainLoss, metrics)
 	if w.progress != nil {
-		printProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, point.HeldOutFailed, took)
+		status.PrintProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, point.HeldOutFailed, took)
 		if metrics == nil && w.awaitsHeldOut(id) {
 			w.printedBare(point.Head, h.Round)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 // TestLateNotesCompleteTheRecordedHistory: rounds 1 to 3 are recorded with notes that
@@ -33,7 +34,7 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	var out strings.Builder
 	cfg := config.Default()
 	cfg.Node.StoreDir = t.TempDir()
-	w := &watcher{env: &env{cfg: cfg, heads: heads, tips: tips, status: &statusBoard{}, metrics: newNodeMetrics(prometheus.NewRegistry()), progress: &out}}
+	w := &watcher{env: &env{cfg: cfg, heads: heads, tips: tips, status: &status.Board{}, metrics: status.NewMetrics(prometheus.NewRegistry()), progress: &out}}
 
 	var ids []cid.Cid
 	parent := cid.Undef
@@ -58,7 +59,7 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 			held = map[string]float64{"loss": 3}
 		}
 		require.NoError(t, tips.SetNotes(id, r, signedNotes(t, k, id, r, held)))
-		w.status.update(func(s *Status) { s.Head = id.String() })
+		w.status.Update(func(s *status.Status) { s.Head = id.String() })
 		w.record(headSeen{id: id, h: h, took: time.Second})
 		ids, parent = append(ids, id), id
 	}
@@ -66,7 +67,7 @@ func TestLateNotesCompleteTheRecordedHistory(t *testing.T) {
 	out.Reset()
 	heldOut := func() []map[string]float64 {
 		var out []map[string]float64
-		w.status.update(func(s *Status) {
+		w.status.Update(func(s *status.Status) {
 			for _, p := range s.History {
 				out = append(out, p.HeldOut)
 			}

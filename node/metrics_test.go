@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/synth"
 	"github.com/p2pnode/p2pnode/validator"
 )
@@ -72,7 +73,7 @@ func TestNodeMetricsFollowConventionsAndAreDocumented(t *testing.T) {
 	for _, m := range fams["p2ptrain_node_round_phase_seconds"].GetMetric() {
 		phases[m.GetLabel()[0].GetValue()] = m.GetHistogram()
 	}
-	for _, phase := range roundPhases {
+	for _, phase := range status.RoundPhases {
 		require.Equal(t, uint64(2), phases[phase].GetSampleCount(), "phase %s observed once per round led", phase)
 	}
 	require.Positive(t, phases["training"].GetSampleSum())
@@ -86,8 +87,8 @@ func TestNodeMetricsFollowConventionsAndAreDocumented(t *testing.T) {
 			require.False(t, strings.HasSuffix(name, "_total"), "%s is a %s, not a counter, yet ends in _total", name, mf.GetType())
 		}
 		documented := name
-		if strings.HasPrefix(name, heldOutPrefix) {
-			documented = heldOutPrefix + "<name>"
+		if strings.HasPrefix(name, status.HeldOutPrefix) {
+			documented = status.HeldOutPrefix + "<name>"
 		}
 		require.Contains(t, string(doc), "`"+documented+"`", "docs/metrics.md must list %s", name)
 	}

@@ -25,7 +25,9 @@ import (
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/internal/testenv"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/synth"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 // hubBus is a Bus joining the nodes of one process: every message goes to every node
@@ -125,8 +127,8 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 			cks = append(cks, ck)
 			e := newEnv(envParams{Cfg: &ncfg, Log: log, Self: pid, Key: key, Host: hosts[i], Bus: hub.join(id, store),
 				Tips: chain.NewTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads, Wrap: honestWindows,
-				Runtime: synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &statusBoard{},
-				Keeper: newKeeper(ck, i == 0 || rebuildsHeads(&ncfg)), Metrics: newNodeMetrics(prometheus.NewRegistry())})
+				Runtime: synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &status.Board{},
+				Keeper: upkeep.NewKeeper(ck, i == 0 || rebuildsHeads(&ncfg)), Metrics: status.NewMetrics(prometheus.NewRegistry())})
 			envs = append(envs, e)
 		}
 		errs := make(chan error, len(envs))

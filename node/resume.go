@@ -29,34 +29,34 @@ const (
 // catches up from peers).
 func restore(ctx context.Context, e *env, work *round.Trainer) error {
 	until := time.Now().Add(restorePeerWait)
-	r, err := e.keeper.restore()
+	r, err := e.keeper.Restore()
 	if errors.Is(err, checkpoint.ErrNoState) {
 		return resumeFromChain(ctx, e, until, err)
 	}
 	if err != nil {
 		return fmt.Errorf("load checkpoint: %w", err)
 	}
-	id, err := cid.Decode(r.state.Head)
+	id, err := cid.Decode(r.State.Head)
 	if err != nil {
-		return fmt.Errorf("checkpoint head %q: %w", r.state.Head, err)
+		return fmt.Errorf("checkpoint head %q: %w", r.State.Head, err)
 	}
 	h, err := e.headOrRefetch(ctx, id, until)
 	if err != nil {
 		return fmt.Errorf("checkpoint head: %w", err)
 	}
-	work.OptState, work.Residual, work.ResidualTag = r.optPath, r.residual, r.residualTag
-	if r.residualErr != nil {
-		e.log.Warn("error-feedback residual dropped; it starts again from zeros", "err", r.residualErr)
+	work.OptState, work.Residual, work.ResidualTag = r.OptPath, r.Residual, r.ResidualTag
+	if r.ResidualErr != nil {
+		e.log.Warn("error-feedback residual dropped; it starts again from zeros", "err", r.ResidualErr)
 	}
-	if r.pacesErr != nil {
-		e.log.Warn("trainer paces dropped; round deadlines are learnt again", "err", r.pacesErr)
+	if r.PacesErr != nil {
+		e.log.Warn("trainer paces dropped; round deadlines are learnt again", "err", r.PacesErr)
 	}
 	if tid, th, ok := newerTip(ctx, e, id, h, until); ok {
 		e.log.Info("the head chain is ahead of the checkpoint; resuming at its tip", "checkpoint_round", h.Round, "tip_round", th.Round)
 		id, h = tid, th
 	}
 	e.tips.Restore(id, h)
-	e.log.Info("resumed", "round", h.Round, "head", id.String(), "checkpoint_generation", r.state.Seq)
+	e.log.Info("resumed", "round", h.Round, "head", id.String(), "checkpoint_generation", r.State.Seq)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/synth"
 )
 
@@ -77,7 +78,7 @@ func TestSoloNodeResumesFromTheChainWithoutState(t *testing.T) {
 			require.Equal(t, uint64(6), st.Round)
 			// The history (kept in the store across restarts) holds round 4 once, at the head
 			// the first run reached; the progress output shows where this run started.
-			i := slices.IndexFunc(st.History, func(p RoundPoint) bool { return p.Round == 4 })
+			i := slices.IndexFunc(st.History, func(p status.RoundPoint) bool { return p.Round == 4 })
 			require.GreaterOrEqual(t, i, 0, "round 4 missing from the history")
 			require.Equal(t, head, st.History[i].Head, "round 4's head changed: the run started over")
 			require.True(t, strings.HasPrefix(out.String(), "round   4/6"), out.String())

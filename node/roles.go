@@ -21,23 +21,26 @@ import (
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/export"
 	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/p2p"
 	"github.com/p2pnode/p2pnode/pyruntime"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/trainer"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 func rolesModule(cfg *config.Config) fx.Option {
 	return fx.Module("roles",
 		fx.Provide(
-			func(self peer.ID) *statusBoard {
-				return &statusBoard{s: Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
-					Experiment: cfg.Experiment.ID, Started: time.Now()}}
+			func(self peer.ID) *status.Board {
+				return status.NewBoard(status.Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
+					Experiment: cfg.Experiment.ID, Started: time.Now()})
 			},
 			func(heads *chain.Store, self peer.ID) *chain.Tips {
 				return chain.NewTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
 			},
-			func(ck *checkpoint.Checkpointer) *keeper {
-				return newKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
+			func(ck *checkpoint.Checkpointer) *upkeep.Keeper {
+				return upkeep.NewKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
 			},
 			func() wrapWindows { return honestWindows },
 			newEnv,
@@ -126,34 +129,34 @@ type envParams struct {
 	Store   *artifact.Store
 	Heads   *chain.Store
 	Runtime pyruntime.Runtime
-	Status  *statusBoard
-	Keeper  *keeper
-	Metrics *nodeMetrics
+	Status  *status.Board
+	Keeper  *upkeep.Keeper
+	Metrics *status.Metrics
 	Export  *export.Writer
-	Pruner  *pruner
+	Pruner  *upkeep.Pruner
 	Wrap    wrapWindows
-	Bytes   *byteCounter `optional:"true"`
+	Bytes   *p2p.ByteCounter `optional:"true"`
 }
 
 func newEnv(p envParams) *env {
 	if p.Runtime != nil {
-		p.Status.worker = func() any { return p.Runtime.Status() }
+		p.Status.Worker = func() any { return p.Runtime.Status() }
 	}
 	if g, ok := p.Bus.(interface{ Rejections() map[string]uint64 }); ok {
-		p.Status.gossipRejects = g.Rejections
+		p.Status.GossipRejects = g.Rejections
 	}
-	p.Status.conns = func() (peers, addrs []string) {
+	p.Status.Conns = func() (peers, addrs []string) {
 		for _, id := range p.Host.Network().Peers() {
 			peers = append(peers, id.String())
 		}
-		return peers, hostAddrs(p.Host)
+		return peers, p2p.HostAddrs(p.Host)
 	}
 	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
-		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &peerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
-		bytes: &byteMeter{c: p.Bytes}, pruner: p.Pruner}
-	p.Status.peers = func(round uint64) []PeerStatus {
-		return peerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
+		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
+		bytes: p2p.NewByteMeter(p.Bytes), pruner: p.Pruner}
+	p.Status.Peers = func(round uint64) []status.PeerStatus {
+		return status.PeerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
 	}
 	if rebuildsHeads(p.Cfg) {
 		if policy, err := mergePolicy(p.Cfg); err == nil {
@@ -213,7 +216,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 	}
 	e.data = data
 	if e.pruner != nil {
-		e.pruner.setDataset(data.shards.IDs())
+		e.pruner.SetDataset(data.shards.IDs())
 	}
 	policy, err := mergePolicy(cfg)
 	if err != nil {
@@ -226,7 +229,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 		return err
 	}
 	// After restore set the residual, before any loop can checkpoint.
-	e.keeper.trackResidual(work.ReadResidual)
+	e.keeper.TrackResidual(work.ReadResidual)
 
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
 		probeSpeed(ctx, e, capac)

@@ -22,7 +22,9 @@ import (
 	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/synth"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 // syncBuffer is a goroutine-safe progress sink.
@@ -192,7 +194,7 @@ func TestSoloSparseNodeCheckpointsResidual(t *testing.T) {
 		defer ck.Close()
 		st, err := ck.Load()
 		require.NoError(t, err)
-		b, err := ck.OpenBlob(st, blobResidual)
+		b, err := ck.OpenBlob(st, upkeep.BlobResidual)
 		require.NoError(t, err)
 		defer b.Close()
 		r, tag, err := round.ParseResidual(b.Bytes())
@@ -230,7 +232,7 @@ func TestHistorySurvivesARestart(t *testing.T) {
 	cfg := soloConfig(t, dir, 3)
 	first := runNode(t, cfg, &syncBuffer{}).Status()
 	require.Len(t, first.History, 4)
-	require.NoError(t, os.Remove(filepath.Join(cfg.Node.StoreDir, HistoryFile)))
+	require.NoError(t, os.Remove(filepath.Join(cfg.Node.StoreDir, status.HistoryFile)))
 	cfg.Experiment.Rounds = 5
 	st := runNode(t, cfg, &syncBuffer{}).Status()
 	require.Len(t, st.History, 6, "rounds 0..5, once each")

@@ -9,6 +9,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/trainer"
 )
 
@@ -58,21 +59,21 @@ func (c chainView) Head(id cid.Cid) (*chain.Head, error) {
 type trainerSink struct{ e *env }
 
 func (s trainerSink) Holding(l *trainer.Held) {
-	s.e.status.update(func(st *Status) {
+	s.e.status.Update(func(st *status.Status) {
 		st.Leases = nil
 		if l != nil {
-			st.Leases = []LeaseStatus{{Round: l.Round, Lease: l.Lease.String(), Microshards: l.Microshards, Expiry: l.Expiry}}
+			st.Leases = []status.LeaseStatus{{Round: l.Round, Lease: l.Lease.String(), Microshards: l.Microshards, Expiry: l.Expiry}}
 		}
 	})
 }
 
 func (s trainerSink) Trained(t trainer.Trained) {
-	s.e.keeper.trained(t.OptState)
-	s.e.status.update(func(st *Status) {
-		st.Last = &ContributionInfo{Round: t.Round, Delta: t.Delta.String(), Samples: t.Samples, Loss: t.Loss, Seconds: t.Seconds, At: time.Now()}
+	s.e.keeper.Trained(t.OptState)
+	s.e.status.Update(func(st *status.Status) {
+		st.Last = &status.ContributionInfo{Round: t.Round, Delta: t.Delta.String(), Samples: t.Samples, Loss: t.Loss, Seconds: t.Seconds, At: time.Now()}
 		if w := t.Window; w.Overlap {
 			if st.Overlap == nil {
-				st.Overlap = &OverlapStatus{}
+				st.Overlap = &status.OverlapStatus{}
 			}
 			st.Overlap.Windows++
 			if w.Ahead {
@@ -81,7 +82,7 @@ func (s trainerSink) Trained(t trainer.Trained) {
 			}
 		}
 	})
-	s.e.metrics.trained(t.Samples, t.TrainSeconds, t.Loss, t.Window)
+	s.e.metrics.Trained(t.Samples, t.TrainSeconds, t.Loss, t.Window)
 }
 
-func (s trainerSink) Event(kind, format string, args ...any) { s.e.status.event(kind, format, args...) }
+func (s trainerSink) Event(kind, format string, args ...any) { s.e.status.Event(kind, format, args...) }

@@ -5,13 +5,6 @@ import (
 	"os"
 )
 
-func sprintf(format string, args ...any) string {
-	if len(args) == 0 {
-		return format
-	}
-	return fmt.Sprintf(format, args...)
-}
-
 // ensureWritableDir creates dir if needed and checks that files can be created in it, so
 // that an unwritable store fails start-up in one line rather than deep inside a component.
 func ensureWritableDir(dir string) error {

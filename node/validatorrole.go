@@ -6,6 +6,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/round"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/validator"
 )
 
@@ -28,7 +29,7 @@ func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error)
 			p.Plan, p.PlanID = e.data.plan, e.data.planID
 		}
 		if e.keeper != nil {
-			p.Paces, p.TrackPaces = e.keeper.restoredPaces(), e.keeper.trackPaces
+			p.Paces, p.TrackPaces = e.keeper.RestoredPaces(), e.keeper.TrackPaces
 		}
 		v, err := validator.New(p)
 		if err != nil {
@@ -44,7 +45,7 @@ type validatorSink struct{ e *env }
 // Status changes a copy of the validator's status and publishes the copy, so a snapshot
 // being read is never changed under its reader.
 func (s validatorSink) Status(fn func(vs *validator.Status)) {
-	s.e.status.update(func(st *Status) {
+	s.e.status.Update(func(st *status.Status) {
 		var vs validator.Status
 		if st.Validator != nil {
 			vs = *st.Validator
@@ -55,13 +56,13 @@ func (s validatorSink) Status(fn func(vs *validator.Status)) {
 }
 
 func (s validatorSink) Event(kind, format string, args ...any) {
-	s.e.status.event(kind, format, args...)
+	s.e.status.Event(kind, format, args...)
 }
-func (s validatorSink) Rejected(reason string)    { s.e.metrics.rejected(reason) }
-func (s validatorSink) LeaseEnded(how string)     { s.e.metrics.leaseEnded(how) }
-func (s validatorSink) MetricDropped(name string) { s.e.metrics.metricDropped(name) }
+func (s validatorSink) Rejected(reason string)    { s.e.metrics.Rejected(reason) }
+func (s validatorSink) LeaseEnded(how string)     { s.e.metrics.LeaseEnded(how) }
+func (s validatorSink) MetricDropped(name string) { s.e.metrics.MetricDropped(name) }
 
 func (s validatorSink) RoundClosed(took time.Duration, merged int, notes *chain.Notes) {
-	s.e.metrics.roundClosed(took, merged)
-	s.e.metrics.roundSplit(notes)
+	s.e.metrics.RoundClosed(took, merged)
+	s.e.metrics.RoundSplit(notes)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 // `credits` adds up the chain in a node's store: merges from the heads, rejections and
@@ -29,16 +30,16 @@ func TestCreditsCommand(t *testing.T) {
 	var vid string
 	cfgPath := writeConfig(t, dir, func(c *config.Config) {
 		validator, _, _ = crypto.GenerateEd25519Key(nil)
-		vid, _ = node.PeerID(validator)
+		vid, _ = p2p.PeerID(validator)
 		c.Experiment.Validators = []string{vid}
 		c.Experiment.Roles = []string{config.RoleTrainer}
 		c.Node.Identity = filepath.Join(dir, "store", "identity.key")
 	})
 	cfg, err := config.Load(cfgPath)
 	require.NoError(t, err)
-	key, err := node.LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
+	key, err := p2p.LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	self, err = node.PeerID(key)
+	self, err = p2p.PeerID(key)
 	require.NoError(t, err)
 	stranger, _, _ = crypto.GenerateEd25519Key(nil)
 

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 func newInitCmd() *cobra.Command {
@@ -41,11 +41,11 @@ is (one node training the digits workload), and create the node's identity key
 			if err != nil {
 				return fmt.Errorf("the written config does not load (a bug): %w", err)
 			}
-			key, err := node.LoadIdentity(filepath.Join(cfg.Node.StoreDir, "identity.key"), slog.New(slog.DiscardHandler))
+			key, err := p2p.LoadIdentity(filepath.Join(cfg.Node.StoreDir, "identity.key"), slog.New(slog.DiscardHandler))
 			if err != nil {
 				return err
 			}
-			id, err := node.PeerID(key)
+			id, err := p2p.PeerID(key)
 			if err != nil {
 				return err
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -39,10 +40,10 @@ HTTP address to <store_dir>/http.addr when it starts).`,
 				if cfg, err = config.Load(cfgPath); err != nil {
 					return err
 				}
-				b, err := os.ReadFile(filepath.Join(cfg.Node.StoreDir, node.HTTPAddrFile))
+				b, err := os.ReadFile(filepath.Join(cfg.Node.StoreDir, status.HTTPAddrFile))
 				if errors.Is(err, fs.ErrNotExist) {
 					return fmt.Errorf("the node of %s is not running (it stopped, or never started: no %s in %s)%s",
-						cfgPath, node.HTTPAddrFile, cfg.Node.StoreDir, lastHead(cfg))
+						cfgPath, status.HTTPAddrFile, cfg.Node.StoreDir, lastHead(cfg))
 				}
 				if err != nil {
 					return fmt.Errorf("find the node of %s: %w", cfgPath, err)
@@ -73,7 +74,7 @@ HTTP address to <store_dir>/http.addr when it starts).`,
 				_, err = cmd.OutOrStdout().Write(body)
 				return err
 			}
-			var s node.Status
+			var s status.Status
 			if err := json.Unmarshal(body, &s); err != nil {
 				return fmt.Errorf("status from %s: %w", addr, err)
 			}
@@ -107,7 +108,7 @@ func lastHead(cfg *config.Config) string {
 	return fmt.Sprintf("; its last head is %s (round %d)", id, h.Round)
 }
 
-func printStatus(w io.Writer, s *node.Status) {
+func printStatus(w io.Writer, s *status.Status) {
 	fmt.Fprintf(w, "peer        %s\nroles       %s\nexperiment  %s/%s\n", s.Peer, strings.Join(s.Roles, "+"), s.Network, s.Experiment)
 	fmt.Fprintf(w, "addresses   %s\nconnected   %d peers\n", strings.Join(s.Addrs, " "), len(s.Connected))
 	fmt.Fprintf(w, "head        %s (round %d, epoch %d, train loss %.4f)\n", s.Head, s.Round, s.Epoch, s.TrainLoss)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/p2pnode/p2pnode/config"
-	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 func TestWriteContainerConfigs(t *testing.T) {
@@ -22,11 +22,11 @@ func TestWriteContainerConfigs(t *testing.T) {
 	if want := []string{"validator", "trainer-1", "trainer-2", "trainer-3", Attacker}; !slices.Equal(f.Names, want) {
 		t.Fatalf("names %v, want %v", f.Names, want)
 	}
-	key, err := node.LoadIdentity(filepath.Join(dir, KeyFile), slog.New(slog.DiscardHandler))
+	key, err := p2p.LoadIdentity(filepath.Join(dir, KeyFile), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id, _ := node.PeerID(key); id != f.ValidatorID {
+	if id, _ := p2p.PeerID(key); id != f.ValidatorID {
 		t.Fatalf("validator.key is %s, configs name %s", id, f.ValidatorID)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, IDFile)); strings.TrimSpace(string(b)) != f.ValidatorID {

@@ -45,3 +45,7 @@ var Revision = sync.OnceValue(func() string {
 	}
 	return rev + dirty
 })
+
+// Agent is what a node announces to peers (the libp2p user agent, its announcements) and
+// shows in status: "p2pnode/0.1.0".
+func Agent() string { return "p2pnode/" + Version }

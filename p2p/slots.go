@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"time"
@@ -40,9 +40,9 @@ func connWatermarks(limits rcmgr.ConcreteLimitConfig) (low, high int) {
 	return high * 3 / 4, high
 }
 
-// protectKeptPeers protects the kept peers (bootstrap peers, configured validators) in
+// ProtectKeptPeers protects the kept peers (bootstrap peers, configured validators) in
 // the connection manager: they are never trimmed, however many other peers take slots.
-func protectKeptPeers(h host.Host, peers []peer.AddrInfo) {
+func ProtectKeptPeers(h host.Host, peers []peer.AddrInfo) {
 	for _, ai := range peers {
 		h.ConnManager().Protect(ai.ID, protectKept)
 	}

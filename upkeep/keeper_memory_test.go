@@ -1,4 +1,4 @@
-package node
+package upkeep
 
 import (
 	"context"
@@ -99,9 +99,9 @@ func TestCheckpointMemoryChild(t *testing.T) {
 	for n := 1000; n < p; n *= 2 { // copy, not a loop: quick under the race detector
 		copy(work.Residual[n:], work.Residual[:n])
 	}
-	k := newKeeper(ck, false)
-	k.trackResidual(work.ReadResidual)
-	k.trained(filepath.Join(dir, "opt.safetensors"))
+	k := NewKeeper(ck, false)
+	k.TrackResidual(work.ReadResidual)
+	k.Trained(filepath.Join(dir, "opt.safetensors"))
 	params, err := shared.PutBytes([]byte("the head's params: kept by reference, never copied"))
 	require.NoError(t, err)
 	head := &chain.Head{Round: 1, Params: params.Bytes()}
@@ -125,16 +125,16 @@ func TestCheckpointMemoryChild(t *testing.T) {
 	ck, err = checkpoint.Open(filepath.Join(dir, "state"), shared, nil)
 	require.NoError(t, err)
 	defer ck.Close()
-	k = newKeeper(ck, false)
+	k = NewKeeper(ck, false)
 	before = resetPeak(t)
 	start = time.Now()
-	r, err := k.restore()
+	r, err := k.Restore()
 	require.NoError(t, err)
 	loadWall := time.Since(start)
 	loadGrowth := peakMiB(t) - before
-	require.NoError(t, r.residualErr)
-	require.Len(t, r.residual, p)
-	require.Equal(t, float32(999)*1e-6, r.residual[999])
+	require.NoError(t, r.ResidualErr)
+	require.Len(t, r.Residual, p)
+	require.Equal(t, float32(999)*1e-6, r.Residual[999])
 	row := fmt.Sprintf("save: +%.1f MiB peak RSS (%.3f × model) in %v; load: +%.1f MiB (%.3f × model, of which the residual %.1f) in %v",
 		saveGrowth, saveGrowth/model, saveWall.Round(time.Millisecond), loadGrowth, loadGrowth/model, model, loadWall.Round(time.Millisecond))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rows"), []byte(row), 0o644))

@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"context"
@@ -81,8 +81,8 @@ func TestRestartedPeerIsRedialledWithin2s(t *testing.T) {
 				kept.Addrs = server.Addrs()
 			}
 			// As bootstrapModule does: watch before anything dials.
-			w := watchKept(node, []peer.AddrInfo{kept})
-			t.Cleanup(w.close)
+			w := WatchKept(node, []peer.AddrInfo{kept})
+			t.Cleanup(w.Close)
 			if !tt.withAddrs {
 				// A validator's address is what the node learnt while connected to it.
 				require.NoError(t, node.Connect(context.Background(), peer.AddrInfo{ID: server.ID(), Addrs: server.Addrs()}))
@@ -92,7 +92,7 @@ func TestRestartedPeerIsRedialledWithin2s(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				w.keep(ctx, slog.New(slog.DiscardHandler))
+				w.Keep(ctx, slog.New(slog.DiscardHandler))
 			}()
 			t.Cleanup(func() { cancel(); <-done })
 			connected := func() bool { return node.Network().Connectedness(server.ID()) == network.Connected }

@@ -1,4 +1,4 @@
-package node
+package status
 
 import (
 	"os"
@@ -26,7 +26,7 @@ func TestLoadHistory(t *testing.T) {
 				require.NoError(t, os.WriteFile(filepath.Join(dir, HistoryFile), []byte(tc.file), 0o644))
 			}
 			var got []uint64
-			for _, p := range loadHistory(dir) {
+			for _, p := range LoadHistory(dir) {
 				got = append(got, p.Round)
 			}
 			require.Equal(t, tc.rounds, got)
@@ -34,9 +34,9 @@ func TestLoadHistory(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for r := range uint64(3) {
-		require.NoError(t, appendHistory(dir, RoundPoint{Round: r, HeldOut: map[string]float64{"loss": 1 / float64(r+1)}}))
+		require.NoError(t, AppendHistory(dir, RoundPoint{Round: r, HeldOut: map[string]float64{"loss": 1 / float64(r+1)}}))
 	}
-	h := loadHistory(dir)
+	h := LoadHistory(dir)
 	require.Len(t, h, 3)
 	require.Equal(t, 0.5, h[1].HeldOut["loss"])
 }
@@ -49,8 +49,8 @@ func FuzzLoadHistory(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, HistoryFile), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		h := loadHistory(dir)
-		require.LessOrEqual(t, len(h), maxHistory)
+		h := LoadHistory(dir)
+		require.LessOrEqual(t, len(h), MaxHistory)
 		for i := 1; i < len(h); i++ {
 			require.Less(t, h[i-1].Round, h[i].Round, "rounds must ascend")
 		}

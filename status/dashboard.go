@@ -1,4 +1,4 @@
-package node
+package status
 
 import _ "embed"
 

@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"context"
@@ -72,7 +72,7 @@ func TestIdlePeersCannotHoldEverySlot(t *testing.T) {
 	for _, h := range []host.Host{validator, leased} {
 		require.NoError(t, h.Connect(context.Background(), serverInfo))
 	}
-	protectKeptPeers(server, []peer.AddrInfo{{ID: validator.ID()}})
+	ProtectKeptPeers(server, []peer.AddrInfo{{ID: validator.ID()}})
 	newLeaseTags(server.ConnManager()).observe(&gossip.Leases{Round: 1, Leases: []lease.Lease{{Round: 1, Trainer: leased.ID().String()}}})
 
 	// The flood: one idle identity per inbound slot, 16 handshakes at a time.

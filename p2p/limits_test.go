@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"context"
@@ -108,7 +108,7 @@ func testHost(t *testing.T, bw metrics.Reporter) host.Host {
 	cfg.Node.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
 	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	require.NoError(t, err)
-	h, err := newHost(cfg, key, bw, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	h, err := NewHost(cfg, key, bw, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close() })
 	return h

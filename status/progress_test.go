@@ -1,4 +1,4 @@
-package node
+package status
 
 import (
 	"strings"
@@ -33,7 +33,7 @@ func TestProgressLine(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var b strings.Builder
-			printProgress(&b, 5, id, tc.h, tc.metrics, tc.failed, 4*time.Second)
+			PrintProgress(&b, 5, id, tc.h, tc.metrics, tc.failed, 4*time.Second)
 			require.Equal(t, tc.want+cids.Short(id.String())+"\n", b.String())
 		})
 	}

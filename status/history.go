@@ -1,8 +1,9 @@
-package node
+package status
 
 import (
 	"bufio"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,26 +14,27 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/internal/version"
 )
 
 // HistoryFile (in the store directory) keeps one JSON line per canonical head this node
 // followed (a RoundPoint), for what only this node measured: the time between heads and
 // the bytes it moved. Everything else in the history is rebuilt from the chain and its round
-// notes (chainHistory).
+// notes (ChainHistory).
 const HistoryFile = "history.jsonl"
 
-// chainHistory is the per-round series from genesis (or the oldest head this node holds,
-// at most maxHistory back) to head id: each head's round, train loss, samples and merged
+// ChainHistory is the per-round series from genesis (or the oldest head this node holds,
+// at most MaxHistory back) to head id: each head's round, train loss, samples and merged
 // contributions, and its round notes (held-out metrics, rejections, time split), with this
-// node's own measurements from its history file where it has them.
-func (e *env) chainHistory(id cid.Cid) []RoundPoint {
+// node's own measurements from its history file in dir where it has them.
+func ChainHistory(dir string, heads *chain.Store, tips *chain.Tips, log *slog.Logger, id cid.Cid) []RoundPoint {
 	local := map[string]RoundPoint{}
-	for _, p := range loadHistory(e.cfg.Node.StoreDir) {
+	for _, p := range LoadHistory(dir) {
 		local[p.Head] = p
 	}
 	var out []RoundPoint
-	err := e.heads.Walk(id, func(hid cid.Cid, h *chain.Head) error {
-		p := e.roundPoint(hid, h)
+	err := heads.Walk(id, func(hid cid.Cid, h *chain.Head) error {
+		p := HeadPoint(tips, hid, h)
 		if l, ok := local[p.Head]; ok {
 			p.Seconds, p.BytesIn, p.BytesOut = l.Seconds, l.BytesIn, l.BytesOut
 			if p.HeldOut == nil && p.Time == nil {
@@ -41,31 +43,31 @@ func (e *env) chainHistory(id cid.Cid) []RoundPoint {
 			}
 		}
 		out = append(out, p)
-		if len(out) >= maxHistory {
+		if len(out) >= MaxHistory {
 			return chain.StopWalk
 		}
 		return nil
 	})
 	if err != nil {
 		// A node resumed from a peer's checkpoint may not hold the oldest heads.
-		e.log.Debug("history: the chain held here is incomplete", "heads", len(out), "err", err)
+		log.Debug("history: the chain held here is incomplete", "heads", len(out), "err", err)
 	}
 	slices.Reverse(out)
 	return out
 }
 
-// roundPoint is what the chain says of one head: the head and its round notes.
-func (e *env) roundPoint(id cid.Cid, h *chain.Head) RoundPoint {
+// HeadPoint is what the chain says of one head: the head and its round notes (from tips).
+func HeadPoint(tips *chain.Tips, id cid.Cid, h *chain.Head) RoundPoint {
 	p := RoundPoint{Round: h.Round, Head: id.String(), TrainLoss: h.Metrics.TrainLoss, Samples: h.Metrics.Samples,
 		Merged: len(h.Contributions)}
-	if n := e.tips.Notes(id); n != nil {
-		p.setNotes(n)
+	if n := tips.Notes(id); n != nil {
+		p.SetNotes(n)
 	}
 	return p
 }
 
-// setNotes sets what a head's round notes say of its round.
-func (p *RoundPoint) setNotes(n *chain.Notes) {
+// SetNotes sets what a head's round notes say of its round.
+func (p *RoundPoint) SetNotes(n *chain.Notes) {
 	p.HeldOut, p.HeldOutFailed, p.Rejected = n.HeldOut, n.HeldOutFailed, int(n.Rejected)
 	if n.Seconds > 0 {
 		p.Time = &RoundTime{Seconds: n.Seconds, Training: n.TrainSeconds, Communication: n.CommSeconds, Merge: n.MergeSeconds,
@@ -73,9 +75,9 @@ func (p *RoundPoint) setNotes(n *chain.Notes) {
 	}
 }
 
-// loadHistory reads the last maxHistory points of dir's history ("" or a missing file:
+// LoadHistory reads the last MaxHistory points of dir's history ("" or a missing file:
 // none). A torn last line (a crash mid-write) is skipped.
-func loadHistory(dir string) []RoundPoint {
+func LoadHistory(dir string) []RoundPoint {
 	f, err := os.Open(filepath.Join(dir, HistoryFile))
 	if err != nil {
 		return nil
@@ -94,18 +96,18 @@ func loadHistory(dir string) []RoundPoint {
 			out = out[:len(out)-1]
 		}
 		out = append(out, p)
-		if len(out) > 2*maxHistory {
-			out = slices.Clone(out[len(out)-maxHistory:])
+		if len(out) > 2*MaxHistory {
+			out = slices.Clone(out[len(out)-MaxHistory:])
 		}
 	}
-	if len(out) > maxHistory {
-		out = out[len(out)-maxHistory:]
+	if len(out) > MaxHistory {
+		out = out[len(out)-MaxHistory:]
 	}
 	return out
 }
 
-// appendHistory adds one point to dir's history file.
-func appendHistory(dir string, p RoundPoint) error {
+// AppendHistory adds one point to dir's history file.
+func AppendHistory(dir string, p RoundPoint) error {
 	b, err := json.Marshal(p)
 	if err != nil {
 		return err
@@ -121,25 +123,6 @@ func appendHistory(dir string, p RoundPoint) error {
 	return f.Close()
 }
 
-// byteMeter reports the bytes sent and received since its last reading.
-type byteMeter struct {
-	c        *byteCounter
-	in, out  int64
-	notFirst bool
-}
-
-func (m *byteMeter) delta() (in, out uint64) {
-	if m == nil || m.c == nil {
-		return 0, 0
-	}
-	tin, tout := m.c.in.Load(), m.c.out.Load()
-	if m.notFirst {
-		in, out = uint64(max(0, tin-m.in)), uint64(max(0, tout-m.out))
-	}
-	m.in, m.out, m.notFirst = tin, tout, true
-	return in, out
-}
-
 // PeerStatus is one node of the swarm as this node sees it.
 type PeerStatus struct {
 	Peer      string    `json:"peer"`
@@ -152,9 +135,9 @@ type PeerStatus struct {
 	Connected bool      `json:"connected"`
 }
 
-// peerTable merges the peers heard from (announcements) with the connected ones, this node
+// PeerTable merges the peers heard from (announcements) with the connected ones, this node
 // first.
-func peerTable(self string, roles []string, round uint64, validators []string, pr *peerRounds, h host.Host) []PeerStatus {
+func PeerTable(self string, roles []string, round uint64, validators []string, pr *PeerRounds, h host.Host) []PeerStatus {
 	rows := map[string]*PeerStatus{}
 	for id, a := range pr.snapshot() {
 		rows[id] = &PeerStatus{Peer: id, Roles: a.roles, Round: a.round, Version: a.version, LastSeen: a.at}
@@ -169,7 +152,7 @@ func peerTable(self string, roles []string, round uint64, validators []string, p
 		}
 	}
 	delete(rows, self)
-	out := []PeerStatus{{Peer: self, Self: true, Roles: roles, Round: round, Version: Version, LastSeen: time.Now(), Connected: true}}
+	out := []PeerStatus{{Peer: self, Self: true, Roles: roles, Round: round, Version: version.Agent(), LastSeen: time.Now(), Connected: true}}
 	for _, r := range rows {
 		out = append(out, *r)
 	}

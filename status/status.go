@@ -1,6 +1,7 @@
-package node
+package status
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -73,7 +74,7 @@ type ContributionInfo struct {
 // restart, or a fresh node that synced) has them. Seconds, BytesIn and BytesOut are this
 // node's own measurements, kept in its history file (HistoryFile): absent (0) for rounds
 // the node did not follow itself. The bytes are those of its libp2p streams, counted as
-// they go (byteCounter).
+// they go (p2p.ByteCounter).
 type RoundPoint struct {
 	Round     uint64  `json:"round"`
 	Head      string  `json:"head"`
@@ -109,7 +110,7 @@ type RoundTime struct {
 	Other         float64 `json:"other_seconds"`
 }
 
-const maxHistory = 1000
+const MaxHistory = 1000
 
 // Event is something notable that happened (a worker restart, a rejected contribution, a
 // re-leased round), newest last.
@@ -121,22 +122,25 @@ type Event struct {
 
 const maxEvents = 50
 
-// statusBoard is the node's shared status, updated by the loops.
-type statusBoard struct {
+// Board is the node's shared status, updated by the loops.
+type Board struct {
 	mu sync.Mutex
 	s  Status
-	// worker reports the Python runtime's state when there is one.
-	worker func() any
-	// conns reports connected peers and our addresses when there is a host.
-	conns func() (peers, addrs []string)
-	// gossipRejects reports gossip messages rejected by topic validation.
-	gossipRejects func() map[string]uint64
-	// peers reports the peer table.
-	peers func(round uint64) []PeerStatus
+	// Worker reports the Python runtime's state when there is one.
+	Worker func() any
+	// Conns reports connected peers and our addresses when there is a host.
+	Conns func() (peers, addrs []string)
+	// GossipRejects reports gossip messages rejected by topic validation.
+	GossipRejects func() map[string]uint64
+	// Peers reports the peer table.
+	Peers func(round uint64) []PeerStatus
 }
 
-// lastPoint is the newest point of the history.
-func (b *statusBoard) lastPoint() (RoundPoint, bool) {
+// NewBoard is a board that starts at s.
+func NewBoard(s Status) *Board { return &Board{s: s} }
+
+// LastPoint is the newest point of the history.
+func (b *Board) LastPoint() (RoundPoint, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.s.History) == 0 {
@@ -145,14 +149,16 @@ func (b *statusBoard) lastPoint() (RoundPoint, bool) {
 	return b.s.History[len(b.s.History)-1], true
 }
 
-func (b *statusBoard) update(fn func(s *Status)) {
+// Update changes the status under the board's lock.
+func (b *Board) Update(fn func(s *Status)) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	fn(&b.s)
 }
 
-func (b *statusBoard) event(kind, format string, args ...any) {
-	b.update(func(s *Status) {
+// Event adds an event (kind, and the text format makes of args), keeping the newest maxEvents.
+func (b *Board) Event(kind, format string, args ...any) {
+	b.Update(func(s *Status) {
 		s.Events = append(s.Events, Event{At: time.Now(), Kind: kind, Text: sprintf(format, args...)})
 		if len(s.Events) > maxEvents {
 			s.Events = s.Events[len(s.Events)-maxEvents:]
@@ -161,26 +167,33 @@ func (b *statusBoard) event(kind, format string, args ...any) {
 }
 
 // Snapshot returns a copy of the status.
-func (b *statusBoard) Snapshot() Status {
+func (b *Board) Snapshot() Status {
 	b.mu.Lock()
 	s := b.s
 	s.Events = append([]Event(nil), b.s.Events...)
 	s.Leases = append([]LeaseStatus(nil), b.s.Leases...)
 	s.History = append([]RoundPoint(nil), b.s.History...)
 	b.mu.Unlock()
-	if b.worker != nil {
-		s.Worker = b.worker()
+	if b.Worker != nil {
+		s.Worker = b.Worker()
 	}
-	if b.gossipRejects != nil {
-		if m := b.gossipRejects(); len(m) > 0 {
+	if b.GossipRejects != nil {
+		if m := b.GossipRejects(); len(m) > 0 {
 			s.GossipRejections = m
 		}
 	}
-	if b.conns != nil {
-		s.Connected, s.Addrs = b.conns()
+	if b.Conns != nil {
+		s.Connected, s.Addrs = b.Conns()
 	}
-	if b.peers != nil {
-		s.Peers = b.peers(s.Round)
+	if b.Peers != nil {
+		s.Peers = b.Peers(s.Round)
 	}
 	return s
+}
+
+func sprintf(format string, args ...any) string {
+	if len(args) == 0 {
+		return format
+	}
+	return fmt.Sprintf(format, args...)
 }

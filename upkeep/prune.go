@@ -1,4 +1,4 @@
-package node
+package upkeep
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/ipfs/go-cid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
@@ -20,7 +21,7 @@ import (
 
 // inFlightRounds is how many rounds an artifact that no kept head or checkpoint names
 // survives after it was first seen: one, so the open round's work outlives the round (see
-// pruner). Longer would keep rounds nobody reads (a rejected delta, a contribution the
+// Pruner). Longer would keep rounds nobody reads (a rejected delta, a contribution the
 // next head did not merge); a validator then holds every trainer's contributions of
 // several rounds.
 const inFlightRounds = 1
@@ -30,7 +31,7 @@ const inFlightRounds = 1
 // name counts as new.
 const RetentionFile = "retention.json"
 
-// pruner keeps the artifact store from growing with every round. After each checkpoint
+// Pruner keeps the artifact store from growing with every round. After each checkpoint
 // generation is durable (checkpoint.AfterPrune), at canonical round r it marks as live:
 //
 //   - the parameters of the newest K heads of the canonical chain (the tip, its parent,
@@ -39,7 +40,7 @@ const RetentionFile = "retention.json"
 //     head is kept only while the newest checkpoint generation is not yet at the tip (a
 //     snapshot of it may be waiting for the writer);
 //   - on the sparse codec, the contributions merged into the tip: trainers rebuild the tip
-//     from them (rebuildsHeads). On the other codecs only a validator still verifying
+//     from them (node.rebuildsHeads). On the other codecs only a validator still verifying
 //     the tip's proposal reads them (replays are recognised by CID, from the chain), so
 //     they are kept until every configured validator has signed the tip, as far as this
 //     node has seen, and no longer: they are the largest part of a validator's store, T ×
@@ -58,13 +59,13 @@ const RetentionFile = "retention.json"
 // a validator holds K parameter packs and one outer state (and on the sparse codec one
 // round of contributions); a trainer K parameter packs (and its merged delta). An older checkpoint generation names
 // its head's outer state, which is gone: a restart that has to fall back to it (the
-// newest damaged) finds it unusable and resumes from the head chain instead (resume.go),
+// newest damaged) finds it unusable and resumes from the head chain instead (node/resume.go),
 // losing only what the checkpoint alone held. Heads themselves (the chain store) are
 // never touched. A deletion removes the manifest first, then the blob, so a crash leaves
 // at worst a blob without a manifest: not an artifact (Has is false, peers are told "not
 // found"), and the first sweep after a restart removes such blobs. An artifact
 // (re)committed while a sweep runs is never deleted by it (artifact.Store.RemoveIdle).
-type pruner struct {
+type Pruner struct {
 	store *artifact.Store
 	heads *chain.Store
 	tips  *chain.Tips
@@ -75,7 +76,7 @@ type pruner struct {
 	tipContribs bool
 	path        string
 	log         *slog.Logger
-	m           *nodeMetrics
+	m           PruneCounters
 
 	mu    sync.Mutex
 	data  map[cid.Cid]bool   // the dataset's files; nil until the dataset is loaded
@@ -89,21 +90,29 @@ type pruner struct {
 	partialSeen map[cid.Cid]uint64
 }
 
-// setPartials lets the pruner delete interrupted downloads nobody resumed for a round.
-func (p *pruner) setPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
+// PruneCounters count what pruning deletes: artifacts and their bytes.
+type PruneCounters struct {
+	Artifacts, Bytes prometheus.Counter
+}
+
+// SetPartials lets the pruner delete interrupted downloads nobody resumed for a round.
+func (p *Pruner) SetPartials(f func(drop func(cid.Cid) bool) (int64, error)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.partials = f
 }
 
-func newPruner(store *artifact.Store, heads *chain.Store, t *chain.Tips, keep int, tipContribs bool, storeDir string, m *nodeMetrics, log *slog.Logger) *pruner {
+// NewPruner is the pruner of store, keeping the newest keep heads of the chain tips
+// follows; tipContribs keeps the tip's contributions (see Pruner). Its retention record is
+// RetentionFile in storeDir.
+func NewPruner(store *artifact.Store, heads *chain.Store, t *chain.Tips, keep int, tipContribs bool, storeDir string, m PruneCounters, log *slog.Logger) *Pruner {
 	store.TrackCommits()
-	return &pruner{store: store, heads: heads, tips: t, keep: uint64(keep), tipContribs: tipContribs, path: filepath.Join(storeDir, RetentionFile), m: m, log: log}
+	return &Pruner{store: store, heads: heads, tips: t, keep: uint64(keep), tipContribs: tipContribs, path: filepath.Join(storeDir, RetentionFile), m: m, log: log}
 }
 
-// setDataset names the dataset's files, which are never pruned. Until it is called the
+// SetDataset names the dataset's files, which are never pruned. Until it is called the
 // pruner deletes nothing: it could not tell a dataset file from an old delta.
-func (p *pruner) setDataset(ids []cid.Cid) {
+func (p *Pruner) SetDataset(ids []cid.Cid) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.data = make(map[cid.Cid]bool, len(ids))
@@ -112,8 +121,8 @@ func (p *pruner) setDataset(ids []cid.Cid) {
 	}
 }
 
-// afterCheckpoint is the checkpoint.AfterPrune hook: it sweeps at the newest round known.
-func (p *pruner) afterCheckpoint(kept []*checkpoint.State) {
+// AfterCheckpoint is the checkpoint.AfterPrune hook: it sweeps at the newest round known.
+func (p *Pruner) AfterCheckpoint(kept []*checkpoint.State) {
 	round := uint64(0)
 	for _, st := range kept {
 		round = max(round, st.Round)
@@ -134,8 +143,8 @@ type sweepResult struct {
 	Kept    int
 }
 
-// sweep deletes the artifacts not live at round (see pruner).
-func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, error) {
+// sweep deletes the artifacts not live at round (see Pruner).
+func (p *Pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	res := sweepResult{Round: round}
@@ -155,7 +164,7 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 			p.log.Warn("cannot remove blobs without a manifest", "err", err)
 		} else if n > 0 {
 			p.log.Info("removed blobs a crash left without a manifest", "bytes", n)
-			p.m.prunedBytes.Add(float64(n))
+			p.m.Bytes.Add(float64(n))
 		}
 	}
 	// Take the commits before listing: an artifact committed after this point is either
@@ -207,8 +216,8 @@ func (p *pruner) sweep(round uint64, kept []*checkpoint.State) (sweepResult, err
 		}
 	}
 	p.prunePartials(round, live, &res)
-	p.m.prunedArtifacts.Add(float64(res.Removed))
-	p.m.prunedBytes.Add(float64(res.Freed))
+	p.m.Artifacts.Add(float64(res.Removed))
+	p.m.Bytes.Add(float64(res.Freed))
 	if err := p.saveSeen(); err != nil {
 		return res, err
 	}
@@ -232,7 +241,7 @@ func old(seen map[cid.Cid]uint64, id cid.Cid, round, window uint64) bool {
 // them), are not of an artifact the node keeps (a kept head's parameters: a large
 // download a later fetch resumes) and were first seen a round or more ago. Caller holds
 // p.mu.
-func (p *pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepResult) {
+func (p *Pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepResult) {
 	if p.partials == nil {
 		return
 	}
@@ -262,13 +271,13 @@ func (p *pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepRe
 // errEnoughHeads stops live's walk down the chain after K heads.
 var errEnoughHeads = errors.New("enough heads")
 
-// live is what the chain and the checkpoint need at the tip (see pruner): the newest K
+// live is what the chain and the checkpoint need at the tip (see Pruner): the newest K
 // heads' parameters, the tip's contributions if tipContribs, the outer state of the heads
 // from the tip down to the newest kept generation's, and what the kept generations
 // reference, less the outer state of the older ones. done is the tip's contributions when
 // they are not kept (no trainer rebuilds heads, every validator signed the tip): finished
 // work, not the open round's.
-func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, err error) {
+func (p *Pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, err error) {
 	live, done = map[cid.Cid]bool{}, map[cid.Cid]bool{}
 	var newest *checkpoint.State
 	for _, st := range kept {
@@ -325,7 +334,7 @@ func (p *pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 
 // signedByAll reports whether this node holds head id with a valid signature of every
 // configured validator: no validator verifies it any more.
-func (p *pruner) signedByAll(id cid.Cid) bool {
+func (p *Pruner) signedByAll(id cid.Cid) bool {
 	sh, _, err := p.heads.Get(id)
 	if err != nil {
 		return false
@@ -335,7 +344,7 @@ func (p *pruner) signedByAll(id cid.Cid) bool {
 	return err == nil
 }
 
-func (p *pruner) loadSeen() map[cid.Cid]uint64 {
+func (p *Pruner) loadSeen() map[cid.Cid]uint64 {
 	seen := map[cid.Cid]uint64{}
 	b, err := os.ReadFile(p.path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -357,7 +366,7 @@ func (p *pruner) loadSeen() map[cid.Cid]uint64 {
 	return seen
 }
 
-func (p *pruner) saveSeen() error {
+func (p *Pruner) saveSeen() error {
 	raw := make(map[string]uint64, len(p.seen))
 	for id, r := range p.seen {
 		raw[id.String()] = r

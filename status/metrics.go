@@ -1,4 +1,4 @@
-package node
+package status
 
 import (
 	"runtime"
@@ -15,9 +15,9 @@ import (
 	"github.com/p2pnode/p2pnode/validator"
 )
 
-// newRegistry is the node's Prometheus registry: the metrics of every package, plus the Go
+// NewRegistry is the node's Prometheus registry: the metrics of every package, plus the Go
 // runtime and process collectors and p2ptrain_build_info.
-func newRegistry() *prometheus.Registry {
+func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "p2ptrain_build_info",
@@ -35,9 +35,9 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// nodeMetrics are the role loops' Prometheus metrics (prefix p2ptrain_node_). docs/metrics.md
+// Metrics are the role loops' Prometheus metrics (prefix p2ptrain_node_). docs/metrics.md
 // lists them; docs/grafana/p2pnode.json is built on them.
-type nodeMetrics struct {
+type Metrics struct {
 	// Leader.
 	rounds    prometheus.Counter
 	roundSecs prometheus.Histogram
@@ -58,12 +58,12 @@ type nodeMetrics struct {
 	lastLoss      prometheus.Gauge
 	windows       *prometheus.CounterVec
 	// Every node's store (prune.go).
-	prunedArtifacts prometheus.Counter
-	prunedBytes     prometheus.Counter
+	PrunedArtifacts prometheus.Counter
+	PrunedBytes     prometheus.Counter
 }
 
-func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
-	m := &nodeMetrics{
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_rounds_closed_total",
 			Help: "Rounds this node closed as leader (a head proposed)."}),
 		roundSecs: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "p2ptrain_node_round_duration_seconds",
@@ -94,9 +94,9 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Help: "Mean training loss of this node's last contribution."}),
 		windows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "p2ptrain_node_overlap_windows_total",
 			Help: "Windows this trainer trained under protocol.overlap: eager, by how: ahead (from its guess at the head, before the lease came) or base (from the head, after the lease came: nothing trained ahead fitted it)."}, []string{"trained"}),
-		prunedArtifacts: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_artifacts_total",
+		PrunedArtifacts: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_artifacts_total",
 			Help: "Artifacts deleted from the store because no kept head, checkpoint or recent round needs them (node.keep_heads)."}),
-		prunedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_bytes_total",
+		PrunedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "p2ptrain_node_store_pruned_bytes_total",
 			Help: "Bytes of the artifacts deleted from the store by pruning."}),
 	}
 	for _, r := range validator.RejectReasons {
@@ -105,37 +105,37 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 	for _, how := range []string{"expired", "released", "gone"} {
 		m.ended.WithLabelValues(how)
 	}
-	for _, phase := range roundPhases {
+	for _, phase := range RoundPhases {
 		m.phaseSecs.WithLabelValues(phase)
 	}
 	reg.MustRegister(m.rounds, m.roundSecs, m.phaseSecs, m.merged, m.rejects, m.round, m.trainLoss, m.heldOut,
-		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.windows, m.ended, m.dropped, m.prunedArtifacts, m.prunedBytes)
+		m.contributions, m.trainSecs, m.samples, m.lastLoss, m.windows, m.ended, m.dropped, m.PrunedArtifacts, m.PrunedBytes)
 	return m
 }
 
-func (m *nodeMetrics) rejected(reason string) { m.rejects.WithLabelValues(reason).Inc() }
+func (m *Metrics) Rejected(reason string) { m.rejects.WithLabelValues(reason).Inc() }
 
-func (m *nodeMetrics) leaseEnded(how string) { m.ended.WithLabelValues(how).Inc() }
+func (m *Metrics) LeaseEnded(how string) { m.ended.WithLabelValues(how).Inc() }
 
-func (m *nodeMetrics) metricDropped(name string) { m.dropped.WithLabelValues(name).Inc() }
+func (m *Metrics) MetricDropped(name string) { m.dropped.WithLabelValues(name).Inc() }
 
-// roundPhases are the values of p2ptrain_node_round_phase_seconds' phase label.
-var roundPhases = []string{"training", "communication", "merge"}
+// RoundPhases are the values of p2ptrain_node_round_phase_seconds' phase label.
+var RoundPhases = []string{"training", "communication", "merge"}
 
-// roundSplit observes the time split of a round this node led (its notes).
-func (m *nodeMetrics) roundSplit(n *chain.Notes) {
+// RoundSplit observes the time split of a round this node led (its notes).
+func (m *Metrics) RoundSplit(n *chain.Notes) {
 	for i, s := range []float64{n.TrainSeconds, n.CommSeconds, n.MergeSeconds} {
-		m.phaseSecs.WithLabelValues(roundPhases[i]).Observe(s)
+		m.phaseSecs.WithLabelValues(RoundPhases[i]).Observe(s)
 	}
 }
 
-func (m *nodeMetrics) roundClosed(took time.Duration, merged int) {
+func (m *Metrics) RoundClosed(took time.Duration, merged int) {
 	m.rounds.Inc()
 	m.roundSecs.Observe(took.Seconds())
 	m.merged.Add(float64(merged))
 }
 
-func (m *nodeMetrics) trained(samples uint64, trainSeconds, loss float64, w trainer.WindowKind) {
+func (m *Metrics) Trained(samples uint64, trainSeconds, loss float64, w trainer.WindowKind) {
 	m.contributions.Inc()
 	if w.Overlap {
 		how := "base"
@@ -151,7 +151,7 @@ func (m *nodeMetrics) trained(samples uint64, trainSeconds, loss float64, w trai
 	m.lastLoss.Set(loss)
 }
 
-func (m *nodeMetrics) head(round uint64, trainLoss float64, heldOut map[string]float64) {
+func (m *Metrics) Head(round uint64, trainLoss float64, heldOut map[string]float64) {
 	m.round.Set(float64(round))
 	m.trainLoss.Set(trainLoss)
 	m.heldOut.set(heldOut)
@@ -166,7 +166,8 @@ type heldOutCollector struct {
 	values map[string]float64
 }
 
-const heldOutPrefix = "p2ptrain_node_head_heldout_"
+// HeldOutPrefix begins the name of each held-out metric gauge.
+const HeldOutPrefix = "p2ptrain_node_head_heldout_"
 
 func newHeldOutCollector() *heldOutCollector { return &heldOutCollector{} }
 
@@ -193,7 +194,7 @@ func (c *heldOutCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for name, v := range c.values {
-		desc := prometheus.NewDesc(name, "Held-out "+strings.TrimPrefix(name, heldOutPrefix)+
+		desc := prometheus.NewDesc(name, "Held-out "+strings.TrimPrefix(name, HeldOutPrefix)+
 			" of the canonical head, as the workload's evaluate reports it.", nil, nil)
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v)
 	}
@@ -215,5 +216,5 @@ func heldOutMetricName(key string) string {
 	if s == "" {
 		return ""
 	}
-	return heldOutPrefix + s
+	return HeldOutPrefix + s
 }

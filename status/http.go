@@ -1,4 +1,4 @@
-package node
+package status
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 // `p2pnode status --config` finds a node listening on a random port.
 const HTTPAddrFile = "http.addr"
 
-// httpServer serves /status (JSON) and /metrics (Prometheus), on 127.0.0.1 by default.
-type httpServer struct {
+// HTTPServer serves /status (JSON) and /metrics (Prometheus), on 127.0.0.1 by default.
+type HTTPServer struct {
 	srv      *http.Server
 	addrFile string
 	ln       net.Listener
@@ -31,7 +31,7 @@ type httpServer struct {
 	addr     string
 }
 
-func newHTTPServer(addr, addrFile string, board *statusBoard, reg *prometheus.Registry, log *slog.Logger) *httpServer {
+func NewHTTPServer(addr, addrFile string, board *Board, reg *prometheus.Registry, log *slog.Logger) *HTTPServer {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -48,10 +48,10 @@ func newHTTPServer(addr, addrFile string, board *statusBoard, reg *prometheus.Re
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(dashboardHTML)
 	})
-	return &httpServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, log: log, addr: addr, addrFile: addrFile}
+	return &HTTPServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, log: log, addr: addr, addrFile: addrFile}
 }
 
-func (h *httpServer) start(context.Context) error {
+func (h *HTTPServer) Start(context.Context) error {
 	ln, err := net.Listen("tcp", h.addr)
 	if errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("node.http: %s is already in use (another p2pnode with this config?); set another port, or port 0 for a free one", h.addr)
@@ -74,17 +74,17 @@ func (h *httpServer) start(context.Context) error {
 	return nil
 }
 
-// stop shuts the server down and removes the address file, so that `p2pnode status` can
+// Stop shuts the server down and removes the address file, so that `p2pnode status` can
 // tell a stopped node from one that died.
-func (h *httpServer) stop(ctx context.Context) error {
+func (h *HTTPServer) Stop(ctx context.Context) error {
 	if h.addrFile != "" && h.ln != nil {
 		_ = os.Remove(h.addrFile)
 	}
 	return h.srv.Shutdown(ctx)
 }
 
-// Addr is the bound address (after start).
-func (h *httpServer) Addr() string {
+// Addr is the bound address (after Start).
+func (h *HTTPServer) Addr() string {
 	if h.ln == nil {
 		return ""
 	}

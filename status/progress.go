@@ -1,4 +1,4 @@
-package node
+package status
 
 import (
 	"fmt"
@@ -13,9 +13,9 @@ import (
 	"github.com/p2pnode/p2pnode/cids"
 )
 
-// printProgress writes one line per canonical head: round, train loss, held-out metrics
+// PrintProgress writes one line per canonical head: round, train loss, held-out metrics
 // (or that their evaluation failed), contributions and time since the previous head.
-func printProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics map[string]float64, evalFailed bool, took time.Duration) {
+func PrintProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics map[string]float64, evalFailed bool, took time.Duration) {
 	var b strings.Builder
 	writeRound(&b, rounds, h.Round)
 	if h.Round == 0 {
@@ -32,9 +32,9 @@ func printProgress(w io.Writer, rounds int, id cid.Cid, h *chain.Head, metrics m
 	io.WriteString(w, b.String())
 }
 
-// printLateMetrics writes the held-out metrics of a round whose progress line went out
+// PrintLateMetrics writes the held-out metrics of a round whose progress line went out
 // before they came (its leader publishes a head before it evaluates it).
-func printLateMetrics(w io.Writer, rounds int, p RoundPoint) {
+func PrintLateMetrics(w io.Writer, rounds int, p RoundPoint) {
 	var b strings.Builder
 	writeRound(&b, rounds, p.Round)
 	writeHeldOut(&b, p.HeldOut, p.HeldOutFailed)

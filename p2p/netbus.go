@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
-// netBus is the Bus of a node on the network: messages travel on GossipSub, artifacts over
+// NetBus is the Bus of a node on the network: messages travel on GossipSub, artifacts over
 // the artifact protocol. It remembers who holds which artifact from what peers announce,
 // so fetches go straight to holders.
-type netBus struct {
+type NetBus struct {
 	g   *gossip.Gossip
 	x   *artifact.Exchange
 	log *slog.Logger
@@ -25,12 +25,12 @@ type netBus struct {
 	bus.Fanout
 }
 
-func newNetBus(g *gossip.Gossip, x *artifact.Exchange, cm connmgr.ConnManager, log *slog.Logger) *netBus {
-	return &netBus{g: g, x: x, log: log, tags: newLeaseTags(cm)}
+func NewNetBus(g *gossip.Gossip, x *artifact.Exchange, cm connmgr.ConnManager, log *slog.Logger) *NetBus {
+	return &NetBus{g: g, x: x, log: log, tags: newLeaseTags(cm)}
 }
 
-// run dispatches validated gossip to the inboxes until ctx ends.
-func (b *netBus) run(ctx context.Context) {
+// Run dispatches validated gossip to the inboxes until ctx ends.
+func (b *NetBus) Run(ctx context.Context) {
 	msgs := b.g.Messages()
 	for {
 		select {
@@ -50,7 +50,7 @@ func (b *netBus) run(ctx context.Context) {
 }
 
 // learnHolders records the artifacts a message says its author holds.
-func (b *netBus) learnHolders(from peer.ID, msg any) {
+func (b *NetBus) learnHolders(from peer.ID, msg any) {
 	add := func(raw []byte) {
 		if c, err := cid.Cast(raw); err == nil {
 			b.x.AddHolder(c, from)
@@ -72,10 +72,10 @@ func (b *netBus) learnHolders(from peer.ID, msg any) {
 }
 
 // Rejections reports the gossip messages rejected by topic validation, by "topic/reason".
-func (b *netBus) Rejections() map[string]uint64 { return b.g.Rejections() }
+func (b *NetBus) Rejections() map[string]uint64 { return b.g.Rejections() }
 
-func (b *netBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
+func (b *NetBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
 
-func (b *netBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
+func (b *NetBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
 	return b.x.Fetch(ctx, id, hints...)
 }

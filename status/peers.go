@@ -1,4 +1,4 @@
-package node
+package status
 
 import (
 	"maps"
@@ -8,8 +8,8 @@ import (
 	"github.com/p2pnode/p2pnode/gossip"
 )
 
-// peerRounds remembers the round each peer last announced.
-type peerRounds struct {
+// PeerRounds remembers the round each peer last announced.
+type PeerRounds struct {
 	mu     sync.Mutex
 	rounds map[string]announced
 }
@@ -21,7 +21,7 @@ type announced struct {
 	version string
 }
 
-func (p *peerRounds) seen(from string, a *gossip.Announce) {
+func (p *PeerRounds) Seen(from string, a *gossip.Announce) {
 	if a.Peer != from {
 		return
 	}
@@ -34,14 +34,14 @@ func (p *peerRounds) seen(from string, a *gossip.Announce) {
 }
 
 // snapshot copies what each peer last announced.
-func (p *peerRounds) snapshot() map[string]announced {
+func (p *PeerRounds) snapshot() map[string]announced {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return maps.Clone(p.rounds)
 }
 
-// allAt reports whether every peer heard from recently has announced at least round.
-func (p *peerRounds) allAt(round uint64) bool {
+// AllAt reports whether every peer heard from recently has announced at least round.
+func (p *PeerRounds) AllAt(round uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, a := range p.rounds {

@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // once-a-second sweep), and the per-protocol counter still gets the bytes.
 func TestByteMeterCountsEachTransferAtOnce(t *testing.T) {
 	bw := metrics.NewBandwidthCounter()
-	bc := newByteCounter(bw)
+	bc := NewByteCounter(bw)
 	server := testHost(t, bc)
 	const proto = "/p2ptrain/test-bytes/1"
 	server.SetStreamHandler(proto, func(s network.Stream) {
@@ -36,8 +36,8 @@ func TestByteMeterCountsEachTransferAtOnce(t *testing.T) {
 	defer cancel()
 	require.NoError(t, client.Connect(ctx, peer.AddrInfo{ID: server.ID(), Addrs: server.Addrs()}))
 
-	m := &byteMeter{c: bc}
-	m.delta()
+	m := NewByteMeter(bc)
+	m.Delta()
 	for _, size := range []int{10_000, 300_000} {
 		s, err := client.NewStream(ctx, server.ID(), proto)
 		require.NoError(t, err)
@@ -49,7 +49,7 @@ func TestByteMeterCountsEachTransferAtOnce(t *testing.T) {
 		require.Len(t, back, size/2)
 		s.Close()
 		// The server's handler has written its reply before the client read it to the end.
-		in, out := m.delta()
+		in, out := m.Delta()
 		require.GreaterOrEqual(t, in, uint64(size), "received, read at once")
 		require.GreaterOrEqual(t, out, uint64(size/2), "sent, read at once")
 		require.Less(t, in, uint64(size+size/10), "only this transfer (and its protocol negotiation)")

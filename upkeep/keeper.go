@@ -1,6 +1,7 @@
-package node
+package upkeep
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,7 +20,7 @@ import (
 // verifies them too and falls back to an older generation when they are damaged.
 const (
 	blobInnerOpt  = "inner_opt"
-	blobResidual  = "ef_residual"
+	BlobResidual  = "ef_residual"
 	refHeadParams = "head_params"
 	refHeadOuter  = "head_outer"
 	// metaPaces holds a validator's trainer paces (JSON: peer id -> seconds per inner
@@ -28,10 +29,10 @@ const (
 	metaPaces = "paces"
 )
 
-// keeper turns the node's state into checkpoint snapshots: the canonical head, the
+// Keeper turns the node's state into checkpoint snapshots: the canonical head, the
 // trainer's inner-optimizer state and error-feedback residual. Writes happen in the
 // checkpoint's background writer; the loops only hand over copies.
-type keeper struct {
+type Keeper struct {
 	ck        *checkpoint.Checkpointer
 	keepOuter bool
 
@@ -44,58 +45,58 @@ type keeper struct {
 	restored map[string]float64        // paces of the checkpoint resumed from
 }
 
-// trackResidual has every later checkpoint carry the residual read reads, streamed from
+// TrackResidual has every later checkpoint carry the residual read reads, streamed from
 // the trainer's own buffer by the checkpoint writer: no copy of a model-sized vector.
-func (k *keeper) trackResidual(read func(f func(r []float32, tag string) error) error) {
+func (k *Keeper) TrackResidual(read func(f func(r []float32, tag string) error) error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.residual = read
 }
 
-// trackPaces has every later checkpoint carry the paces f returns.
-func (k *keeper) trackPaces(f func() map[string]float64) {
+// TrackPaces has every later checkpoint carry the paces f returns.
+func (k *Keeper) TrackPaces(f func() map[string]float64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.paces = f
 }
 
-// restoredPaces returns the paces of the checkpoint the node resumed from (nil if none).
-func (k *keeper) restoredPaces() map[string]float64 {
+// RestoredPaces returns the paces of the checkpoint the node resumed from (nil if none).
+func (k *Keeper) RestoredPaces() map[string]float64 {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return maps.Clone(k.restored)
 }
 
-// keepOuter says whether the head's outer optimizer state is this node's to keep (a
-// validator's); a trainer neither fetches nor checkpoints it.
-func newKeeper(ck *checkpoint.Checkpointer, keepOuter bool) *keeper {
-	return &keeper{ck: ck, keepOuter: keepOuter}
+// NewKeeper is a keeper writing to ck. keepOuter says whether the head's outer optimizer
+// state is this node's to keep (a validator's); a trainer neither fetches nor checkpoints it.
+func NewKeeper(ck *checkpoint.Checkpointer, keepOuter bool) *Keeper {
+	return &Keeper{ck: ck, keepOuter: keepOuter}
 }
 
-// resumed is what a checkpoint gives back to the roles.
-type resumed struct {
-	state       *checkpoint.State
-	optPath     string
-	residual    []float32
-	residualTag string
-	// residualErr is why a checkpointed residual was dropped (error feedback then starts
+// Resumed is what a checkpoint gives back to the roles.
+type Resumed struct {
+	State       *checkpoint.State
+	OptPath     string
+	Residual    []float32
+	ResidualTag string
+	// ResidualErr is why a checkpointed residual was dropped (error feedback then starts
 	// from zeros: only the unsent remainder of earlier rounds is lost).
-	residualErr error
-	// pacesErr is why checkpointed paces were dropped (deadlines are then learnt again).
-	pacesErr error
+	ResidualErr error
+	// PacesErr is why checkpointed paces were dropped (deadlines are then learnt again).
+	PacesErr error
 }
 
-// restore loads the newest good checkpoint (checkpoint.ErrNoState when there is none).
-func (k *keeper) restore() (*resumed, error) {
+// Restore loads the newest good checkpoint (checkpoint.ErrNoState when there is none).
+func (k *Keeper) Restore() (*Resumed, error) {
 	st, err := k.ck.Load()
 	if err != nil {
 		return nil, err
 	}
-	r := &resumed{state: st}
+	r := &Resumed{State: st}
 	if s, ok := st.Meta[metaPaces]; ok {
 		var p map[string]float64
 		if err := json.Unmarshal([]byte(s), &p); err != nil {
-			r.pacesErr = fmt.Errorf("checkpoint %s: %w", metaPaces, err)
+			r.PacesErr = fmt.Errorf("checkpoint %s: %w", metaPaces, err)
 		} else {
 			k.mu.Lock()
 			k.restored = p
@@ -103,27 +104,30 @@ func (k *keeper) restore() (*resumed, error) {
 		}
 	}
 	if _, ok := st.Blobs[blobInnerOpt]; ok {
-		if r.optPath, err = k.ck.BlobPath(st, blobInnerOpt); err != nil {
+		if r.OptPath, err = k.ck.BlobPath(st, blobInnerOpt); err != nil {
 			return nil, err
 		}
 	}
-	if _, ok := st.Blobs[blobResidual]; ok {
-		path, err := k.ck.BlobPath(st, blobResidual)
+	if _, ok := st.Blobs[BlobResidual]; ok {
+		path, err := k.ck.BlobPath(st, BlobResidual)
 		if err != nil {
 			return nil, err
 		}
 		// Block reads into the trainer's vector: not a mapping of the file and a copy.
-		r.residual, r.residualTag, err = round.ReadResidual(path)
+		r.Residual, r.ResidualTag, err = round.ReadResidual(path)
 		if err != nil {
-			r.residualErr = fmt.Errorf("checkpoint %s: %w", blobResidual, err)
+			r.ResidualErr = fmt.Errorf("checkpoint %s: %w", BlobResidual, err)
 		}
 	}
-	k.trained(r.optPath)
+	k.Trained(r.OptPath)
 	return r, nil
 }
 
-// trained records the trainer's inner-optimizer state file after a window.
-func (k *keeper) trained(optPath string) {
+// Flush waits until every snapshot handed over so far is written.
+func (k *Keeper) Flush(ctx context.Context) error { return k.ck.Flush(ctx) }
+
+// Trained records the trainer's inner-optimizer state file after a window.
+func (k *Keeper) Trained(optPath string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if optPath != "" {
@@ -131,8 +135,8 @@ func (k *keeper) trained(optPath string) {
 	}
 }
 
-// headChanged checkpoints the node at a new canonical head, in the background.
-func (k *keeper) headChanged(id cid.Cid, h *chain.Head) error {
+// HeadChanged checkpoints the node at a new canonical head, in the background.
+func (k *Keeper) HeadChanged(id cid.Cid, h *chain.Head) error {
 	snap, err := k.snapshot(id, h)
 	if err != nil {
 		return err
@@ -145,7 +149,7 @@ func (k *keeper) headChanged(id cid.Cid, h *chain.Head) error {
 // model-sized is copied: the inner-optimizer state is a file opened now (the writer reads
 // it even if the trainer has moved on and removed it) and the residual is read from the
 // trainer's buffer when the writer gets to it (see residualSource).
-func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (snap checkpoint.Snapshot, err error) {
+func (k *Keeper) snapshot(id cid.Cid, h *chain.Head) (snap checkpoint.Snapshot, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	snap = checkpoint.Snapshot{Round: h.Round, Head: id.String(), Streams: map[string]checkpoint.Source{}, Keep: map[string]cid.Cid{}}
@@ -180,7 +184,7 @@ func (k *keeper) snapshot(id cid.Cid, h *chain.Head) (snap checkpoint.Snapshot, 
 		}
 	}
 	if k.residual != nil {
-		snap.Streams[blobResidual] = residualSource{read: k.residual}
+		snap.Streams[BlobResidual] = residualSource{read: k.residual}
 	}
 	return snap, nil
 }
