@@ -47,3 +47,17 @@ func StoredPeerID(cfg *config.Config) (string, error) {
 	}
 	return p2p.PeerID(key)
 }
+
+// tell logs what the notes of head id (when this node holds them) say of this trainer's
+// own work: one WARN line for each reason its contributions to the round were rejected,
+// and when it is quarantined and released (credit.Teller). A node that trains nothing is
+// told nothing.
+func (w *watcher) tell(id cid.Cid) {
+	if w.teller == nil {
+		return
+	}
+	for _, ev := range w.teller.Notes(w.tips.Notes(id)) {
+		w.log.Warn(ev.String(), "round", ev.Round, "validator", ev.By)
+		w.status.event(ev.Kind, "%s", ev.String())
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/credit"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 	"github.com/p2pnode/p2pnode/internal/version"
@@ -62,6 +63,8 @@ type watcher struct {
 	// bare holds the rounds (by head) whose progress line went out while their held-out
 	// metrics were still due: the metrics get a line of their own when they come.
 	bare map[string]uint64
+	// teller tells a trainer what the round notes say of its own work (nil: not a trainer).
+	teller *credit.Teller
 }
 
 func (w *watcher) run(ctx context.Context) error {
@@ -70,6 +73,13 @@ func (w *watcher) run(ctx context.Context) error {
 	// Heads recorded in chain order once their held-out metrics come (validator/heldout.go):
 	// a head waits for them until maxAwaited later heads have come.
 	var waiting []headSeen
+	if w.cfg.Experiment.HasRole(config.RoleTrainer) {
+		var from uint64
+		if _, h := w.tips.Current(); h != nil {
+			from = h.Round // a restarted trainer is not told its history again
+		}
+		w.teller = credit.NewTeller(w.self, from)
+	}
 	for {
 		changed, notes := w.tips.Changed(), w.tips.NotesChanged()
 		id, h := w.tips.Current()
@@ -82,6 +92,7 @@ func (w *watcher) run(ctx context.Context) error {
 			waiting = append(waiting, w.onHead(id, h, took))
 			if w.done() {
 				for _, s := range waiting {
+					w.tell(s.id)
 					w.record(s)
 				}
 				w.log.Info("round limit reached", "rounds", w.cfg.Experiment.Rounds, "head", id.String())
@@ -93,7 +104,11 @@ func (w *watcher) run(ctx context.Context) error {
 				return nil
 			}
 		}
+		if h != nil {
+			w.tell(id) // the tip's notes may come after the tip
+		}
 		for len(waiting) > 0 && (len(waiting) > maxAwaited || !w.awaitsHeldOut(waiting[0].id)) {
+			w.tell(waiting[0].id)
 			w.record(waiting[0])
 			waiting = waiting[1:]
 		}
