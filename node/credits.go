@@ -58,6 +58,6 @@ func (w *watcher) tell(id cid.Cid) {
 	}
 	for _, ev := range w.teller.Notes(w.tips.Notes(id)) {
 		w.log.Warn(ev.String(), "round", ev.Round, "validator", ev.By)
-		w.status.event(ev.Kind, "%s", ev.String())
+		w.status.Event(ev.Kind, "%s", ev.String())
 	}
 }
