@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/p2pnode/p2pnode/diloco"
 )
 
 // Config is one experiment as seen by one node.
@@ -209,11 +211,12 @@ type Protocol struct {
 	// SpeedProportional scales each trainer's inner steps and microshards to its measured
 	// speed (a mixed fleet). Off (default), every trainer runs inner_steps on
 	// lease.microshards_per_trainer, so timing noise never changes H or the weights.
-	SpeedProportional bool   `yaml:"speed_proportional"`
-	Codec             string `yaml:"codec"`
-	Int8Block         int    `yaml:"int8_block"`
-	SparseBlock       int    `yaml:"sparse_block"`
-	SparseTopK        int    `yaml:"sparse_topk"`
+	SpeedProportional bool `yaml:"speed_proportional"`
+	// Codec is how a trainer encodes its pseudo-gradient (diloco.Codecs).
+	Codec       diloco.Codec `yaml:"codec"`
+	Int8Block   int          `yaml:"int8_block"`
+	SparseBlock int          `yaml:"sparse_block"`
+	SparseTopK  int          `yaml:"sparse_topk"`
 	// SparseFeedbackDecay is how much of a trainer's unsent remainder carries into its
 	// next round with the sparse codec, in (0, 1]: 1 is plain error feedback, less lets
 	// stale remainders fade (SparseLoCo's decayed error feedback).
@@ -231,34 +234,24 @@ type Protocol struct {
 // DiLoCo is the outer optimizer.
 type DiLoCo struct {
 	// OuterLR is the outer step's learning rate. A file that leaves it out or writes 0 gets
-	// the default for its codec (OuterLRFor): SparseOuterLR with protocol.codec sparse,
-	// else DefaultOuterLR.
+	// the default for its codec, whatever its overlap (OuterLRFor): SparseOuterLR with
+	// protocol.codec sparse, else DefaultOuterLR.
 	OuterLR  float64 `yaml:"outer_lr"`
 	Momentum float64 `yaml:"momentum"`
 	Nesterov bool    `yaml:"nesterov"`
 }
 
-// Default outer learning rates. The sparse codec's merged update is smaller than the dense
-// mean of the same round: each trainer sends 1.56 % of its coordinates and keeps the rest
-// in its error feedback, which the decay discounts. A larger outer step makes up for it on
-// the transformer: on lm tiny sparse at 1.5 learned like fp32 at 1.0 (sparse at 1.0 trailed
-// by 2-5 %), while fp32 at 1.5 fell far behind. With overlap too, since a window trained
-// ahead is moved onto its head when the head comes: sparse + overlap at 1.5 learned 2-3 %
-// better than at 1.0 over rounds 11-50 (before the move, at 1.5 it was 3.4 % worse). On
-// charlm (a GRU, heavy-ball momentum) sparse learned 2.5 % worse at 1.5 than at 1.0: set
-// outer_lr there (docs/wan.md).
+// Default outer learning rates: diloco's, the one place they are written.
 const (
-	DefaultOuterLR = 1.0
-	SparseOuterLR  = 1.5
+	DefaultOuterLR = diloco.DefaultOuterLR
+	SparseOuterLR  = diloco.SparseOuterLR
 )
 
-// OuterLRFor is protocol.diloco.outer_lr's default for the protocol's codec:
-// SparseOuterLR with the sparse codec, else DefaultOuterLR.
+// OuterLRFor is protocol.diloco.outer_lr's default for the protocol's codec
+// (diloco.OuterLRFor): SparseOuterLR with the sparse codec, else DefaultOuterLR. Only the
+// codec decides it.
 func OuterLRFor(p Protocol) float64 {
-	if p.Codec == "sparse" {
-		return SparseOuterLR
-	}
-	return DefaultOuterLR
+	return diloco.OuterLRFor(p.Codec)
 }
 
 // EMA is the exponential-moving-average merge: next = (1 − NewWeight)·current + NewWeight·mean,

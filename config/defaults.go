@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/p2pnode/p2pnode/diloco"
+)
 
 // Default returns the config every file is decoded over: a single node that trains the
 // digits workload on its own (validator + trainer) with DiLoCo.
@@ -46,13 +50,13 @@ func Default() *Config {
 		Protocol: Protocol{
 			MergePolicy: PolicyDiLoCo,
 			InnerSteps:  20,
-			Codec:       "fp32",
+			Codec:       diloco.FP32,
 			Int8Block:   256,
 			SparseBlock: 4096,
 			SparseTopK:  64,
 			// diloco.DefaultFeedbackDecay; docs/wan.md has the measurements.
 			SparseFeedbackDecay: 0.95,
-			DiLoCo:              DiLoCo{OuterLR: DefaultOuterLR, Momentum: 0.5, Nesterov: true},
+			DiLoCo:              DiLoCo{OuterLR: diloco.DefaultOuterLR, Momentum: diloco.DefaultOuterMomentum, Nesterov: diloco.DefaultOuter().Nesterov},
 			EMA:                 EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{

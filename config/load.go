@@ -75,8 +75,8 @@ func Parse(b []byte) (*Config, error) {
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(problems, "\n  "))
 	}
-	// outer_lr left out and outer_lr 0 both mean the default for the codec and overlap, so
-	// decode over a 0 and fill it in once the file's codec and overlap are known.
+	// outer_lr left out and outer_lr 0 both mean the default for the codec, so decode over a
+	// 0 and fill it in once the file's codec is known.
 	cfg.Protocol.DiLoCo.OuterLR = 0
 	if err := root.Decode(cfg); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, withPaths(err, lines))

@@ -10,6 +10,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
+
+	"github.com/p2pnode/p2pnode/diloco"
 )
 
 // Validate checks every field and reports all problems at once, each naming its field path.
@@ -275,23 +277,21 @@ func (c *Config) validateProtocol(v *validator) {
 		v.add("protocol.merge_policy", "must be %q or %q, got %q", PolicyDiLoCo, PolicyEMA, p.MergePolicy)
 	}
 	v.check(p.InnerSteps >= 1, "protocol.inner_steps", "must be >= 1, got %d", p.InnerSteps)
-	switch p.Codec {
-	case "fp32", "fp16", "int8", "sparse":
-	default:
-		v.add("protocol.codec", "must be fp32, fp16, int8 or sparse, got %q", p.Codec)
+	if _, err := diloco.ParseCodec(string(p.Codec)); err != nil {
+		v.add("protocol.codec", "must be %s, got %q", codecList(), p.Codec)
 	}
 	v.check(p.Overlap == "" || p.Overlap == OverlapEager, "protocol.overlap", "must be empty (no overlap) or %q, got %q", OverlapEager, p.Overlap)
 	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
 	v.check(p.SparseBlock >= 1 && p.SparseBlock <= 1<<24, "protocol.sparse_block", "must be in [1, 16777216], got %d", p.SparseBlock)
 	v.check(p.SparseTopK >= 1 && p.SparseTopK <= max(p.SparseBlock, 1), "protocol.sparse_topk", "must be in [1, protocol.sparse_block = %d], got %d", p.SparseBlock, p.SparseTopK)
 	v.check(finite(p.SparseFeedbackDecay) && p.SparseFeedbackDecay > 0 && p.SparseFeedbackDecay <= 1, "protocol.sparse_feedback_decay", "must be in (0, 1] (1 = plain error feedback), got %v", p.SparseFeedbackDecay)
-	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0 (or 0 in a file: the default for the codec and overlap), got %v", p.DiLoCo.OuterLR)
+	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0 (or 0 in a file: the default for the codec), got %v", p.DiLoCo.OuterLR)
 	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)
 	// Error feedback already carries every unsent part of an update into later rounds; outer
 	// momentum on top of it compounds the two. Measured on digits (one trainer, 30 rounds):
 	// momentum 0.9 with sparse diverged (held-out loss 0.47 → 18.5), 0 and 0.5 trained
 	// (95.5 % and 94.4 %). SparseLoCo runs without outer momentum.
-	v.check(p.Codec != "sparse" || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
+	v.check(p.Codec != diloco.Sparse || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
 		"must be <= 0.5 with protocol.codec sparse (outer momentum on top of error feedback diverged at 0.9; 0 is SparseLoCo's choice), got %v", p.DiLoCo.Momentum)
 	v.check(finite(p.EMA.NewWeight) && p.EMA.NewWeight > 0 && p.EMA.NewWeight <= 1, "protocol.ema.new_weight", "must be in (0, 1], got %v", p.EMA.NewWeight)
 }
@@ -355,4 +355,13 @@ func validDevice(d string) bool {
 		}
 	}
 	return true
+}
+
+// codecList spells diloco.Codecs() for a message: "fp32, fp16, int8 or sparse".
+func codecList() string {
+	var names []string
+	for _, c := range diloco.Codecs() {
+		names = append(names, string(c))
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }

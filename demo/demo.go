@@ -25,6 +25,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/internal/freeport"
 	"github.com/p2pnode/p2pnode/node"
 	"github.com/p2pnode/p2pnode/p2p"
@@ -295,7 +296,7 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 			c.Lease.RoundTimeout = 10 * time.Minute
 		}
 		if o.Codec != "" {
-			c.Protocol.Codec = o.Codec
+			c.Protocol.Codec = diloco.Codec(o.Codec)
 		}
 		c.Protocol.Overlap = o.Overlap
 		if o.workload() == WorkloadLM {

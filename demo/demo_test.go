@@ -56,7 +56,7 @@ func TestCodecReachesEveryNode(t *testing.T) {
 			want = "fp32"
 		}
 		for _, c := range cfgs {
-			require.Equal(t, want, c.Protocol.Codec)
+			require.Equal(t, want, string(c.Protocol.Codec))
 		}
 	}
 	_, err := WriteConfigs(Options{Dir: t.TempDir(), Trainers: 1, Rounds: 3, Codec: "int4"})

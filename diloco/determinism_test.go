@@ -45,7 +45,7 @@ func TestDeterministicAcrossWorkers(t *testing.T) {
 		{"OuterStep/nesterov", func(t *testing.T, a, b []float32, w int) []uint32 {
 			p, m := append([]float32(nil), a...), make([]float32, len(a))
 			for range 3 {
-				must(t, OuterStep(p, m, b, DefaultOuter(), w))
+				must(t, OuterStep(p, m, b, paperOuter, w))
 			}
 			return bits(p, m)
 		}},

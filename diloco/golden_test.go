@@ -64,7 +64,7 @@ func TestGoldenDigests(t *testing.T) {
 		{"OuterStep/nesterov", "944127a94c029704", func() string {
 			p, m := append([]float32(nil), base...), make([]float32, n)
 			for range 3 {
-				must(OuterStep(p, m, local, DefaultOuter(), 3))
+				must(OuterStep(p, m, local, paperOuter, 3))
 			}
 			return digestOf(p, m)
 		}},

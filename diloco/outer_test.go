@@ -8,8 +8,13 @@ import (
 )
 
 func TestOuterConfig(t *testing.T) {
-	if d := DefaultOuter(); d != (OuterConfig{LR: 0.7, Momentum: 0.9, Nesterov: true}) {
+	if d := DefaultOuter(); d != (OuterConfig{LR: 1, Momentum: 0.5, Nesterov: true}) {
 		t.Fatalf("DefaultOuter() = %+v", d)
+	}
+	for c, want := range map[Codec]float64{FP32: 1, FP16: 1, Int8: 1, Sparse: 1.5} {
+		if got := OuterLRFor(c); got != want {
+			t.Errorf("OuterLRFor(%s) = %v, want %v", c, got, want)
+		}
 	}
 	bad := []OuterConfig{
 		{LR: 0, Momentum: 0.9},
@@ -50,7 +55,7 @@ func TestOuterStepHandComputed(t *testing.T) {
 		},
 		{
 			// Bit patterns from an independent float32 computation (Python struct rounding).
-			"default config", DefaultOuter(),
+			"the paper's config", paperOuter,
 			1, []float32{0.5, -0.25}, f32s(0x3eab8520, 0x3ec49ba8), f32s(0x3f000000, 0x3e4ccccc),
 		},
 		{

@@ -43,6 +43,7 @@ import (
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/demo"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/internal/wan"
 	"github.com/p2pnode/p2pnode/node"
 	"github.com/p2pnode/p2pnode/p2p"
@@ -358,7 +359,7 @@ func TestWANSwarm(t *testing.T) {
 			_, id, _ := strings.Cut(b, "/p2p/")
 			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", vaddr, id)
 		}
-		c.Protocol.Codec = codec
+		c.Protocol.Codec = diloco.Codec(codec)
 		if hidden := envInt("WAN_HIDDEN", 0); hidden > 0 {
 			c.Workload.Config["hidden"] = hidden
 		}

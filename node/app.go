@@ -23,6 +23,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/p2p"
 	"github.com/p2pnode/p2pnode/pyruntime"
@@ -125,7 +126,7 @@ func storageModule(cfg *config.Config) fx.Option {
 					return nil
 				}
 				// Keep the tip's contributions where trainers rebuild heads from them.
-				return upkeep.NewPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == "sparse", cfg.Node.StoreDir,
+				return upkeep.NewPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == diloco.Sparse, cfg.Node.StoreDir,
 					upkeep.PruneCounters{Artifacts: m.PrunedArtifacts, Bytes: m.PrunedBytes}, log.With("pkg", "node", "component", "prune"))
 			},
 			fx.Annotate(

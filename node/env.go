@@ -26,7 +26,9 @@ import (
 
 // env is what every role loop shares.
 type env struct {
-	cfg        *config.Config
+	cfg *config.Config
+	// policy is the merge policy the config maps to (mergePolicy), made once.
+	policy     round.Policy
 	log        *slog.Logger
 	self       string
 	key        crypto.PrivKey

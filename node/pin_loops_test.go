@@ -125,10 +125,11 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 			ck, err := checkpoint.Open(filepath.Join(ncfg.Node.StoreDir, "state"), store, log)
 			require.NoError(t, err)
 			cks = append(cks, ck)
-			e := newEnv(envParams{Cfg: &ncfg, Log: log, Self: pid, Key: key, Host: hosts[i], Bus: hub.join(id, store),
+			e, err := newEnv(envParams{Cfg: &ncfg, Log: log, Self: pid, Key: key, Host: hosts[i], Bus: hub.join(id, store),
 				Tips: chain.NewTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads, Wrap: honestWindows,
 				Runtime: synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &status.Board{},
 				Keeper: upkeep.NewKeeper(ck, i == 0 || rebuildsHeads(&ncfg)), Metrics: status.NewMetrics(prometheus.NewRegistry())})
+			require.NoError(t, err)
 			envs = append(envs, e)
 		}
 		errs := make(chan error, len(envs))

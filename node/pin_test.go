@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
@@ -129,7 +130,7 @@ func pinConfig(t *testing.T, dir, policyKind, codec string) *config.Config {
 	cfg.Dataset.Prepare = false
 	cfg.Dataset.MicroshardBytes = 256
 	cfg.Protocol.MergePolicy = policyKind
-	cfg.Protocol.Codec = codec
+	cfg.Protocol.Codec = diloco.Codec(codec)
 	cfg.Protocol.InnerSteps = 10
 	cfg.Protocol.DiLoCo = config.DiLoCo{OuterLR: 0.7, Momentum: 0.9, Nesterov: true}
 	cfg.Protocol.EMA.NewWeight = 0.5

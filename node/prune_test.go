@@ -20,6 +20,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/export"
 	"github.com/p2pnode/p2pnode/upkeep"
 )
@@ -87,7 +88,7 @@ func testStoreIsPrunedToKeepHeads(t *testing.T, codec string) {
 		n.rt.Pad = pad
 		n.cfg.Node.KeepHeads = keep
 		n.cfg.Node.Archive = archive
-		n.cfg.Protocol.Codec = codec
+		n.cfg.Protocol.Codec = diloco.Codec(codec)
 		n.cfg.Lease.MinGroup = 2
 		// One attempt per round: a lease that expired on a loaded machine would have its
 		// trainer encode a second delta in that round, one model more than the figure

@@ -138,7 +138,11 @@ type envParams struct {
 	Bytes   *p2p.ByteCounter `optional:"true"`
 }
 
-func newEnv(p envParams) *env {
+func newEnv(p envParams) (*env, error) {
+	policy, err := mergePolicy(p.Cfg)
+	if err != nil {
+		return nil, err
+	}
 	if p.Runtime != nil {
 		p.Status.Worker = func() any { return p.Runtime.Status() }
 	}
@@ -151,7 +155,7 @@ func newEnv(p envParams) *env {
 		}
 		return peers, p2p.HostAddrs(p.Host)
 	}
-	e := &env{cfg: p.Cfg, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
+	e := &env{cfg: p.Cfg, policy: policy, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
 		bytes: p2p.NewByteMeter(p.Bytes), pruner: p.Pruner}
@@ -159,11 +163,9 @@ func newEnv(p envParams) *env {
 		return status.PeerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
 	}
 	if rebuildsHeads(p.Cfg) {
-		if policy, err := mergePolicy(p.Cfg); err == nil {
-			e.rebuild = &round.Merger{Store: p.Store, Policy: policy}
-		}
+		e.rebuild = &round.Merger{Store: p.Store, Policy: policy}
 	}
-	return e
+	return e, nil
 }
 
 // rebuildsHeads says whether this node makes each new head's parameters itself from the
@@ -171,7 +173,7 @@ func newEnv(p envParams) *env {
 // compute every head anyway) on the sparse codec, whose contributions are ~0.5 % of the
 // model each.
 func rebuildsHeads(cfg *config.Config) bool {
-	return !cfg.Experiment.HasRole(config.RoleValidator) && cfg.Experiment.HasRole(config.RoleTrainer) && cfg.Protocol.Codec == "sparse"
+	return !cfg.Experiment.HasRole(config.RoleValidator) && cfg.Experiment.HasRole(config.RoleTrainer) && cfg.Protocol.Codec == diloco.Sparse
 }
 
 // startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
@@ -218,10 +220,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 	if e.pruner != nil {
 		e.pruner.SetDataset(data.shards.IDs())
 	}
-	policy, err := mergePolicy(cfg)
-	if err != nil {
-		return err
-	}
+	policy := e.policy
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
 		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
 		FeedbackDecay: cfg.Protocol.SparseFeedbackDecay}
@@ -307,7 +306,7 @@ func newerTip(ctx context.Context, e *env, ckID cid.Cid, ck *chain.Head, until t
 
 // mergePolicy maps the protocol and merge config to the validator's policy.
 func mergePolicy(cfg *config.Config) (round.Policy, error) {
-	codec, err := diloco.ParseCodec(cfg.Protocol.Codec)
+	codec, err := diloco.ParseCodec(string(cfg.Protocol.Codec))
 	if err != nil {
 		return round.Policy{}, fmt.Errorf("protocol.codec: %w", err)
 	}
