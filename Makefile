@@ -11,7 +11,7 @@ LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 # misbehave on purpose (docs/security.md); the default build has no such flag.
 TAGS ?=
 
-.PHONY: all setup build image demo demo-local test test-go test-attack test-attack-matrix test-py bench bench-scale e2e wan wan-goodput lint clean
+.PHONY: all setup build image demo demo-local learn test test-go test-attack test-attack-matrix test-py bench bench-scale e2e wan wan-goodput lint clean
 
 all: build
 
@@ -30,6 +30,22 @@ demo: setup build
 ## demo-local: one node (validator+trainer) training digits with DiLoCo
 demo-local: setup build
 	$(BIN) run --config configs/digits-local.yaml
+
+## learn: how the swarm learns on lm tiny (CPU): `p2pnode demo --workload lm` for every codec and
+## overlap setting over SEEDS, beside plain-PyTorch DiLoCo (p2ptrain.tools.diloco_lm_reference)
+## and one node with the same samples; prints per-round held-out loss and the gaps as tables and
+## writes LEARN_OUT/learn.png and learn.json. SEEDS (1,2,3), ROUNDS (12), TRAINERS (2), CODECS
+## (fp32,sparse), OVERLAP (none,eager), LEARN_OUT (.p2pnode/learn). The defaults take about
+## 30 minutes on 2 cores; quick: make learn SEEDS=1 ROUNDS=4 CODECS=sparse OVERLAP=none
+SEEDS ?= 1,2,3
+ROUNDS ?= 12
+TRAINERS ?= 2
+CODECS ?= fp32,sparse
+OVERLAP ?= none,eager
+LEARN_OUT ?= .p2pnode/learn
+learn: setup build
+	$(PY) scripts/learn.py --bin $(BIN) --python $(PY) --seeds $(SEEDS) --rounds $(ROUNDS) --trainers $(TRAINERS) \
+		--codecs $(CODECS) --overlap $(OVERLAP) --out $(LEARN_OUT)
 
 ## test: set up, then run every Go test (race detector, shuffled) and every Python test
 test: setup test-go test-py
@@ -60,6 +76,7 @@ test-attack-matrix:
 	P2PNODE_ATTACK_MATRIX=short $(GO) test -race -count=1 -tags attack -timeout 15m -run 'TestOneThirdAttackers$$' ./node/
 
 test-py:
+	$(PY) -m unittest discover -s scripts/tests
 	cd pyruntime/python && $(PY) -m unittest discover -s tests -t . -v 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}
 
 ## bench: run the benchmarks and print a table of ratios against same-run baselines

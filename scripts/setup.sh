@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 PY=${P2P_PYTHON:-/usr/bin/python3}
 # python3-venv, -setuptools and -wheel: `pip install ./pyruntime/python` into a venv, offline.
 # chromium: the dashboard's test renders the page in headless Chromium.
-PKGS=(python3 python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-venv python3-setuptools python3-wheel chromium)
+# python3-matplotlib: `make learn` plots its losses.
+PKGS=(python3 python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-venv python3-setuptools python3-wheel chromium python3-matplotlib)
 
 missing=()
 for p in "${PKGS[@]}"; do
