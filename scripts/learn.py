@@ -114,7 +114,7 @@ def report(a, runs, seeds, out):
     for r in range(a.rounds):
         cells = [f"{means[n][r]:.4f}" for n in names] + [pct(means[n][r], means[b][r]) for n, b in gaps]
         w(f"| {r + 1} | " + " | ".join(cells) + " |\n")
-    lo = a.rounds - a.rounds // 3
+    lo = a.rounds - max(1, a.rounds // 3)  # at least the last round
     w(f"\n## Mean over rounds {lo + 1}-{a.rounds} (the last third), per seed\n\n")
     w("| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | / reference | / one node |"
       + (f" / {base} |" if base else "") + "\n")

@@ -56,6 +56,15 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| sparse | +7.1 % (round 5) | -3.3 % (round 4) |", text)
         self.assertIn("| run | seed 1 | seed 2 | mean | / reference | / one node | / fp32 |\n|---|---|---|---|---|---|---|\n", text)
 
+    def test_fewer_than_three_rounds(self):
+        a = argparse.Namespace(rounds=2, preset="tiny", trainers=2)
+        runs = {n: {1: v[1][:2]} for n, v in self.runs.items()}
+        text = io.StringIO()
+        learn.report(a, runs, [1], text)
+        self.assertIn("Mean over rounds 2-2", text.getvalue())
+        self.assertIn("| fp32 | 3.0000 | 3.0000 |", text.getvalue())
+        self.assertIn("| fp32 | - |", text.getvalue())
+
     def test_plot_is_written(self):
         try:
             import matplotlib  # noqa: F401
