@@ -38,6 +38,7 @@ import torch
 
 from ..workloads import lm
 from .diloco_reference import Outer, Plan, diloco, load_global, window_mean, window_share
+from .sparse_reference import ErrorFeedback
 
 
 class Worker:
@@ -48,6 +49,7 @@ class Worker:
         self.model = workload.build_model().to(device)
         self.model.load_state_dict(init_state)
         self.opt = workload.build_optimizer(self.model)
+        self.feedback = None  # an ErrorFeedback when the updates go through the sparse codec
 
     def train(self, global_model, data, steps, seed):
         """``steps`` steps from the global parameters on the byte tensor ``data``; returns
@@ -68,9 +70,11 @@ class Worker:
         return steps * self.workload.batch_size
 
 
-def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_trainer, device, on_round=None, bf16=False):
+def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_trainer, device, on_round=None, bf16=False,
+        sparse=None):
     """``rounds`` rounds of DiLoCo (``workers`` × ``h`` steps, ``outer``); returns the held-out
-    metrics after every round."""
+    metrics after every round. ``sparse`` (a dict of ``ErrorFeedback``'s arguments) sends
+    every worker's update through the sparse codec with its own error feedback."""
     examples = sum(len(b) // workload.context for b in blocks)
     share = window_share(h, workload.batch_size, len(blocks), examples, workers, per_trainer)
     plan = Plan(len(blocks), workers, share, h, seed)
@@ -79,9 +83,14 @@ def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_train
 
     def train(worker, got, steps, window_seed):
         data = torch.frombuffer(bytearray(b"".join(blocks[i] for i in got)), dtype=torch.uint8).long()
-        return worker.train(global_model, data, steps, window_seed)
+        samples = worker.train(global_model, data, steps, window_seed)
+        if worker.feedback is not None:
+            worker.feedback.send(global_model, worker.model)
+        return samples
 
     ws = [Worker(workload, init_state, device, bf16) for _ in range(workers)]
+    for w in ws:
+        w.feedback = ErrorFeedback(**sparse) if sparse is not None else None
     return diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_round)
 
 
@@ -110,6 +119,12 @@ def main(argv=None):
     ap.add_argument("--per-trainer", type=int, default=2, help="lease.microshards_per_trainer before WindowShare raises it")
     ap.add_argument("--decay", choices=("fit", "preset"), default="fit",
                     help="fit: each run's cosine ends at its last step; preset: the preset's decay_steps")
+    ap.add_argument("--codec", choices=("fp32", "sparse"), default="fp32",
+                    help="how the DiLoCo workers' updates reach the outer step: exact, or the sparse codec "
+                         "(p2ptrain.tools.sparse_reference) with error feedback")
+    ap.add_argument("--topk", type=int, default=64, help="sparse: values kept per block (protocol.sparse_topk)")
+    ap.add_argument("--sparse-block", type=int, default=4096, help="sparse: block length (protocol.sparse_block)")
+    ap.add_argument("--feedback-decay", type=float, default=0.95, help="sparse: protocol.sparse_feedback_decay")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (workload.precision: bf16)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -117,6 +132,10 @@ def main(argv=None):
     outers = a.outer or [Outer(1.0, 0.5, False)]
     seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
     extra, swarm_extra = keys(a.config), keys(a.swarm_config)
+    sparse = None
+    if a.codec == "sparse":
+        sparse = dict(block=a.sparse_block, k=a.topk, decay=a.feedback_decay)
+        ErrorFeedback(**sparse)  # bad settings fail here, before any training
     torch.set_num_threads(a.threads)
 
     def workload(steps_per_round, more=None):
@@ -132,7 +151,8 @@ def main(argv=None):
     lo = min(a.rounds - a.rounds // 3 + 1, a.rounds)
     print(f"lm {a.preset}: {a.workers} workers x H={a.h} vs one node x {a.workers * a.h} steps a round; "
           f"{a.rounds} rounds; decay {a.decay}; {len(blocks)} microshards; mean over rounds {lo}-{a.rounds}"
-          + (f"; DiLoCo workers: {swarm_extra}" if swarm_extra else ""))
+          + (f"; DiLoCo workers: {swarm_extra}" if swarm_extra else "")
+          + (f"; DiLoCo updates through the sparse codec {sparse}" if sparse else ""))
     t0 = time.perf_counter()
     rows = []
     for seed in seeds:
@@ -142,7 +162,7 @@ def main(argv=None):
                    a.device, lambda r, m: print(f"seed {seed} one node round {r}: loss {m['loss']:.4f}", flush=True), a.bf16)
         for o in outers:
             dl = run(wl, blocks, init, a.workers, a.h, o, seed, a.rounds, a.per_trainer, a.device,
-                     lambda r, m: print(f"seed {seed} {o} round {r}: loss {m['loss']:.4f}", flush=True), a.bf16)
+                     lambda r, m: print(f"seed {seed} {o} round {r}: loss {m['loss']:.4f}", flush=True), a.bf16, sparse)
             print(f"\n### seed {seed}, {o}\n\n| round | DiLoCo loss | one node loss | DiLoCo / one node |\n|---|---|---|---|")
             for r, (d, b) in enumerate(zip(dl, base), 1):
                 print(f"| {r} | {d['loss']:.4f} | {b['loss']:.4f} | {100 * (d['loss'] / b['loss'] - 1):+.1f} % |")
