@@ -278,7 +278,7 @@ func (c *Config) validateProtocol(v *validator) {
 	}
 	v.check(p.InnerSteps >= 1, "protocol.inner_steps", "must be >= 1, got %d", p.InnerSteps)
 	if _, err := diloco.ParseCodec(string(p.Codec)); err != nil {
-		v.add("protocol.codec", "must be %s, got %q", codecList(), p.Codec)
+		v.add("protocol.codec", "must be %s, got %q", diloco.CodecList(), p.Codec)
 	}
 	v.check(p.Overlap == "" || p.Overlap == OverlapEager, "protocol.overlap", "must be empty (no overlap) or %q, got %q", OverlapEager, p.Overlap)
 	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
@@ -355,13 +355,4 @@ func validDevice(d string) bool {
 		}
 	}
 	return true
-}
-
-// codecList spells diloco.Codecs() for a message: "fp32, fp16, int8 or sparse".
-func codecList() string {
-	var names []string
-	for _, c := range diloco.Codecs() {
-		names = append(names, string(c))
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }

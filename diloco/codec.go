@@ -32,6 +32,23 @@ const DefaultBlockSize = 256
 // Codecs returns every Codec, for help texts and config validation.
 func Codecs() []Codec { return []Codec{FP32, FP16, Int8, Sparse} }
 
+// CodecList spells Codecs() for messages and help texts: "fp32, fp16, int8 or sparse".
+func CodecList() string {
+	cs := Codecs()
+	out := ""
+	for i, c := range cs {
+		switch {
+		case i == 0:
+		case i == len(cs)-1:
+			out += " or "
+		default:
+			out += ", "
+		}
+		out += string(c)
+	}
+	return out
+}
+
 // ParseCodec returns the Codec spelled s, or an error wrapping ErrUnknownCodec.
 func ParseCodec(s string) (Codec, error) {
 	for _, c := range Codecs() {

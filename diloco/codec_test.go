@@ -306,3 +306,9 @@ func TestQuantizeMatchesMathRound(t *testing.T) {
 		check(math.Nextafter32(tie, -200))
 	}
 }
+
+func TestCodecList(t *testing.T) {
+	if got := CodecList(); got != "fp32, fp16, int8 or sparse" {
+		t.Fatalf("CodecList() = %q", got)
+	}
+}
