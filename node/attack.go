@@ -45,8 +45,11 @@ func attackOption(mode adversary.Mode) fx.Option {
 	}
 	return fx.Options(warn, fx.Decorate(func(cfg *config.Config, self peer.ID) wrapWindows {
 		// Each attacker draws its own noise: with the experiment's seed alone, every noisy
-		// attacker sent the same vector, and colluding copies agree with each other.
-		corrupt := mode.CorruptDelta(uint64(trainer.Seed(cfg.Experiment.Seed, 0, 0, self.String())))
+		// attacker sent the same vector, and colluding copies agree with each other. The
+		// colluding modes want exactly that: their direction comes from a seed every
+		// attacker of the experiment derives alike.
+		corrupt := mode.CorruptDelta(uint64(trainer.Seed(cfg.Experiment.Seed, 0, 0, self.String())),
+			uint64(trainer.Seed(cfg.Experiment.Seed, 0, 0, "colluders")))
 		return func(t *round.Trainer) trainer.Window {
 			return corruptingTrainer{Trainer: t, corrupt: corrupt}
 		}

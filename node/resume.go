@@ -42,7 +42,10 @@ func restore(ctx context.Context, e *env, work *round.Trainer) error {
 	}
 	h, err := e.headOrRefetch(ctx, id, until)
 	if err != nil {
-		return fmt.Errorf("checkpoint head: %w", err)
+		// The checkpoint's state belongs to its head; without the head, resume from the chain
+		// (the parent heads held here) as when there is no checkpoint.
+		e.log.Warn("the checkpoint's head is unreadable here and at every peer: resuming from the head chain", "head", id.String(), "err", err)
+		return resumeFromChain(ctx, e, until, fmt.Errorf("checkpoint head: %w", err))
 	}
 	work.OptState, work.Residual, work.ResidualTag = r.OptPath, r.Residual, r.ResidualTag
 	if r.ResidualErr != nil {
@@ -73,11 +76,20 @@ func resumeFromChain(ctx context.Context, e *env, until time.Time, why error) er
 		return nil
 	}
 	var skipped []string
+	tried := map[cid.Cid]bool{}
 	id := tip
 	for range maxResumeWalk {
+		tried[id] = true
 		h, err := e.headOrRefetch(ctx, id, until)
 		if err != nil {
-			return fmt.Errorf("no usable checkpoint (%v), and the head chain cannot be read: %w", why, err)
+			// A damaged or deleted head file names no parent: go on from the newest head
+			// held here with a quorum not tried yet (the parent, when only the tip is
+			// damaged).
+			skipped = append(skipped, err.Error())
+			if id = e.newestQuorumHead(ctx, tried); !id.Defined() {
+				break
+			}
+			continue
 		}
 		err = e.ensureHeadArtifacts(ctx, h, until)
 		if err == nil {
@@ -97,8 +109,10 @@ func resumeFromChain(ctx context.Context, e *env, until time.Time, why error) er
 			"tip", tip.String(), "tip_from", from, "heads_skipped", skipped)
 		return nil
 	}
-	return fmt.Errorf("no usable checkpoint (%v), and no head of the last %d back from the tip %s (%s) has its artifacts here or at a peer: %v",
-		why, maxResumeWalk, tip, from, skipped)
+	return fmt.Errorf("no usable checkpoint (%v), and no head of the last %d back from the tip %s (%s) is readable with its artifacts here or at a peer: %v; "+
+		"to recover, start this node with a peer that holds head %s (another of the experiment's validators, in node.bootstrap), "+
+		"or restore %s from a backup; to start the experiment afresh instead, move %s aside",
+		why, maxResumeWalk, tip, from, skipped, tip, e.cfg.Node.StoreDir, e.cfg.Node.StoreDir)
 }
 
 // localTip is the newest canonical head this node recorded: the tip file, or when that is
@@ -108,16 +122,25 @@ func (e *env) localTip(ctx context.Context) (cid.Cid, string) {
 	if id, err := stores.ResolveHead("latest"); err == nil {
 		return id, "tip file"
 	}
+	return e.newestQuorumHead(ctx, nil), "newest stored head with a quorum"
+}
+
+// newestQuorumHead is the stored head of the highest round that reads intact and has a
+// quorum of signatures, leaving out those in skip.
+func (e *env) newestQuorumHead(ctx context.Context, skip map[cid.Cid]bool) cid.Cid {
 	ids, err := e.heads.List()
 	if err != nil {
 		e.log.Warn("cannot list stored heads", "err", err)
-		return cid.Undef, ""
+		return cid.Undef
 	}
 	var best cid.Cid
 	var round uint64
 	for _, id := range ids {
 		if ctx.Err() != nil {
 			break
+		}
+		if skip[id] {
+			continue
 		}
 		sh, h, err := e.heads.Get(id)
 		if err != nil {
@@ -130,7 +153,7 @@ func (e *env) localTip(ctx context.Context) (cid.Cid, string) {
 			best, round = id, h.Round
 		}
 	}
-	return best, "newest stored head with a quorum"
+	return best
 }
 
 // headOrRefetch reads a head from the store; when its file is missing or damaged it asks

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/synth"
 )
@@ -91,28 +92,71 @@ func TestSoloNodeResumesFromTheChainWithoutState(t *testing.T) {
 	}
 }
 
-// A damaged tip head that no peer can replace stops the start with an error that names
-// the file.
-func TestSoloNodeNamesADamagedTipHeadFile(t *testing.T) {
-	dir := t.TempDir()
-	synthDataset(t, filepath.Join(dir, "data"), 10)
-	cfg := soloConfig(t, dir, 3)
-	n := runNode(t, cfg, &syncBuffer{})
-	stores, err := OpenStores(cfg)
-	require.NoError(t, err)
-	tip := mustDecode(t, n.Status().Head)
-	path := stores.Heads.Path(tip)
-	require.NoError(t, os.WriteFile(path, []byte("not a head"), 0o644))
+// A lone node whose tip head file is damaged or deleted, with no peer to replace it, falls
+// back to the parent head it holds when it holds the parent's artifacts (EMA merges keep
+// no outer state), and otherwise stops with an error that names the file and says how to
+// recover (DiLoCo: the parent's outer state was pruned once the tip's was checkpointed).
+func TestSoloNodeWithADamagedTipHead(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		policy   string
+		damage   func(t *testing.T, path string)
+		fallback bool // resumes from the parent; else the start fails, saying how to recover
+	}{
+		{"damaged, ema", config.PolicyEMA, corruptFile, true},
+		{"deleted, ema", config.PolicyEMA, removeFile, true},
+		{"damaged, diloco", config.PolicyDiLoCo, corruptFile, false},
+		{"deleted, diloco", config.PolicyDiLoCo, removeFile, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			synthDataset(t, filepath.Join(dir, "data"), 10)
+			cfg := soloConfig(t, dir, 3)
+			cfg.Protocol.MergePolicy = tc.policy
+			n := runNode(t, cfg, &syncBuffer{})
+			parent := n.Status().History
+			stores, err := OpenStores(cfg)
+			require.NoError(t, err)
+			tip := mustDecode(t, n.Status().Head)
+			path := stores.Heads.Path(tip)
+			tc.damage(t, path)
 
-	cfg.Experiment.Rounds = 5
-	n, err = New(cfg, Options{Runtime: synth.New(t.TempDir()), Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err = n.Run(ctx)
-	require.Error(t, err)
-	require.Contains(t, err.Error(), path)
+			cfg.Experiment.Rounds = 5
+			log, logs := logBuffer()
+			var out syncBuffer
+			n, err = New(cfg, Options{Progress: &out, Runtime: synth.New(t.TempDir()), Logger: log})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			err = n.Run(ctx)
+			if !tc.fallback {
+				require.Error(t, err)
+				require.Contains(t, err.Error(), path, "the error names the head file")
+				require.Contains(t, err.Error(), "to recover, start this node with a peer that holds head "+tip.String())
+				require.Contains(t, err.Error(), "move "+cfg.Node.StoreDir+" aside")
+				return
+			}
+			require.NoError(t, err, logs.String())
+			require.Equal(t, uint64(5), n.Status().Round)
+			i := slices.IndexFunc(parent, func(p status.RoundPoint) bool { return p.Round == 2 })
+			require.GreaterOrEqual(t, i, 0)
+			var resumed string
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "resumed from the head chain") {
+					resumed = l
+				}
+			}
+			require.Contains(t, resumed, "round=2 head="+parent[i].Head, "did not resume from the parent:\n%s", logs.String())
+			require.Contains(t, resumed, path, "the log names the unreadable file")
+		})
+	}
 }
+
+func corruptFile(t *testing.T, path string) {
+	require.NoError(t, os.WriteFile(path, []byte("not a head"), 0o644))
+}
+
+func removeFile(t *testing.T, path string) { require.NoError(t, os.Remove(path)) }
 
 // A validator restarted with its tip head file damaged gets the head again from a peer and
 // the swarm finishes its rounds, where it used to refuse to start.

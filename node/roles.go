@@ -64,6 +64,7 @@ type startup struct {
 	work     *round.Trainer
 	capacity *trainer.Capacity
 	policy   round.Policy
+	params   int64 // the model's parameter count (0: the workload did not say)
 }
 
 // roleModules is one fx module per role this node has, as the config's experiment.roles
@@ -203,6 +204,7 @@ type loopParams struct {
 func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error {
 	cfg := e.cfg
 	capac := &trainer.Capacity{}
+	var params int64
 	if e.rt != nil {
 		e.log.Info("starting workload", "factory", cfg.Workload.Factory, "interpreter", cfg.Workload.Interpreter)
 		info, err := e.rt.Start(ctx)
@@ -211,6 +213,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 		}
 		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "device_name", info.DeviceName,
 			"precision", info.Precision, "params", info.ParamCount)
+		params = info.ParamCount
 	}
 	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.log), e.store, busFetcher{e.bus}, e.log)
 	if err != nil {
@@ -239,7 +242,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 		"announce": (&announcer{env: e, capacity: capac, started: time.Now().UnixMilli()}).run,
 		"watch":    (&watcher{env: e, stop: stop}).run,
 	}
-	s := &startup{work: work, capacity: capac, policy: policy}
+	s := &startup{work: work, capacity: capac, policy: policy, params: params}
 	for _, r := range roles {
 		loop, err := r.make(s)
 		if err != nil {

@@ -2,9 +2,11 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/ipfs/go-cid"
+	"golang.org/x/sys/unix"
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
@@ -39,8 +41,30 @@ func trainerLoop(e *env) func(s *startup) (func(context.Context) error, error) {
 			Experiment: e.cfg.Experiment.ID, Seed: e.cfg.Experiment.Seed, InnerSteps: e.cfg.Protocol.InnerSteps,
 			Rounds: e.cfg.Experiment.Rounds, Self: e.self, IsValidator: e.isValidator,
 			Bus: e.bus, Chain: chainView{e}, Work: work, Eager: eager, Capacity: s.capacity,
-			Sink: trainerSink{e}, Log: e.log,
+			Sink: trainerSink{e}, Log: e.log, Room: storeRoom(e.cfg.Node.StoreDir, s.params),
 		}).Run, nil
+	}
+}
+
+// minLeaseRoom is the least free space a trainer's store needs to take a lease, whatever
+// the model: heads, round notes and a small model's packs.
+const minLeaseRoom = 1 << 20
+
+// storeRoom is trainer.Params.Room for a store in dir and a model of params parameters: a
+// lease needs room for its base parameters, its update and the next head's parameters
+// (three fp32 copies of the model). A file system that cannot be asked passes: the lease
+// then fails where the write does.
+func storeRoom(dir string, params int64) func() error {
+	need := max(3*4*params, minLeaseRoom)
+	return func() error {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			return nil
+		}
+		if free := int64(st.Bavail) * int64(st.Bsize); free < need {
+			return fmt.Errorf("node.store_dir %s has %d bytes free, a lease needs %d: free space on its disk", dir, free, need)
+		}
+		return nil
 	}
 }
 

@@ -60,6 +60,10 @@ const (
 	keepMinBackoff  = 250 * time.Millisecond
 	keepMaxBackoff  = 500 * time.Millisecond
 	keepDialTimeout = 10 * time.Second
+	// keepWarnAfter is how long a kept peer may stay unreachable before the node warns,
+	// naming it and the addresses it dials: a mistyped or dead bootstrap address is
+	// otherwise silent (dial failures are debug lines, retried forever).
+	keepWarnAfter = 5 * time.Second
 )
 
 // keptPeer is the redial state of one kept peer.
@@ -68,6 +72,11 @@ type keptPeer struct {
 	backoff time.Duration
 	next    time.Time
 	dialing bool
+	// down is when the peer was last seen unconnected after being connected (or keep
+	// started); warned whether this outage was reported; lastErr the last dial's error.
+	down    time.Time
+	warned  bool
+	lastErr error
 }
 
 // KeptWatch keeps a node connected to its kept peers (Keep), and remembers the addresses
@@ -163,9 +172,13 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 	h := w.h
 	state := make(map[peer.ID]*keptPeer, len(w.peers))
 	for _, ai := range w.peers {
-		state[ai.ID] = &keptPeer{ai: ai}
+		state[ai.ID] = &keptPeer{ai: ai, down: time.Now()}
 	}
-	results := make(chan peer.ID)
+	type result struct {
+		id  peer.ID
+		err error
+	}
+	results := make(chan result)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	t := time.NewTicker(keepTick)
@@ -176,7 +189,16 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 			if h.Network().Connectedness(id) == network.Connected {
 				// What identify learnt: the addresses the peer listens at.
 				w.learn(w.advertised, id, h.Peerstore().Addrs(id)...)
+				k.down, k.warned = time.Time{}, false
 				continue
+			}
+			if k.down.IsZero() {
+				k.down = now
+			}
+			if !k.warned && len(k.ai.Addrs) > 0 && now.Sub(k.down) >= keepWarnAfter {
+				k.warned = true
+				log.Warn("cannot reach a bootstrap peer; check node.bootstrap and that the peer runs",
+					"peer", id.String(), "addrs", fmt.Sprint(k.ai.Addrs), "for", now.Sub(k.down).Round(time.Second).String(), "err", k.lastErr)
 			}
 			if k.dialing || now.Before(k.next) {
 				continue
@@ -187,9 +209,9 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 			}
 			k.dialing = true
 			wg.Go(func() {
-				dialKept(ctx, h, ai, log)
+				err := dialKept(ctx, h, ai, log)
 				select {
-				case results <- id:
+				case results <- result{id, err}:
 				case <-ctx.Done():
 				}
 			})
@@ -198,9 +220,10 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case id := <-results:
+		case r := <-results:
+			id := r.id
 			k := state[id]
-			k.dialing = false
+			k.dialing, k.lastErr = false, r.err
 			if h.Network().Connectedness(id) == network.Connected {
 				k.backoff = 0
 				continue
@@ -214,7 +237,7 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 // dialKept dials a kept peer, first clearing the swarm's dial backoff for it: that
 // backoff was set by dials that failed while the peer was down, and would refuse this
 // dial for seconds after the peer is back.
-func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logger) {
+func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logger) error {
 	if sw, ok := h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
 		sw.Backoff().Clear(ai.ID)
 	}
@@ -222,9 +245,10 @@ func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logg
 	defer cancel()
 	if err := h.Connect(dctx, ai); err != nil {
 		log.Debug("dial of a bootstrap peer or validator failed", "peer", ai.ID.String(), "err", err)
-		return
+		return err
 	}
 	log.Info("connected to a bootstrap peer or validator", "peer", ai.ID.String())
+	return nil
 }
 
 // Rendezvous is the DHT namespace the nodes of cfg's experiment meet under.

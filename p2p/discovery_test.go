@@ -3,7 +3,11 @@ package p2p
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"log/slog"
+	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	ma "github.com/multiformats/go-multiaddr"
 	"github.com/stretchr/testify/require"
 )
 
@@ -114,4 +119,95 @@ func TestRestartedPeerIsRedialledWithin2s(t *testing.T) {
 			require.Less(t, took, 2*time.Second)
 		})
 	}
+}
+
+// A bootstrap address where nothing answers is warned about within 10 s, naming the
+// address; a reachable one is not.
+func TestUnreachableBootstrapWarnsWithin10s(t *testing.T) {
+	// Refused: a port that was just closed. Silent: TCP accepted, then nothing said (the
+	// security handshake hangs until the dial times out).
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refusedAddr := closed.Addr().(*net.TCPAddr)
+	require.NoError(t, closed.Close())
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	silentAddr := silent.Addr().(*net.TCPAddr)
+	server, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.Security(noise.ID, noise.New))
+	require.NoError(t, err)
+	t.Cleanup(func() { server.Close() })
+
+	otherID := func() peer.ID {
+		_, pub, err := crypto.GenerateEd25519Key(rand.Reader)
+		require.NoError(t, err)
+		id, err := peer.IDFromPublicKey(pub)
+		require.NoError(t, err)
+		return id
+	}
+	for _, tc := range []struct {
+		name string
+		ai   peer.AddrInfo
+		warn bool
+	}{
+		{"nothing listens", peer.AddrInfo{ID: otherID(), Addrs: []ma.Multiaddr{ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", refusedAddr.Port))}}, true},
+		{"listens, never answers", peer.AddrInfo{ID: otherID(), Addrs: []ma.Multiaddr{ma.StringCast(fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", silentAddr.Port))}}, true},
+		{"a live peer", peer.AddrInfo{ID: server.ID(), Addrs: server.Addrs()}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			node, err := libp2p.New(libp2p.NoListenAddrs, libp2p.Security(noise.ID, noise.New))
+			require.NoError(t, err)
+			t.Cleanup(func() { node.Close() })
+			logs := &lockedLog{}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			start := time.Now()
+			go func() {
+				defer close(done)
+				keepConnected(ctx, node, []peer.AddrInfo{tc.ai}, slog.New(slog.NewTextHandler(logs, nil)))
+			}()
+			t.Cleanup(func() { cancel(); <-done })
+			warned := func() bool { return strings.Contains(logs.String(), "cannot reach a bootstrap peer") }
+			if !tc.warn {
+				require.Eventually(t, func() bool { return node.Network().Connectedness(tc.ai.ID) == network.Connected },
+					10*time.Second, 10*time.Millisecond)
+				time.Sleep(keepWarnAfter + time.Second) // past the point a warning would come
+				require.False(t, warned(), "warned of a reachable peer:\n%s", logs.String())
+				return
+			}
+			require.Eventually(t, warned, 10*time.Second, 10*time.Millisecond, "no warning within 10 s:\n%s", logs.String())
+			t.Logf("warned after %v: %s", time.Since(start).Round(time.Millisecond), logs.String())
+			require.Contains(t, logs.String(), tc.ai.Addrs[0].String())
+			require.Contains(t, logs.String(), tc.ai.ID.String())
+			require.Equal(t, 1, strings.Count(logs.String(), "cannot reach a bootstrap peer"), "warned once per outage")
+		})
+	}
+}
+
+// lockedLog is a log sink the test reads while the node writes it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -89,6 +89,10 @@ type Params struct {
 	Chain       Chain
 	Work        Window
 	Capacity    *Capacity // measured here, announced by the node
+	// Room, when set, says why this node cannot store what a lease needs now (its base
+	// head and parameters, its update: a full disk), nil when it can. A lease taken while
+	// it cannot is given back at once with that reason, not waited out by the leader.
+	Room func() error
 	// Eager, when set (protocol.overlap: eager), trains the reservations leases carry
 	// ahead of their lease (ahead.go).
 	Eager Eager
@@ -189,6 +193,11 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 			t.release(ctx, l, err)
 		}
 	}()
+	if t.Room != nil {
+		if err := t.Room(); err != nil {
+			return fmt.Errorf("cannot store what the lease of round %d needs: %w", l.Round, err)
+		}
+	}
 	baseID, err := cid.Cast(l.Base)
 	if err != nil {
 		return err

@@ -146,6 +146,21 @@ type harness struct {
 	sink   *testSink
 	baseID cid.Cid
 	base   *chain.Head
+
+	roomMu sync.Mutex
+	room   error // what Params.Room answers
+}
+
+func (h *harness) setRoom(err error) {
+	h.roomMu.Lock()
+	defer h.roomMu.Unlock()
+	h.room = err
+}
+
+func (h *harness) roomErr() error {
+	h.roomMu.Lock()
+	defer h.roomMu.Unlock()
+	return h.room
 }
 
 func newHarness(t *testing.T, rounds int) *harness {
@@ -158,7 +173,7 @@ func newHarness(t *testing.T, rounds int) *harness {
 	h.chain.set(h.baseID)
 	tr := New(Params{Experiment: "exp", Seed: 7, InnerSteps: 50, Rounds: rounds, Self: self,
 		IsValidator: func(p string) bool { return p == validator }, Bus: h.bus, Chain: h.chain, Work: h.work,
-		Sink: h.sink, Log: slog.New(slog.DiscardHandler)})
+		Sink: h.sink, Log: slog.New(slog.DiscardHandler), Room: h.roomErr})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx) }()
@@ -291,6 +306,18 @@ func TestTrainerGivesBackWhatItCannotTrain(t *testing.T) {
 		{"a microshard already consumed", func(h *harness) *gossip.Leases {
 			return h.grant(self, []uint32{16}, 0, time.Now().Add(time.Minute)) // the plan has 16
 		}, "not available"},
+		{"the store is full", func(h *harness) *gossip.Leases {
+			h.setRoom(errors.New("store /s: 0 B free, a lease needs 6 KiB"))
+			return h.grant(self, []uint32{1}, 0, time.Now().Add(time.Minute))
+		}, "cannot store what the lease of round 5 needs: store /s: 0 B free"},
+		// Its base head never arrives (the node could not store it): given back at once,
+		// not after waiting baseWait for the head.
+		{"the store is full, the base head not here", func(h *harness) *gossip.Leases {
+			h.setRoom(errors.New("store /s: 0 B free"))
+			m := h.grant(self, []uint32{1}, 0, time.Now().Add(time.Minute))
+			m.Leases[0].Base = cids.Record([]byte("a head never stored")).Bytes()
+			return m
+		}, "0 B free"},
 		{"a stale base", func(h *harness) *gossip.Leases {
 			m := h.grant(self, []uint32{1}, 0, time.Now().Add(time.Minute))
 			newer := &chain.Head{Experiment: "exp", Round: 5, Parent: h.baseID.Bytes(), Ledger: h.base.Ledger}
@@ -302,8 +329,15 @@ func TestTrainerGivesBackWhatItCannotTrain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, 0)
 			m := tc.setup(h)
+			start := time.Now()
 			h.bus.Deliver(validator, m)
 			r, ok := h.next(t).(*gossip.Release)
+			if h.roomErr() != nil {
+				require.Less(t, time.Since(start), baseWait/2, "a full store's lease is given back at once")
+				h.work.mu.Lock()
+				require.Empty(t, h.work.calls, "nothing trained")
+				h.work.mu.Unlock()
+			}
 			require.True(t, ok, "a release, not a contribution")
 			require.Equal(t, m.Leases[0].ID().Bytes(), r.Lease)
 			require.Equal(t, self, r.Peer)

@@ -21,7 +21,7 @@ func init() { runHooks = append(runHooks, poisonFlag) }
 // node.NewAttacker.
 func poisonFlag(cmd *cobra.Command, build *nodeBuilder) {
 	var mode string
-	cmd.Flags().StringVar(&mode, "poison", "", fmt.Sprintf("misbehave on purpose (attack tests): one of %v", adversary.Modes))
+	cmd.Flags().StringVar(&mode, "poison", "", fmt.Sprintf("misbehave on purpose (attack tests): one of %v", adversary.All()))
 	honest := *build
 	*build = func(cfg *config.Config, opts node.Options) (*node.Node, error) {
 		if mode == "" {
