@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -98,4 +100,20 @@ func Fetch(ctx context.Context, h host.Host, p peer.ID) (*Record, error) {
 		return nil, fmt.Errorf("fetch experiment record from %s: %w", p, err)
 	}
 	return r, nil
+}
+
+// FetchFrom dials the peer in info from a short-lived host with key (the joining node's
+// own identity, so the owner sees the peer that will train) and fetches its record.
+func FetchFrom(ctx context.Context, key crypto.PrivKey, info peer.AddrInfo) (*Record, error) {
+	h, err := libp2p.New(libp2p.Identity(key), libp2p.NoListenAddrs, libp2p.DisableRelay(), libp2p.UserAgent("p2pnode-join"))
+	if err != nil {
+		return nil, fmt.Errorf("fetch experiment record: start a host: %w", err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(ctx, DefaultDeadline)
+	defer cancel()
+	if err := h.Connect(ctx, info); err != nil {
+		return nil, fmt.Errorf("fetch experiment record: dial %s: %w", info.ID, err)
+	}
+	return Fetch(ctx, h, info.ID)
 }
