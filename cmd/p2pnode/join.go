@@ -58,18 +58,9 @@ named after its path (P2PNODE_NODE_LISTEN, P2PNODE_WORKLOAD_DEVICE), for contain
 			if err != nil || f.noRun {
 				return err
 			}
-			log, err := newLogger(g, cfg.Node.LogLevel, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			n, err := build(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log})
-			if err != nil {
-				return err
-			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			go printDashboard(ctx, n, cmd.OutOrStdout())
-			return n.Run(cmd.Context())
+			return runConfig(cmd, g, cfg, build, func(n *node.Node) { go printDashboard(ctx, n, cmd.OutOrStdout()) })
 		},
 	}
 	cmd.Flags().StringVar(&f.dir, "dir", ".", "directory for this node's p2pnode.yaml, experiment record and (by default) store")
