@@ -18,7 +18,8 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/invite"
-	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
+	"github.com/p2pnode/p2pnode/status"
 )
 
 func newInviteCmd() *cobra.Command {
@@ -45,11 +46,11 @@ fixed ports ('p2pnode init --owner' writes them).`,
 			if _, err := os.Stat(path); err != nil {
 				return fmt.Errorf("no identity at %s (node.identity / node.store_dir): run the node once, or 'p2pnode init --owner'", path)
 			}
-			key, err := node.LoadIdentity(path, slog.New(slog.DiscardHandler))
+			key, err := p2p.LoadIdentity(path, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return err
 			}
-			id, err := node.PeerID(key)
+			id, err := p2p.PeerID(key)
 			if err != nil {
 				return err
 			}
@@ -74,7 +75,7 @@ fixed ports ('p2pnode init --owner' writes them).`,
 
 // inviteAddrs is the running node's addresses, or node.listen's on every interface.
 func inviteAddrs(cfg *config.Config) ([]string, string, error) {
-	if b, err := os.ReadFile(filepath.Join(cfg.Node.StoreDir, node.HTTPAddrFile)); err == nil {
+	if b, err := os.ReadFile(filepath.Join(cfg.Node.StoreDir, status.HTTPAddrFile)); err == nil {
 		addr := strings.TrimSpace(string(b))
 		client := &http.Client{Timeout: 3 * time.Second}
 		if resp, err := client.Get("http://" + addr + "/status"); err == nil {

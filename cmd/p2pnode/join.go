@@ -22,6 +22,7 @@ import (
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 	"github.com/p2pnode/p2pnode/invite"
 	"github.com/p2pnode/p2pnode/node"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 // Files `join` keeps in its directory.
@@ -252,7 +253,7 @@ func contains(xs []string, x string) bool {
 // written only once the join succeeds).
 func joinIdentity(path string) (crypto.PrivKey, []byte, error) {
 	if _, err := os.Stat(path); err == nil {
-		k, err := node.LoadIdentity(path, slog.New(slog.DiscardHandler))
+		k, err := p2p.LoadIdentity(path, slog.New(slog.DiscardHandler))
 		return k, nil, err
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("identity %s: %w", path, err)
