@@ -29,8 +29,9 @@ var ErrInvalid = errors.New("invalid config")
 // A file that means the defaults says so with `{}`.
 var ErrEmpty = errors.New("the file holds no settings (truncated?); write `{}` to run every default, or start from `p2pnode init`")
 
-// Load reads, strictly decodes and validates the config at path, applying defaults first
-// and resolving relative paths against the file's directory.
+// Load reads, strictly decodes and validates the config at path, applying defaults first,
+// then P2PNODE_* environment overrides (ApplyEnv), and resolving relative paths against
+// the file's directory.
 func Load(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -45,6 +46,9 @@ func Load(path string) (*Config, error) {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	cfg.Path = abs
+	if _, err := cfg.ApplyEnv(os.Environ()); err != nil {
+		return nil, fmt.Errorf("config %s: environment: %w", path, err)
+	}
 	cfg.resolvePaths(filepath.Dir(abs))
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
@@ -290,6 +294,11 @@ func (c *Config) resolvePaths(dir string) {
 	abs(&c.Node.Identity)
 	abs(&c.Dataset.Root)
 	abs(&c.Export.Dir)
+	// A bare name ("python3") is looked up in PATH; a path with a slash is a file like any
+	// other, relative to the config.
+	if strings.ContainsRune(c.Workload.Interpreter, filepath.Separator) {
+		abs(&c.Workload.Interpreter)
+	}
 	for i := range c.Workload.PythonPath {
 		abs(&c.Workload.PythonPath[i])
 	}

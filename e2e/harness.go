@@ -63,6 +63,9 @@ type Proc struct {
 	Cfg    *config.Config
 	// Args are appended to `p2pnode run --config FILE` (e.g. --poison MODE).
 	Args []string
+	// Command, when set, replaces `run --config FILE` (e.g. `join --dir DIR ADDR`, whose
+	// config is written by the command itself at Config).
+	Command []string
 	// Wrap, when set, is the command that runs p2pnode, which is appended to it (e.g.
 	// `ip netns exec NS` to run the node in a network namespace).
 	Wrap []string
@@ -110,7 +113,11 @@ func (p *Proc) Start() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	argv := append(append(slices.Clone(p.Wrap), bin, "run", "--config", p.Config, "--log-format", "text"), p.Args...)
+	command := []string{"run", "--config", p.Config}
+	if len(p.Command) > 0 {
+		command = p.Command
+	}
+	argv := append(append(append(slices.Clone(p.Wrap), bin), command...), append([]string{"--log-format", "text"}, p.Args...)...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = p.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -105,6 +105,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 		discoveryModule(cfg, opts),
 		runtimeModule(cfg, opts),
 		busModule(cfg),
+		inviteModule(cfg),
 		// HTTP before the roles: its OnStart (binding the port) runs before the role loops
 		// start, so a port in use fails start-up before any work begins.
 		httpModule(cfg),

@@ -32,16 +32,9 @@ stops after experiment.rounds rounds (0 = until interrupted).`,
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(g, cfg.Node.LogLevel, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			n, err := build(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "p2pnode %s: %s/%s as %v, store %s\n", n.ID(), cfg.Experiment.Network, cfg.Experiment.ID, cfg.Experiment.Roles, cfg.Node.StoreDir)
-			return n.Run(cmd.Context())
+			return runConfig(cmd, g, cfg, build, func(n *node.Node) {
+				fmt.Fprintf(cmd.OutOrStdout(), "p2pnode %s: %s/%s as %v, store %s\n", n.ID(), cfg.Experiment.Network, cfg.Experiment.ID, cfg.Experiment.Roles, cfg.Node.StoreDir)
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "p2pnode.yaml", "experiment config file")
@@ -49,4 +42,19 @@ stops after experiment.rounds rounds (0 = until interrupted).`,
 		hook(cmd, &build)
 	}
 	return cmd
+}
+
+// runConfig builds cfg's node with build and runs it until it stops; built is called
+// before it starts.
+func runConfig(cmd *cobra.Command, g *globalFlags, cfg *config.Config, build nodeBuilder, built func(*node.Node)) error {
+	log, err := newLogger(g, cfg.Node.LogLevel, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	n, err := build(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log})
+	if err != nil {
+		return err
+	}
+	built(n)
+	return n.Run(cmd.Context())
 }
