@@ -94,14 +94,21 @@ func TestForwarderDelay(t *testing.T) {
 					t.Fatalf("packet %d arrived as number %d: reordered", s, i)
 				}
 			}
-			// Each packet's delay, measured alone.
+			// Each packet's delay, measured alone: never below the bound (a late wake-up on a
+			// loaded machine can only add), and the quickest of them within it.
+			quickest := time.Hour
 			for range 5 {
 				start := time.Now()
 				p.a.in <- ipv4(p.aIP, p.bIP, 100, 0)
 				<-p.b.out
-				if d := time.Since(start); d < c.lo || d > c.hi+15*time.Millisecond {
-					t.Fatalf("one-way %v, want %v to %v", d, c.lo, c.hi)
+				d := time.Since(start)
+				if d < c.lo {
+					t.Fatalf("one-way %v, want at least %v", d, c.lo)
 				}
+				quickest = min(quickest, d)
+			}
+			if quickest > c.hi+5*time.Millisecond {
+				t.Fatalf("quickest one-way of 5 %v, want at most %v", quickest, c.hi)
 			}
 		})
 	}
@@ -135,13 +142,16 @@ func TestForwarderLossAndRate(t *testing.T) {
 		t.Fatalf("lost %d + delivered %d != %d sent", lost, got, n)
 	}
 
-	// 8 Mbit/s downlink: 1000-byte packets leave 1 ms apart; a burst of 200 fills a 50 ms
-	// queue after about 50 of them and the rest are dropped.
+	// 8 Mbit/s downlink: 1000-byte packets leave 1 ms apart; a burst of 200 handed to the
+	// downlink stage fills a 50 ms queue after about 50 of them and the rest are dropped.
+	// The burst takes the time the loop takes; each millisecond of it lets one more through.
 	r := newPair(t, Link{}, Link{DownMbit: 8, Queue: 50 * time.Millisecond})
 	start := time.Now()
 	for i := range 200 {
-		r.a.in <- ipv4(r.aIP, r.bIP, 1000, uint32(i))
+		b := ipv4(r.aIP, r.bIP, 1000, uint32(i))
+		r.f.route(packet{buf: &b, n: len(b)})
 	}
+	burst := time.Since(start)
 	got = 0
 	var last time.Time
 	for {
@@ -154,8 +164,8 @@ func TestForwarderLossAndRate(t *testing.T) {
 		}
 		break
 	}
-	if got < 45 || got > 60 {
-		t.Fatalf("%d of a burst of 200 through an 8 Mbit/s downlink with a 50 ms queue, want about 51", got)
+	if hi := 52 + int(burst/time.Millisecond); got < 50 || got > hi {
+		t.Fatalf("%d of a burst of 200 (in %v) through an 8 Mbit/s downlink with a 50 ms queue, want 50 to %d", got, burst, hi)
 	}
 	if d := last.Sub(start); d < time.Duration(got-2)*time.Millisecond {
 		t.Fatalf("%d packets of 1000 bytes in %v: faster than 8 Mbit/s", got, d)
