@@ -11,7 +11,7 @@ LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 # misbehave on purpose (docs/security.md); the default build has no such flag.
 TAGS ?=
 
-.PHONY: all setup build image demo demo-local learn test test-go test-attack test-attack-matrix test-py bench bench-scale e2e wan wan-goodput lint clean
+.PHONY: all setup build image demo demo-local learn test test-go test-attack test-attack-matrix test-py bench bench-scale e2e wan wan-goodput wan-lab lint clean
 
 all: build
 
@@ -122,6 +122,13 @@ wan: setup
 ## with both yamux frame sizes. WAN_SIZE_MB (40), WAN_REPS (2), WAN_UP_MBIT (20).
 wan-goodput:
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
+
+## wan-lab: the lab itself (internal/wan, tag wan): round trips within 5 % of the spec, one
+## TCP flow on 50 Mbit/s at 100 ms RTT (Cubic and BBR, with and without 1 % loss), the
+## forwarder's aggregate throughput, NAT kinds, cleanup after SIGTERM and SIGKILL. Needs
+## root, ip, tc, nft and /dev/net/tun.
+wan-lab:
+	$(GO) test -tags wan -count=1 -timeout 20m -v ./internal/wan/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
 ## lint: formatting and vet
 lint:

@@ -1,16 +1,20 @@
 // Package wan emulates a wide-area network on one Linux machine for tests and measurements:
-// every node gets its own network namespace, joined by a veth pair to a bridge in a hub
-// namespace, with an address from 198.18.0.0/15 (the range set aside for network
-// benchmarks), and per-node rate limits set with tc tbf on both ends of its pair (egress of
-// the node's side is its uplink, egress of the hub's side its downlink). Bytes on the wire
-// are read from the interfaces' counters, not from anything the nodes report.
+// every node gets its own network namespace and a TUN device with an address from
+// 198.18.0.0/15 (the range set aside for network benchmarks); a forwarder in the lab's
+// process carries the packets between the devices, applying each link's one-way delay,
+// jitter, random loss and downlink rate, while tbf on the device limits the uplink. A node
+// behind a home router sits in a namespace of its own behind a router namespace that holds
+// the TUN device and translates addresses with nftables (NAT kinds: cone, symmetric,
+// closed). Bytes on the wire are read from the interfaces' counters, not from anything the
+// nodes report.
 //
-// This kernel has tbf but not netem, so the lab adds no latency; links are rate-limited
-// only. Everything is created by New and removed by Close, which first ends the processes
-// still running in the lab's namespaces (nodes cut off from every network otherwise run on);
-// namespaces left by a run that was killed are removed by the next New (their names carry
-// the pid that made them), and the commands it started die with it (Command). It needs
-// root and the ip and tc commands, and says so when they are missing.
+// This kernel has tbf but neither netem nor fq, hence the userspace delay line. Everything
+// is created by New and removed by Close, which first ends the processes still running in
+// the lab's namespaces (nodes cut off from every network otherwise run on); namespaces left
+// by a run that was killed are removed by the next New (their names carry the pid that made
+// them), the TUN devices die with the process that opened them, nftables rules with their
+// namespace, and the commands it started die with it (Command). It needs root and the ip
+// and tc commands (nft for NAT), and says so when they are missing.
 package wan
 
 import (
@@ -18,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -31,31 +36,27 @@ import (
 // NamePrefix starts the name of every namespace the lab creates.
 const NamePrefix = "p2pwan-"
 
-// Link is one node's connection: rates in Mbit/s, 0 for unshaped.
-type Link struct {
-	UpMbit, DownMbit float64
-}
-
-// Spec names a node and its link.
-type Spec struct {
-	Name string
-	Link Link
-}
-
-// Node is one namespace of the lab.
+// Node is one node of the lab.
 type Node struct {
 	Name string
 	NS   string // namespace name, for `ip netns exec`
-	Addr string // IPv4 address inside the lab (198.18.0.x)
-	Link Link
-	hub  string // the hub side of its veth pair
+	// Addr is the address the node has and listens on: its public address (198.18.0.x), or
+	// behind a router its address on the home network (198.19.x.2).
+	Addr string
+	// Public is the address the rest of the lab sees it at (its router's, behind NAT).
+	Public string
+	Link   Link
+	NAT    NAT
+	// Router is the router's namespace behind NAT, "" otherwise.
+	Router string
 }
 
-// Lab is a set of namespaces on one bridge.
+// Lab is a set of namespaces joined by a forwarder.
 type Lab struct {
 	Nodes []*Node
-	hub   string
+	Fwd   *Forwarder
 
+	tuns      []*os.File
 	closeOnce sync.Once
 	closeErr  error
 	stopSig   chan struct{}
@@ -67,92 +68,149 @@ var ErrUnavailable = errors.New("wan lab unavailable")
 // Check reports why the lab cannot run here, or nil.
 func Check() error {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: network namespaces and tc need root (run as root, e.g. sudo make wan)", ErrUnavailable)
+		return fmt.Errorf("%w: network namespaces, TUN devices and tc need root (run as root, e.g. sudo make wan)", ErrUnavailable)
 	}
 	for _, tool := range []string{"ip", "tc"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%w: %q not found on PATH (Debian: apt-get install iproute2)", ErrUnavailable, tool)
 		}
 	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		return fmt.Errorf("%w: no /dev/net/tun (the delay line needs TUN devices): %w", ErrUnavailable, err)
+	}
 	return nil
 }
 
-func run(args ...string) error {
+// CheckNAT reports why a lab with home routers cannot run here, or nil.
+func CheckNAT() error {
+	if err := Check(); err != nil {
+		return err
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return fmt.Errorf("%w: %q not found on PATH (Debian: apt-get install nftables)", ErrUnavailable, "nft")
+	}
+	return nil
+}
+
+func run(args ...string) error { return runIn(nil, args...) }
+
+func runIn(stdin []byte, args ...string) error {
 	cmd := exec.Command(args[0], args[1:]...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }
 
-// New creates a namespace per spec (addresses 198.18.0.1, .2, … in order) and a hub with the
-// bridge, and shapes each link. Stale namespaces of dead runs are removed first. On an
-// interrupt (SIGINT, SIGTERM) before Close, the lab removes itself and the process exits.
-func New(specs []Spec) (*Lab, error) {
-	if err := Check(); err != nil {
+// New builds a lab of specs (see NewLab).
+func New(specs []Spec) (*Lab, error) { return NewLab(LabSpec{Nodes: specs}) }
+
+// NewLab creates a namespace per node (public addresses 198.18.0.1, .2, … in order), a router
+// namespace per node behind NAT, a TUN device per link, and starts the forwarder. Stale
+// namespaces of dead runs are removed first. On an interrupt (SIGINT, SIGTERM) before Close,
+// the lab removes itself and the process exits.
+func NewLab(s LabSpec) (*Lab, error) {
+	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	if len(specs) == 0 || len(specs) > 250 {
-		return nil, fmt.Errorf("wan lab: %d nodes, want 1 to 250", len(specs))
+	check := Check
+	for _, n := range s.Nodes {
+		if n.NAT != NATNone {
+			check = CheckNAT
+		}
+	}
+	if err := check(); err != nil {
+		return nil, err
 	}
 	RemoveStale()
-	tag := NamePrefix + strconv.Itoa(os.Getpid()) + "-"
-	l := &Lab{hub: tag + "hub", stopSig: make(chan struct{})}
+	pid := os.Getpid()
+	tag := NamePrefix + strconv.Itoa(pid) + "-"
+	l := &Lab{Fwd: NewForwarder(), stopSig: make(chan struct{})}
 	l.watchSignals()
-	if err := l.build(tag, specs); err != nil {
+	if err := l.build(tag, pid, s); err != nil {
 		l.Close()
 		return nil, err
 	}
 	return l, nil
 }
 
-func (l *Lab) build(tag string, specs []Spec) error {
-	if err := run("ip", "netns", "add", l.hub); err != nil {
-		return err
-	}
-	steps := [][]string{
-		{"ip", "-n", l.hub, "link", "set", "lo", "up"},
-		{"ip", "-n", l.hub, "link", "add", "br0", "type", "bridge"},
-		{"ip", "-n", l.hub, "link", "set", "br0", "up"},
-	}
-	for i, s := range specs {
-		n := &Node{Name: s.Name, NS: tag + s.Name, Addr: fmt.Sprintf("198.18.0.%d", i+1), Link: s.Link, hub: fmt.Sprintf("h%d", i+1)}
+func (l *Lab) build(tag string, pid int, s LabSpec) error {
+	for i, sp := range s.Nodes {
+		n := &Node{Name: sp.Name, NS: tag + sp.Name, Public: fmt.Sprintf("198.18.0.%d", i+1), Link: sp.Link, NAT: sp.NAT}
+		n.Addr = n.Public
 		l.Nodes = append(l.Nodes, n)
 		if err := run("ip", "netns", "add", n.NS); err != nil {
 			return err
 		}
-		steps = append(steps,
-			[]string{"ip", "-n", l.hub, "link", "add", n.hub, "type", "veth", "peer", "name", "eth0", "netns", n.NS},
-			[]string{"ip", "-n", l.hub, "link", "set", n.hub, "master", "br0"},
-			[]string{"ip", "-n", l.hub, "link", "set", n.hub, "up"},
-			[]string{"ip", "-n", n.NS, "link", "set", "lo", "up"},
-			[]string{"ip", "-n", n.NS, "addr", "add", n.Addr + "/24", "dev", "eth0"},
-			[]string{"ip", "-n", n.NS, "link", "set", "eth0", "up"},
-		)
-		if s.Link.UpMbit > 0 {
-			steps = append(steps, tbf(n.NS, "eth0", s.Link.UpMbit))
+		wanNS := n.NS // the namespace that holds the TUN device and the public address
+		var steps [][]string
+		if sp.NAT != NATNone {
+			n.Router = tag + "r" + strconv.Itoa(i+1)
+			n.Addr = fmt.Sprintf("198.19.%d.2", i+1)
+			gw := fmt.Sprintf("198.19.%d.1", i+1)
+			wanNS = n.Router
+			if err := run("ip", "netns", "add", n.Router); err != nil {
+				return err
+			}
+			steps = append(steps,
+				[]string{"ip", "-n", n.Router, "link", "set", "lo", "up"},
+				[]string{"ip", "-n", n.Router, "link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", n.NS},
+				[]string{"ip", "-n", n.Router, "addr", "add", gw + "/24", "dev", "lan0"},
+				[]string{"ip", "-n", n.Router, "link", "set", "lan0", "up"},
+				[]string{"ip", "netns", "exec", n.Router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"},
+				[]string{"ip", "-n", n.NS, "addr", "add", n.Addr + "/24", "dev", "eth0"},
+				[]string{"ip", "-n", n.NS, "link", "set", "eth0", "up"},
+				[]string{"ip", "-n", n.NS, "route", "add", "default", "via", gw},
+			)
 		}
-		if s.Link.DownMbit > 0 {
-			steps = append(steps, tbf(l.hub, n.hub, s.Link.DownMbit))
+		tunName := fmt.Sprintf("p2pw%dt%d", pid, i+1)
+		tun, err := openTUN(tunName)
+		if err != nil {
+			return fmt.Errorf("wan lab: node %s: %w", n.Name, err)
 		}
-	}
-	for _, s := range steps {
-		if err := run(s...); err != nil {
-			return fmt.Errorf("wan lab: %w", err)
+		l.tuns = append(l.tuns, tun)
+		dev := "eth0" // the counters and the e2e harness read eth0: on a public node the link
+		if sp.NAT != NATNone {
+			dev = "wan0"
 		}
+		steps = append([][]string{
+			{"ip", "-n", n.NS, "link", "set", "lo", "up"},
+			{"ip", "link", "set", "dev", tunName, "netns", wanNS},
+			{"ip", "-n", wanNS, "link", "set", "dev", tunName, "name", dev},
+			{"ip", "-n", wanNS, "link", "set", "dev", dev, "mtu", strconv.Itoa(mtu)},
+			{"ip", "-n", wanNS, "addr", "add", n.Public + "/16", "dev", dev},
+			{"ip", "-n", wanNS, "link", "set", dev, "up"},
+		}, steps...)
+		if sp.UpMbit > 0 {
+			steps = append(steps, tbf(wanNS, dev, sp.UpMbit, sp.queue()))
+		}
+		for _, st := range steps {
+			if err := run(st...); err != nil {
+				return fmt.Errorf("wan lab: node %s: %w", n.Name, err)
+			}
+		}
+		if sp.NAT != NATNone {
+			if err := runIn([]byte(natRules(sp.NAT)), "ip", "netns", "exec", n.Router, "nft", "-f", "-"); err != nil {
+				return fmt.Errorf("wan lab: node %s: router (nat %s): %w", n.Name, sp.NAT, err)
+			}
+		}
+		l.Fwd.Add(n.Name, tun, netip.MustParseAddr(n.Public), sp.port(s.Seed+uint64(i)))
 	}
 	return nil
 }
 
 // tbf is the command that limits dev's egress in namespace ns to mbit. The bucket holds
-// 4 ms at the rate (at least 32 KiB) and the queue 50 ms: one sender cannot burst far past
-// the rate, and the queue stays short, like a home router's.
-func tbf(ns, dev string, mbit float64) []string {
+// 4 ms at the rate (at least 32 KiB), so one sender cannot burst far past the rate, and the
+// queue holds queue's worth of packets, like a router's.
+func tbf(ns, dev string, mbit float64, queue time.Duration) []string {
 	burst := max(32<<10, int(mbit*1e6/8*0.004))
 	return []string{"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-		"rate", fmt.Sprintf("%dkbit", int(mbit*1000)), "burst", strconv.Itoa(burst), "latency", "50ms"}
+		"rate", fmt.Sprintf("%dkbit", int(mbit*1000)), "burst", strconv.Itoa(burst), "latency", fmt.Sprintf("%dms", queue.Milliseconds())}
 }
 
 // watchSignals removes the lab when the process is interrupted before Close.
@@ -171,8 +229,9 @@ func (l *Lab) watchSignals() {
 	}()
 }
 
-// Close ends the processes still running in the lab's namespaces and deletes every
-// namespace (the veth pairs and the bridge go with them).
+// Close ends the processes still running in the lab's namespaces, stops the forwarder,
+// closes the TUN devices (which removes them) and deletes every namespace (veth pairs and
+// nftables rules go with them).
 func (l *Lab) Close() error {
 	l.closeOnce.Do(func() {
 		var errs []error
@@ -180,12 +239,21 @@ func (l *Lab) Close() error {
 			if err := killIn(n.NS); err != nil {
 				errs = append(errs, err)
 			}
-			if err := run("ip", "netns", "del", n.NS); err != nil {
-				errs = append(errs, err)
-			}
 		}
-		if err := run("ip", "netns", "del", l.hub); err != nil {
-			errs = append(errs, err)
+		l.Fwd.Close()
+		for _, f := range l.tuns {
+			f.Close()
+		}
+		l.Fwd.Wait()
+		for _, n := range l.Nodes {
+			for _, ns := range []string{n.NS, n.Router} {
+				if ns == "" {
+					continue
+				}
+				if err := run("ip", "netns", "del", ns); err != nil {
+					errs = append(errs, err)
+				}
+			}
 		}
 		close(l.stopSig)
 		l.closeErr = errors.Join(errs...)

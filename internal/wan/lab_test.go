@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,8 +35,8 @@ func TestLabBuildsAndRemovesItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lab.Close()
-	if got := ours(os.Getpid()); len(got) != 3 {
-		t.Fatalf("namespaces %v, want a, b and the hub", got)
+	if got := ours(os.Getpid()); len(got) != 2 {
+		t.Fatalf("namespaces %v, want a and b", got)
 	}
 	if lab.Nodes[0].Addr != "198.18.0.1" || lab.Nodes[1].Addr != "198.18.0.2" {
 		t.Fatalf("addresses %s %s", lab.Nodes[0].Addr, lab.Nodes[1].Addr)
@@ -120,7 +121,7 @@ func requireGone(t *testing.T, sig syscall.Signal, pid int) {
 // processes die with it.
 func TestLabRemovedWhenInterrupted(t *testing.T) {
 	if os.Getenv("WAN_LAB_CHILD") != "" {
-		lab, err := New([]Spec{{Name: "x"}})
+		lab, err := New([]Spec{{Name: "x"}, {Name: "y", NAT: NATCone}})
 		if err != nil {
 			fmt.Println("ERR", err)
 			return
@@ -158,9 +159,10 @@ func TestLabRemovedWhenInterrupted(t *testing.T) {
 		if sleeper == 0 || wrapped == 0 {
 			t.Fatal("child did not start its lab and the processes in it")
 		}
-		if got := ours(cmd.Process.Pid); len(got) != 2 {
-			t.Fatalf("child's namespaces %v, want 2", got)
+		if got := ours(cmd.Process.Pid); len(got) != 3 {
+			t.Fatalf("child's namespaces %v, want x, y and y's router", got)
 		}
+		xNS := fmt.Sprintf("%s%d-x", NamePrefix, cmd.Process.Pid)
 		cmd.Process.Signal(sig)
 		cmd.Wait()
 		// The processes the child started in its namespace are gone: on SIGTERM both, ended
@@ -174,6 +176,16 @@ func TestLabRemovedWhenInterrupted(t *testing.T) {
 			if len(ours(cmd.Process.Pid)) == 0 {
 				t.Fatalf("SIGKILL cannot be caught, yet the namespaces are gone")
 			}
+			// The TUN device died with the process that held it.
+			for range 100 {
+				if exec.Command("ip", "-n", xNS, "link", "show", "dev", "eth0").Run() != nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if out, err := exec.Command("ip", "-n", xNS, "link", "show", "dev", "eth0").CombinedOutput(); err == nil {
+				t.Fatalf("x's TUN device outlived its process: %s", out)
+			}
 			RemoveStale()
 			requireGone(t, sig, wrapped)
 		}
@@ -184,13 +196,17 @@ func TestLabRemovedWhenInterrupted(t *testing.T) {
 }
 
 // TestLabHelper is not a test: the lab tests run the test binary in a namespace with
-// WAN_LAB_HELPER=listen (accept one connection, read it to the end) or send.
+// WAN_LAB_HELPER set to what it should do there: listen (accept one connection, read it to
+// the end), send (WAN_LAB_SIZE bytes), sink (like listen, then print the bytes' timing),
+// echo (send back every 8-byte message) or ping (WAN_LAB_COUNT round trips of 8 bytes, then
+// print their median).
 func TestLabHelper(t *testing.T) {
 	addr := os.Getenv("WAN_LAB_ADDR")
+	size, _ := strconv.Atoi(os.Getenv("WAN_LAB_SIZE"))
 	switch os.Getenv("WAN_LAB_HELPER") {
 	case "":
 		t.Skip("helper process of the lab tests")
-	case "listen":
+	case "listen", "sink", "echo", "whoami":
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -200,17 +216,84 @@ func TestLabHelper(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, c)
-		fmt.Println("RECEIVED")
+		switch os.Getenv("WAN_LAB_HELPER") {
+		case "listen":
+			io.Copy(io.Discard, c)
+			fmt.Println("RECEIVED")
+		case "echo":
+			io.Copy(c, c)
+		case "whoami":
+			fmt.Println("PEER", c.RemoteAddr())
+			c.Close()
+		case "sink":
+			// The total, and the time to the first fifth: the rate over the other four fifths
+			// is the flow's once slow start is over.
+			buf := make([]byte, 1<<16)
+			var n int
+			var start, fifth time.Time
+			for {
+				k, err := c.Read(buf)
+				if n == 0 && k > 0 {
+					start = time.Now()
+				}
+				n += k
+				if fifth.IsZero() && n >= size/5 {
+					fifth = time.Now()
+				}
+				if err != nil {
+					break
+				}
+			}
+			end := time.Now()
+			fmt.Printf("RECEIVED %d %.6f %.6f\n", n, end.Sub(start).Seconds(), end.Sub(fifth).Seconds())
+		}
 	case "send":
-		size, _ := strconv.Atoi(os.Getenv("WAN_LAB_SIZE"))
-		c, err := net.Dial("tcp", addr)
+		// WAN_LAB_CC picks the flow's congestion control (the namespace's default otherwise).
+		// WAN_LAB_LPORT binds the connection's local port.
+		d := net.Dialer{Timeout: 3 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+			cc := os.Getenv("WAN_LAB_CC")
+			if cc == "" {
+				return nil
+			}
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, cc)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}
+		if lp, err := strconv.Atoi(os.Getenv("WAN_LAB_LPORT")); err == nil {
+			d.LocalAddr = &net.TCPAddr{Port: lp}
+		}
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
+			fmt.Println("DIALFAILED", err)
 			t.Fatal(err)
 		}
 		if _, err := c.Write(make([]byte, size)); err != nil {
 			t.Fatal(err)
 		}
 		c.Close()
+	case "ping":
+		count, _ := strconv.Atoi(os.Getenv("WAN_LAB_COUNT"))
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rtts []time.Duration
+		msg := make([]byte, 8)
+		for range count {
+			start := time.Now()
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, msg); err != nil {
+				t.Fatal(err)
+			}
+			rtts = append(rtts, time.Since(start))
+		}
+		slices.Sort(rtts)
+		fmt.Printf("RTT %d %d %d\n", rtts[len(rtts)/2].Microseconds(), rtts[0].Microseconds(), rtts[len(rtts)-1].Microseconds())
 	}
 }
