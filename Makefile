@@ -33,7 +33,8 @@ demo-local: setup build
 
 ## learn: how the swarm learns on lm tiny (CPU): `p2pnode demo --workload lm` for every codec and
 ## overlap setting over SEEDS, beside plain-PyTorch DiLoCo (p2ptrain.tools.diloco_lm_reference)
-## and one node with the same samples; prints per-round held-out loss and the gaps as tables and
+## and one node with the same samples (and, with sparse among CODECS, that DiLoCo with its updates
+## through the sparse codec in PyTorch); prints per-round held-out loss and the gaps as tables and
 ## writes LEARN_OUT/learn.png and learn.json. SEEDS (1,2,3), ROUNDS (12), TRAINERS (2), CODECS
 ## (fp32,sparse), OVERLAP (none,eager), LEARN_OUT (.p2pnode/learn). The defaults take about
 ## 30 minutes on 2 cores; quick: make learn SEEDS=1 ROUNDS=4 CODECS=sparse OVERLAP=none

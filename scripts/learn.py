@@ -6,7 +6,9 @@ and TRAINERS trainers, real processes over loopback TCP) and reads the validator
 loss per round; for every seed it runs `p2ptrain.tools.diloco_lm_reference` with the demo's
 settings (H = the demo's inner steps, the preset's own decay, two microshards a trainer before
 lease.WindowShare raises it, the lm demo's fp32 outer step) for plain-PyTorch DiLoCo and one
-node with the same samples. It prints per-round held-out loss (mean over seeds) and the gaps
+node with the same samples, and with the sparse codec among the codecs that DiLoCo again
+with every update through the sparse codec in PyTorch (outer lr 1.5, as the demo's;
+p2ptrain.tools.sparse_reference), which the sparse rows are compared with. It prints per-round held-out loss (mean over seeds) and the gaps
 as Markdown tables, the mean over the last third of the rounds, the largest round-over-round
 rise after round 3 of every run, and writes every run's losses (learn.json) and a plot
 (learn.png, when matplotlib imports). The reference and the node share the model class, the
@@ -28,6 +30,9 @@ ROUND = re.compile(r"^round\s+(\d+)/\d+.*held-out loss\s+([\d.]+)")
 REF = re.compile(r"^seed (\d+) (.+) round (\d+): loss ([\d.]+)")
 ONE_NODE = "one node"
 REFERENCE = "reference DiLoCo"
+REFERENCE_SPARSE = "reference DiLoCo sparse"
+# The lm demo's outer step with the sparse codec (config.OuterLRFor: lr 1.5).
+DEMO_OUTER_SPARSE = "1.5:0.5:nesterov"
 # The lm demo's settings that the reference must share (demo.WriteConfigs).
 DEMO_H = 20
 DEMO_PER_TRAINER = 2
@@ -66,20 +71,26 @@ def run_swarm(a, codec, overlap, seed, log):
     return [losses[r] for r in range(1, a.rounds + 1)]
 
 
-def run_reference(a, seed, log):
-    """The plain-PyTorch reference for one seed: {REFERENCE: losses, ONE_NODE: losses}."""
+def run_reference(a, seed, log, sparse=False):
+    """The plain-PyTorch reference for one seed: {REFERENCE: losses, ONE_NODE: losses}, or
+    with sparse its DiLoCo through the sparse codec alone: {REFERENCE_SPARSE: losses}."""
     cmd = [a.python, "-m", "p2ptrain.tools.diloco_lm_reference", "--preset", a.preset, "--seeds", str(seed),
            "--rounds", str(a.rounds), "--h", str(DEMO_H), "--workers", str(a.trainers),
-           "--per-trainer", str(DEMO_PER_TRAINER), "--decay", "preset", "--outer", DEMO_OUTER]
-    got = {REFERENCE: {}, ONE_NODE: {}}
-    out = os.path.join(a.out, f"reference-seed{seed}.out")
+           "--per-trainer", str(DEMO_PER_TRAINER), "--decay", "preset"]
+    if sparse:
+        cmd += ["--outer", DEMO_OUTER_SPARSE, "--codec", "sparse", "--no-one-node"]
+        got = {REFERENCE_SPARSE: {}}
+    else:
+        cmd += ["--outer", DEMO_OUTER]
+        got = {REFERENCE: {}, ONE_NODE: {}}
+    out = os.path.join(a.out, f"reference{'-sparse' if sparse else ''}-seed{seed}.out")
     with open(out, "w") as f:
         p = subprocess.Popen(cmd, cwd=a.pydir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in p.stdout:
             f.write(line)
             m = REF.match(line)
             if m:
-                which = ONE_NODE if m.group(2) == ONE_NODE else REFERENCE
+                which = ONE_NODE if m.group(2) == ONE_NODE else (REFERENCE_SPARSE if sparse else REFERENCE)
                 got[which][int(m.group(3))] = float(m.group(4))
                 log(f"  {which} seed {seed} round {m.group(3)}: {m.group(4)}")
         if p.wait() != 0:
@@ -102,12 +113,13 @@ def report(a, runs, seeds, out):
     """Markdown tables from runs: {label: {seed: [loss per round]}}."""
     names = list(runs)
     means = {n: [mean([runs[n][s][r] for s in seeds]) for r in range(a.rounds)] for n in names}
-    swarms = [n for n in names if n not in (REFERENCE, ONE_NODE)]
+    swarms = [n for n in names if n not in (REFERENCE, REFERENCE_SPARSE, ONE_NODE)]
     base = swarms[0] if swarms else None
     w = out.write
     w(f"\n## Held-out loss per round, mean over seeds {','.join(map(str, seeds))} "
       f"(lm {a.preset}, {a.trainers} trainers, H {DEMO_H})\n\n")
-    gaps = [(n, REFERENCE) for n in swarms] + [(n, ONE_NODE) for n in swarms + [REFERENCE]]
+    gaps = [(n, REFERENCE_SPARSE if n.startswith("sparse") and REFERENCE_SPARSE in runs else REFERENCE) for n in swarms]
+    gaps += [(n, ONE_NODE) for n in swarms + [REFERENCE]]
     gaps += [(n, base) for n in swarms[1:]]
     w("| round | " + " | ".join(names) + " | " + " | ".join(f"{n} / {b}" for n, b in gaps) + " |\n")
     w("|---" * (1 + len(names) + len(gaps)) + "|\n")
@@ -149,7 +161,7 @@ def plot(a, means, path):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     rounds = list(range(1, a.rounds + 1))
     for n, ys in means.items():
-        style = "--" if n in (REFERENCE, ONE_NODE) else "-"
+        style = "--" if n in (REFERENCE, REFERENCE_SPARSE, ONE_NODE) else "-"
         ax1.plot(rounds, ys, style, marker=".", label=n)
         ax2.plot(rounds, [100 * (y / o - 1) for y, o in zip(ys, means[ONE_NODE])], style, marker=".", label=n)
     ax1.set(xlabel="round", ylabel="held-out loss (nats per byte)", title=f"lm {a.preset}, {a.trainers} trainers, H {DEMO_H}")
@@ -208,6 +220,12 @@ def main(argv=None):
         for k, v in run_reference(a, s, log).items():
             runs.setdefault(k, {})[s] = v
         log(f"learn: reference seed {s}: {time.time() - t:.0f} s")
+        if "sparse" in codecs:
+            t = time.time()
+            log(f"learn: reference with the sparse codec, seed {s}")
+            for k, v in run_reference(a, s, log, sparse=True).items():
+                runs.setdefault(k, {})[s] = v
+            log(f"learn: reference with the sparse codec, seed {s}: {time.time() - t:.0f} s")
     with open(os.path.join(a.out, "learn.json"), "w") as f:
         json.dump({"preset": a.preset, "trainers": a.trainers, "rounds": a.rounds, "h": DEMO_H, "seeds": seeds,
                    "held_out_loss": {n: {str(s): v for s, v in by.items()} for n, by in runs.items()}}, f, indent=1)

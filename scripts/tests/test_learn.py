@@ -56,6 +56,18 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| sparse | +7.1 % (round 5) | -3.3 % (round 4) |", text)
         self.assertIn("| run | seed 1 | seed 2 | mean | / reference | / one node | / fp32 |\n|---|---|---|---|---|---|---|\n", text)
 
+    def test_sparse_rows_are_set_beside_the_sparse_reference(self):
+        self.runs[learn.REFERENCE_SPARSE] = {1: [4.5, 3.5, 3.0, 2.8, 2.7, 2.6], 2: [5.5, 4.5, 3.0, 2.8, 2.7, 2.6]}
+        text = io.StringIO()
+        learn.report(self.a, self.runs, [1, 2], text)
+        lines = text.getvalue().splitlines()
+        header = next(l for l in lines if l.startswith("| round |"))
+        self.assertIn("| sparse / reference DiLoCo sparse |", header)
+        self.assertIn("| fp32 / reference DiLoCo |", header)
+        self.assertNotIn("reference DiLoCo sparse / one node", header)
+        # round 1: sparse 5.0 against the sparse reference's 5.0
+        self.assertIn("| 1 | 4.1000 | 5.0000 | 4.0000 | 3.5000 | 5.0000 | +2.5 % | +0.0 % |", text.getvalue())
+
     def test_fewer_than_three_rounds(self):
         a = argparse.Namespace(rounds=2, preset="tiny", trainers=2)
         runs = {n: {1: v[1][:2]} for n, v in self.runs.items()}

@@ -125,6 +125,8 @@ def main(argv=None):
     ap.add_argument("--topk", type=int, default=64, help="sparse: values kept per block (protocol.sparse_topk)")
     ap.add_argument("--sparse-block", type=int, default=4096, help="sparse: block length (protocol.sparse_block)")
     ap.add_argument("--feedback-decay", type=float, default=0.95, help="sparse: protocol.sparse_feedback_decay")
+    ap.add_argument("--no-one-node", action="store_true", help="train DiLoCo only (the one-node run is the same "
+                    "for every codec and outer setting: `make learn` runs it once)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (workload.precision: bf16)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -135,7 +137,10 @@ def main(argv=None):
     sparse = None
     if a.codec == "sparse":
         sparse = dict(block=a.sparse_block, k=a.topk, decay=a.feedback_decay)
-        ErrorFeedback(**sparse)  # bad settings fail here, before any training
+        try:
+            ErrorFeedback(**sparse)  # bad settings fail here, before any training
+        except ValueError as e:
+            ap.error(f"--codec sparse: {e}")
     torch.set_num_threads(a.threads)
 
     def workload(steps_per_round, more=None):
@@ -158,17 +163,24 @@ def main(argv=None):
     for seed in seeds:
         torch.manual_seed(seed)
         init = copy.deepcopy(wl.build_model().state_dict())
-        base = run(base_wl, blocks, init, 1, a.workers * a.h, Outer(1.0), seed, a.rounds, a.per_trainer * a.workers,
-                   a.device, lambda r, m: print(f"seed {seed} one node round {r}: loss {m['loss']:.4f}", flush=True), a.bf16)
+        base = None
+        if not a.no_one_node:
+            base = run(base_wl, blocks, init, 1, a.workers * a.h, Outer(1.0), seed, a.rounds, a.per_trainer * a.workers,
+                       a.device, lambda r, m: print(f"seed {seed} one node round {r}: loss {m['loss']:.4f}", flush=True),
+                       a.bf16)
         for o in outers:
             dl = run(wl, blocks, init, a.workers, a.h, o, seed, a.rounds, a.per_trainer, a.device,
                      lambda r, m: print(f"seed {seed} {o} round {r}: loss {m['loss']:.4f}", flush=True), a.bf16, sparse)
+            if base is None:
+                continue
             print(f"\n### seed {seed}, {o}\n\n| round | DiLoCo loss | one node loss | DiLoCo / one node |\n|---|---|---|---|")
             for r, (d, b) in enumerate(zip(dl, base), 1):
                 print(f"| {r} | {d['loss']:.4f} | {b['loss']:.4f} | {100 * (d['loss'] / b['loss'] - 1):+.1f} % |")
             d, b = window_mean(dl, lo, a.rounds)[1], window_mean(base, lo, a.rounds)[1]
             rows.append((o, seed, d, b, dl[-1]["loss"], base[-1]["loss"]))
             sys.stdout.flush()
+    if not rows:
+        return
     print(f"\n## Summary: held-out loss, mean over rounds {lo}-{a.rounds} and at round {a.rounds} "
           f"({time.perf_counter() - t0:.0f} s)\n")
     print("| outer | seed | DiLoCo | one node | gap | DiLoCo last | one node last | gap last |\n|---|---|---|---|---|---|---|---|")
