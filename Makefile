@@ -36,13 +36,15 @@ demo-local: setup build
 ## and one node with the same samples (and, with sparse among CODECS, that DiLoCo with its updates
 ## through the sparse codec in PyTorch); prints per-round held-out loss and the gaps as tables and
 ## writes LEARN_OUT/learn.png and learn.json. SEEDS (1,2,3), ROUNDS (12), TRAINERS (2), CODECS
-## (fp32,sparse), OVERLAP (none,eager), LEARN_OUT (.p2pnode/learn). The defaults take about
-## 30 minutes on 2 cores; quick: make learn SEEDS=1 ROUNDS=4 CODECS=sparse OVERLAP=none
+## (fp32,sparse), OVERLAP (none; none,eager adds the overlap runs), LEARN_OUT (.p2pnode/learn).
+## One 12-round swarm took 280 s on 2 cores (started at load 8) and 463 s at load 23, so the defaults'
+## six swarms are about half an hour on a quiet machine, plus the references; quick:
+## make learn SEEDS=1 ROUNDS=4 CODECS=sparse
 SEEDS ?= 1,2,3
 ROUNDS ?= 12
 TRAINERS ?= 2
 CODECS ?= fp32,sparse
-OVERLAP ?= none,eager
+OVERLAP ?= none
 LEARN_OUT ?= .p2pnode/learn
 learn: setup build
 	$(PY) scripts/learn.py --bin $(BIN) --python $(PY) --seeds $(SEEDS) --rounds $(ROUNDS) --trainers $(TRAINERS) \

@@ -184,7 +184,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--trainers", type=int, default=2)
     ap.add_argument("--codecs", default="fp32,sparse")
-    ap.add_argument("--overlap", default="none,eager", help="none and/or eager")
+    ap.add_argument("--overlap", default="none", help="none and/or eager (comma-separated)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--out", default=".p2pnode/learn")
     ap.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
