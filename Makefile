@@ -11,7 +11,7 @@ LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
 # misbehave on purpose (docs/security.md); the default build has no such flag.
 TAGS ?=
 
-.PHONY: all setup build image demo demo-local learn test test-go test-attack test-attack-matrix test-py bench bench-scale e2e wan wan-goodput wan-lab lint clean
+.PHONY: all setup build image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-lab lint clean
 
 all: build
 
@@ -68,6 +68,8 @@ test-go:
 	@# wait on round timers (about a third of a core each), so together they take the time of
 	@# the matrix alone.
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-attack test-attack-matrix
+	@# The half matrix's short form (4 honest + 4 attackers) after them, alone.
+	$(MAKE) --no-print-directory test-half-matrix
 
 # The tests that need the attack build's hooks (adversary, node/attack.go): the in-process
 # attackers and the attack build's --poison flag.
@@ -77,6 +79,15 @@ test-attack:
 # The one-third-attackers matrix, short form (issue 12, docs/security.md).
 test-attack-matrix:
 	P2PNODE_ATTACK_MATRIX=short $(GO) test -race -count=1 -tags attack -timeout 15m -run 'TestOneThirdAttackers$$' ./node/
+
+# The half matrix (issue 42, docs/security.md): short form, 4 honest + 4 attackers mixed,
+# one row at a time against one clean run (as its table in docs/security.md was measured).
+test-half-matrix:
+	P2PNODE_HALF_MATRIX=short P2PNODE_ATTACK_PARALLEL=1 $(GO) test -race -count=1 -tags attack -timeout 30m -run 'TestHalfAttackers$$' ./node/
+
+# Its full form, 8 honest + 8 attackers, one row at a time (not in `make test`).
+test-half-matrix-full:
+	P2PNODE_HALF_MATRIX=1 $(GO) test -race -count=1 -tags attack -timeout 90m -run 'TestHalfAttackers$$' -v ./node/
 
 test-py:
 	$(PY) -m unittest discover -s scripts/tests

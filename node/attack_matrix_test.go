@@ -5,6 +5,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -70,16 +71,46 @@ import (
 // copier (1 of 6 short runs at a load average of 3–6), which merges the same update.
 
 const (
-	matrixHonest    = 6
-	matrixAttackers = 3
-	matrixTimeout   = 20 * time.Second // lease.round_timeout of every matrix run
-	matrixParallel  = 3                // rows run at a time in the short form
+	matrixTimeout  = 20 * time.Second // lease.round_timeout of every matrix run
+	matrixParallel = 3                // rows run at a time in the short form
 )
+
+// matrixShape is a matrix's swarm: how many trainers are honest and how many attack, and
+// how the attackers sit among the honest ones.
+type matrixShape struct {
+	honest, attackers int
+	// mixed: the attackers' peer ids, and so their place in lease order, fall among the
+	// honest ones' and they start interleaved with them. Otherwise their ids sort last and
+	// everyone starts together (the one-third matrix: its loss comparison needs the honest
+	// trainers' leases to be the clean run's).
+	mixed bool
+}
+
+var (
+	thirdShape    = matrixShape{honest: 6, attackers: 3}
+	halfShape     = matrixShape{honest: 4, attackers: 4, mixed: true}
+	halfFullShape = matrixShape{honest: 8, attackers: 8, mixed: true}
+)
+
+// attacker says whether trainer j (0-based, in index order) of a run of this shape attacks.
+func (s matrixShape) attacker(j int) bool {
+	if !s.mixed {
+		return j >= s.honest
+	}
+	every := (s.honest + s.attackers) / s.attackers
+	return j%every == every-1 && j/every < s.attackers
+}
 
 type attackKind struct {
 	name   string         // the row's label
 	poison adversary.Mode // the attackers' mode (attackOption, attack.go)
 	bus    string         // or the attackers' bus attack (attackbus_test.go)
+	// subtle: built to pass screening one update at a time (adversary.Subtle); its row
+	// measures the damage, and asserts no more than that the swarm keeps going.
+	subtle bool
+	// first: the attackers (and the validator) start first, the honest trainers once the
+	// chain has reached round 2 without them.
+	first bool
 }
 
 var attackKinds = []attackKind{
@@ -93,19 +124,29 @@ var attackKinds = []attackKind{
 	{name: "unleased", poison: adversary.NoLease},
 	{name: "never-report", bus: busSilent},
 	{name: "late", bus: busLate},
+	{name: "collude", poison: adversary.Collude, subtle: true},
+	{name: "alie", poison: adversary.ALIE, subtle: true},
+	{name: "drift", poison: adversary.Drift, subtle: true},
 }
 
+// halfKinds are the half matrix's rows: every kind, and sign flip with the attackers first.
+var halfKinds = append(slices.Clone(attackKinds), attackKind{name: "sign-flip-first", poison: adversary.Flip, first: true})
+
 var attackLabels = map[string]string{
-	"nan":          "NaN/Inf in the update",
-	"x1000":        "update ×1000",
-	"sign-flip":    "sign flip",
-	"noise":        "Gaussian noise at the honest norm",
-	"replay":       "replay of an already merged delta",
-	"copy":         "copy of another trainer's current delta",
-	"stale-base":   "contribution on a stale base head",
-	"unleased":     "contribution under a lease nobody granted",
-	"never-report": "leases taken, never reported",
-	"late":         "always reports after the deadline",
+	"nan":             "NaN/Inf in the update",
+	"x1000":           "update ×1000",
+	"sign-flip":       "sign flip",
+	"noise":           "Gaussian noise at the honest norm",
+	"replay":          "replay of an already merged delta",
+	"copy":            "copy of another trainer's current delta",
+	"stale-base":      "contribution on a stale base head",
+	"unleased":        "contribution under a lease nobody granted",
+	"never-report":    "leases taken, never reported",
+	"late":            "always reports after the deadline",
+	"collude":         "colluders sending one direction, each at its honest norm",
+	"alie":            "a little is enough: 1 σ of the honest spread",
+	"drift":           "slow drift: a constant bias of 0.1 × the honest norm",
+	"sign-flip-first": "sign flip, attackers started first",
 }
 
 // matrixRun is what one run measured.
@@ -125,6 +166,7 @@ type matrixRun struct {
 	rejects   map[string]uint64
 	quarant   int // attackers quarantined at the end
 	honestOut int // honest trainers quarantined at the end
+	honestRej int // honest contributions rejected (any reason)
 
 	// Set on attacked rows: their clean run, and the round the loss is compared at.
 	clean *matrixRun
@@ -157,7 +199,49 @@ func TestOneThirdAttackers(t *testing.T) {
 	if sel == "" {
 		t.Skip("slow and load-sensitive: set P2PNODE_ATTACK_MATRIX=short (the short form), 1 (the full matrix) or a list of rows")
 	}
-	full := sel != "short"
+	runMatrixTable(t, sel, thirdShape, attackKinds)
+}
+
+// The half matrix (issue 42 item 3): as many trainers attack as are honest, their peer ids
+// and start order mixed with the honest ones', plus a row where they start first.
+//
+//	P2PNODE_HALF_MATRIX=short go test -race -count=1 -tags attack -run 'TestHalfAttackers$' -v ./node/
+//
+// P2PNODE_HALF_MATRIX=short runs 4 honest + 4 attackers; =1 the full form, 8 + 8, one row
+// at a time; a list of rows runs those rows of the full form. The other variables are
+// TestOneThirdAttackers'. Mixed peer ids give the honest trainers other leases than in the
+// clean run from round 1, so the loss is compared at the last round (the table's "final"
+// column) as well as at the last round of equal honest work where there is one.
+//
+// What it asserts is what holds on main today (docs/security.md, the half matrix): every
+// round reached, none stalled, no delta credited twice. The issue's goals (no attacker
+// update of a detectable kind merged, the loss within 2 % of the clean run's, < 2 % of
+// honest updates rejected, no honest trainer quarantined) are measured in the table; with
+// P2PNODE_HALF_GOALS=1 they are asserted too.
+func TestHalfAttackers(t *testing.T) {
+	sel := os.Getenv("P2PNODE_HALF_MATRIX")
+	if sel == "" {
+		t.Skip("slow and load-sensitive: set P2PNODE_HALF_MATRIX=short (4 + 4), 1 (8 + 8) or a list of rows")
+	}
+	shape := halfShape
+	if sel != "short" && !strings.HasPrefix(sel, "short:") {
+		shape = halfFullShape
+	}
+	runMatrixTable(t, sel, shape, halfKinds)
+}
+
+// runMatrixTable runs the rows of kinds that sel selects ("short", "1" or a list of row
+// names) in a swarm of the given shape, each beside its clean run, checks them, and logs
+// the table.
+func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackKind) {
+	// "short:a,b" is the short form's rows a and b; a list alone, the full form's.
+	var only []string
+	list, short := strings.CutPrefix(sel, "short:")
+	full := sel != "short" && !short
+	if short || full && sel != "1" {
+		only = strings.Split(list, ",")
+	}
+	goals := !shape.mixed || os.Getenv("P2PNODE_HALF_GOALS") != ""
 	rounds, parallel := 4, matrixParallel
 	if full {
 		rounds, parallel = 8, 1
@@ -181,7 +265,7 @@ func TestOneThirdAttackers(t *testing.T) {
 		if ok {
 			return c
 		}
-		c = runMatrix(t, attackKind{name: "clean"}, rounds, salt)
+		c = runMatrix(t, attackKind{name: "clean"}, rounds, salt, shape)
 		t.Logf("clean (peer ids %d): %d rounds, mse %.6g, %.2f s/round", salt, c.rounds, c.mse, c.perRound)
 		require.Equal(t, rounds, c.rounds, "the clean run reached every round")
 		mu.Lock()
@@ -193,31 +277,37 @@ func TestOneThirdAttackers(t *testing.T) {
 		cleanRun(t, 0)
 	}
 	t.Run("rows", func(t *testing.T) {
-		for i, k := range attackKinds {
+		for i, k := range kinds {
 			salt := byte(0)
 			if parallel > 1 {
 				salt = byte(1 + i)
 			}
 			t.Run(k.name, func(t *testing.T) {
-				if full && sel != "1" && !slices.Contains(strings.Split(sel, ","), k.name) {
-					t.Skip("not selected in P2PNODE_ATTACK_MATRIX")
+				if only != nil && !slices.Contains(only, k.name) {
+					t.Skip("not selected in P2PNODE_ATTACK_MATRIX / P2PNODE_HALF_MATRIX")
 				}
 				t.Parallel()
 				slot <- struct{}{}
 				release := sync.OnceFunc(func() { <-slot })
 				defer release() // also when a run fails
 				clean := cleanRun(t, salt)
-				r := runMatrix(t, k, rounds, salt)
+				r := runMatrix(t, k, rounds, salt, shape)
 				release()
 				r.clean, r.at = &clean, sameWork(r, clean)
 				mu.Lock()
 				rows[k.name] = r
 				mu.Unlock()
-				t.Logf("%s: merged %d, credited twice %d, stalled %d, at deadline %d, mse %.6g, at round %d %+.2f%% (%.6g, clean %.6g), honest merged %d (clean %d), %.2f s/round (clean %.2f), rejections %v, quarantined %d",
-					k.name, r.merged, r.credited, r.stalled, r.deadlined, r.mse, r.at, pct(r.mseAt[r.at], clean.mseAt[r.at]), r.mseAt[r.at], clean.mseAt[r.at],
-					r.honest, clean.honest, r.perRound, clean.perRound, r.rejects, r.quarant)
+				t.Logf("%s: merged %d, credited twice %d, stalled %d, at deadline %d, mse %.6g (final %+.2f%% vs clean), at round %d %+.2f%% (%.6g, clean %.6g), honest merged %d (clean %d), honest rejected %d, %.2f s/round (clean %.2f), rejections %v, quarantined %d, honest quarantined %d",
+					k.name, r.merged, r.credited, r.stalled, r.deadlined, r.mse, pct(r.mse, clean.mse), r.at, pct(r.mseAt[r.at], clean.mseAt[r.at]), r.mseAt[r.at], clean.mseAt[r.at],
+					r.honest, clean.honest, r.honestRej, r.perRound, clean.perRound, r.rejects, r.quarant, r.honestOut)
 				// Every goal is checked, so that a failing row reports all it missed.
 				assert.Equal(t, rounds, r.rounds, "the chain reached every round")
+				assert.Zero(t, r.credited, "a delta credited more than once")
+				assert.Zero(t, r.stalled, "rounds stalled")
+				if k.subtle || !goals {
+					// Measured, not asserted: see TestHalfAttackers and docs/security.md.
+					return
+				}
 				if k.bus == busCopy {
 					// The issue's goal for a free rider: its copy is credited once at most
 					// (credited, below). Gossip does not order an original before its copy,
@@ -230,9 +320,11 @@ func TestOneThirdAttackers(t *testing.T) {
 				} else {
 					assert.Zero(t, r.merged, "attacker updates merged")
 				}
-				assert.Zero(t, r.credited, "a delta credited more than once")
-				assert.Zero(t, r.stalled, "rounds stalled")
 				assert.Zero(t, r.honestOut, "honest trainers quarantined")
+				if shape.mixed {
+					assert.Less(t, 100*float64(r.honestRej), 2*float64(r.honestRej+r.honest), "honest updates rejected: 2 %% or more")
+					assert.LessOrEqual(t, r.mse, 1.02*clean.mse, "final held-out loss more than 2 %% worse than the clean run's")
+				}
 				// Ending better than the clean run would be no harm, so the check is one-sided;
 				// on the same honest work the two are equal unless an attacker update merged.
 				if r.at > 0 {
@@ -247,12 +339,12 @@ func TestOneThirdAttackers(t *testing.T) {
 		}
 	})
 	var ordered []matrixRun
-	for _, k := range attackKinds {
+	for _, k := range kinds {
 		if r, ok := rows[k.name]; ok {
 			ordered = append(ordered, r)
 		}
 	}
-	table := matrixTable(ordered, rounds, parallel)
+	table := matrixTable(ordered, rounds, parallel, shape)
 	t.Log("\n" + table)
 	if p := os.Getenv("P2PNODE_ATTACK_TABLE"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(table), 0o644))
@@ -261,12 +353,16 @@ func TestOneThirdAttackers(t *testing.T) {
 
 func pct(x, ref float64) float64 { return 100 * (x - ref) / ref }
 
-func matrixTable(rows []matrixRun, rounds, parallel int) string {
+func matrixTable(rows []matrixRun, rounds, parallel int, shape matrixShape) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d trainers (%d attacking), 1 validator, %d rounds, %d rows at a time, synthetic workload on mocknet; each row against a clean run of its %d honest trainers alone on the same peer ids (in brackets)\n\n",
-		matrixHonest+matrixAttackers, matrixAttackers, rounds, parallel, matrixHonest)
-	b.WriteString("| attack | attacker updates merged | deltas credited twice | rounds stalled | rounds that waited out a deadline | held-out mse vs clean (at round) | honest updates merged (clean) | s/round (clean) | longest round s | rejections | attackers quarantined |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	order := "attackers' peer ids sort last"
+	if shape.mixed {
+		order = "attackers' peer ids and start order mixed with the honest ones'"
+	}
+	fmt.Fprintf(&b, "%d trainers (%d attacking; %s), 1 validator, %d rounds, %d rows at a time, synthetic workload on mocknet; each row against a clean run of its %d honest trainers alone on the same peer ids (in brackets)\n\n",
+		shape.honest+shape.attackers, shape.attackers, order, rounds, parallel, shape.honest)
+	b.WriteString("| attack | attacker updates merged | deltas credited twice | rounds stalled | rounds that waited out a deadline | held-out mse vs clean (at round) | final held-out mse vs clean | honest updates merged (clean) | honest updates rejected | s/round (clean) | longest round s | rejections | attackers quarantined | honest quarantined |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rows {
 		var rj []string
 		for _, k := range sortedKeys(r.rejects) {
@@ -276,9 +372,17 @@ func matrixTable(rows []matrixRun, rounds, parallel int) string {
 		if r.at > 0 {
 			loss = fmt.Sprintf("%+.2f %% (%d)", pct(r.mseAt[r.at], r.clean.mseAt[r.at]), r.at)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s | %d (%d) | %.2f (%.2f) | %.2f | %s | %d of %d |\n",
-			attackLabels[r.kind], r.merged, r.credited, r.stalled, r.deadlined, loss, r.honest, r.clean.honest, r.perRound, r.clean.perRound,
-			r.maxRound, strings.Join(rj, ", "), r.quarant, matrixAttackers)
+		rejPct := 0.0
+		if n := r.honestRej + r.honest; n > 0 {
+			rejPct = 100 * float64(r.honestRej) / float64(n)
+		}
+		final := fmt.Sprintf("%+.2f %%", pct(r.mse, r.clean.mse))
+		if math.Abs(pct(r.mse, r.clean.mse)) >= 1000 {
+			final = fmt.Sprintf("%+.2g %%", pct(r.mse, r.clean.mse))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s | %s | %d (%d) | %d (%.1f %%) | %.2f (%.2f) | %.2f | %s | %d of %d | %d of %d |\n",
+			attackLabels[r.kind], r.merged, r.credited, r.stalled, r.deadlined, loss, final, r.honest, r.clean.honest, r.honestRej, rejPct,
+			r.perRound, r.clean.perRound, r.maxRound, strings.Join(rj, ", "), r.quarant, shape.attackers, r.honestOut, shape.honest)
 	}
 	return b.String()
 }
@@ -304,21 +408,29 @@ func sortedKeys(m map[string]uint64) []string {
 
 var (
 	deadlineRound   = regexp.MustCompile(`trainer did not report by the deadline.* round=(\d+)`)
+	rejectedPeer    = regexp.MustCompile(`contribution rejected.* peer=(\S+)`)
 	quarantinedPeer = regexp.MustCompile(`peer quarantined.* peer=(\S+)`)
 )
 
-// runMatrix runs one validator and the six honest trainers, plus three attackers of kind k
-// (none for the clean run).
-func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
-	attackers := matrixAttackers
-	if k.name == "clean" {
-		attackers = 0
+// runMatrix runs one validator and the shape's honest trainers, plus its attackers of kind
+// k (none for the clean run).
+func runMatrix(t *testing.T, k attackKind, rounds int, salt byte, shape matrixShape) matrixRun {
+	clean := k.name == "clean"
+	trainers := shape.honest + shape.attackers
+	if clean && !shape.mixed {
+		trainers = shape.honest
 	}
 	// Rows that run at the same time need their own peer ids: with the same ones, one
 	// cluster's announcements reached another's validator (seen as restarts, every lease
 	// given up; how they cross mocknets is not known). Sequential runs share the clean
-	// run's ids, so their leases go as in it.
-	c := newClusterSalted(t, salt, 1, matrixHonest+attackers, rounds, 64, 1+matrixHonest)
+	// run's ids, so their leases go as in it. In a mixed shape the clean run has the
+	// attackers' hosts too, never started, so that the honest ones have the same ids.
+	sortLast := 1 + shape.honest
+	if shape.mixed {
+		sortLast = 1 + trainers
+	}
+	c := newClusterSalted(t, salt, 1, trainers, rounds, 64, sortLast)
+	isAttacker := func(i int) bool { return i > 0 && shape.attacker(i-1) }
 	for i, n := range c.nodes {
 		// Screening at its defaults (min_cosine 0, the noise bar 4/√520 ≈ 0.175 of the
 		// synthetic workload's 520 parameters once a round's updates agree).
@@ -328,7 +440,7 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 		// the deadline), and the rows measured the machine, not the attackers.
 		n.cfg.Lease.MinDeadline = 10 * time.Second
 		n.cfg.Lease.MicroshardsPerTrainer = 1
-		n.cfg.Lease.MinGroup = matrixHonest
+		n.cfg.Lease.MinGroup = shape.honest
 		// The validator keeps every head's parameters: the loss is compared at a round
 		// before the last (see TestOneThirdAttackers).
 		n.cfg.Node.Archive = i == 0
@@ -336,8 +448,8 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 		// the cosine check can tell noise from signal.
 		n.rt.LR = 0.01
 		n.rt.Delay = 50 * time.Millisecond
-		if i > matrixHonest {
-			n.name = fmt.Sprintf("attacker-%s-%d", k.name, i-matrixHonest)
+		if isAttacker(i) && !clean {
+			n.name = fmt.Sprintf("attacker-%s-%d", k.name, i)
 			if k.poison != "" {
 				n.extra = append(n.extra, attackOption(k.poison))
 			}
@@ -359,14 +471,44 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 			t.Logf("validator log, gossip left out (last 300 lines):\n%s", strings.Join(lines[max(0, len(lines)-300):], "\n"))
 		}
 	})
-	// Everyone announces before the validator leases round 1, so the attackers are offered
-	// leases from the start.
-	for _, n := range c.nodes[1:] {
-		c.start(n)
+	var attackers, honest []*clusterNode
+	for i, n := range c.nodes[1:] {
+		if isAttacker(i + 1) {
+			if !clean {
+				attackers = append(attackers, n)
+			}
+		} else {
+			honest = append(honest, n)
+		}
 	}
-	time.Sleep(2500 * time.Millisecond)
-	c.start(v)
-	c.waitDone(3 * time.Minute)
+	if k.first {
+		// The attackers own the young chain: they and the validator start, and the honest
+		// trainers only once round 2 is merged (or a minute has passed: the leases wait
+		// for lease.min_group, which the attackers alone meet).
+		for _, n := range attackers {
+			c.start(n)
+		}
+		time.Sleep(2500 * time.Millisecond)
+		c.start(v)
+		deadline := time.Now().Add(time.Minute)
+		for v.n.Status().Round < 2 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		for _, n := range honest {
+			c.start(n)
+		}
+	} else {
+		// Everyone announces before the validator leases round 1, so the attackers are
+		// offered leases from the start; in index order, which a mixed shape interleaves.
+		for i, n := range c.nodes[1:] {
+			if !clean || !isAttacker(i+1) {
+				c.start(n)
+			}
+		}
+		time.Sleep(2500 * time.Millisecond)
+		c.start(v)
+	}
+	c.waitDoneOf(slices.Concat([]*clusterNode{v}, honest, attackers), 3*time.Minute)
 
 	out := matrixRun{kind: k.name}
 	st := v.n.Status()
@@ -385,7 +527,7 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 	out.mse = out.mseAt[len(out.mseAt)-1]
 
 	bad := map[string]bool{}
-	for _, n := range c.nodes[1+matrixHonest:] {
+	for _, n := range attackers {
 		bad[n.host.ID().String()] = true
 	}
 	credit := map[string]int{}
@@ -432,6 +574,11 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte) matrixRun {
 	out.deadlined = len(waited)
 	if st.Validator != nil {
 		out.rejects = st.Validator.Rejections
+	}
+	for _, mt := range rejectedPeer.FindAllStringSubmatch(v.logs.String(), -1) {
+		if !bad[mt[1]] {
+			out.honestRej++
+		}
 	}
 	quarantined := map[string]bool{}
 	for _, mt := range quarantinedPeer.FindAllStringSubmatch(v.logs.String(), -1) {
