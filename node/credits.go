@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/ipfs/go-cid"
@@ -38,10 +39,14 @@ func (s *Stores) Credits(head cid.Cid, validators []string) (*credit.Ledger, err
 // StoredPeerID is the peer id of the identity cfg names ("" when there is none yet: this
 // reads, never creates, it).
 func StoredPeerID(cfg *config.Config) (string, error) {
-	if _, err := os.Stat(cfg.Node.Identity); errors.Is(err, fs.ErrNotExist) {
+	path := cfg.Node.Identity
+	if path == "" {
+		path = filepath.Join(cfg.Node.StoreDir, "identity.key") // as the node's identity module
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
-	key, err := p2p.LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
+	key, err := p2p.LoadIdentity(path, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return "", err
 	}
