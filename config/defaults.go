@@ -6,6 +6,10 @@ import (
 	"github.com/p2pnode/p2pnode/diloco"
 )
 
+// DefaultHTTP is node.http's default: a fixed port, so that the dashboard is found at the
+// same address every time, with a fallback when it is taken (status.HTTPServer.Fallback).
+const DefaultHTTP = "127.0.0.1:8970"
+
 // Default returns the config every file is decoded over: a single node that trains the
 // digits workload on its own (validator + trainer) with DiLoCo.
 func Default() *Config {
@@ -13,7 +17,7 @@ func Default() *Config {
 		Node: Node{
 			StoreDir:       ".p2pnode",
 			Listen:         []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
-			HTTP:           "127.0.0.1:0",
+			HTTP:           DefaultHTTP,
 			DHT:            true,
 			LogLevel:       "info",
 			ChunkSize:      1 << 20,

@@ -314,6 +314,7 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 	}
 	var out []*config.Config
 	v := base("validator")
+	v.Node.HTTP = config.DefaultHTTP // the swarm's dashboard, where the README says
 	v.Node.Listen = []string{listen}
 	v.Experiment.Roles = []string{config.RoleValidator, config.RoleBootstrap}
 	out = append(out, v)
@@ -375,7 +376,7 @@ func startProc(ctx context.Context, bin, name, cfg, logPath string, relay func(s
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(logf, line)
-			if relay != nil && strings.HasPrefix(line, "round") {
+			if relay != nil && (strings.HasPrefix(line, "round") || strings.HasPrefix(line, "dashboard ")) {
 				relay(line)
 			}
 		}

@@ -45,13 +45,15 @@ func headless(t *testing.T, browser string, args ...string) []byte {
 }
 
 var (
-	peerRowRe = regexp.MustCompile(`<tr class="peer" data-peer="([^"$]+)">(.*?)</tr>`) // not the script's template
-	cellRe    = regexp.MustCompile(`<td[^>]*>(.*?)</td>`)
-	tagRe     = regexp.MustCompile(`<[^>]+>`)
-	scriptRe  = regexp.MustCompile(`(?s)<script>.*?</script>`)
-	workerRe  = regexp.MustCompile(`(?s)<table id="worker">.*?</table>`)
-	leasesRe  = regexp.MustCompile(`(?s)<div id="leases">.*?</div>`)
-	overlapRe = regexp.MustCompile(`overlap: (\d+) of \d+ windows trained ahead`) // a trainer's windows trained ahead
+	peerRowRe    = regexp.MustCompile(`<tr class="peer" data-peer="([^"$]+)">(.*?)</tr>`) // not the script's template
+	cellRe       = regexp.MustCompile(`<td[^>]*>(.*?)</td>`)
+	tagRe        = regexp.MustCompile(`<[^>]+>`)
+	scriptRe     = regexp.MustCompile(`(?s)<script>.*?</script>`)
+	workerRe     = regexp.MustCompile(`(?s)<table id="worker">.*?</table>`)
+	leasesRe     = regexp.MustCompile(`(?s)<div id="leases">.*?</div>`)
+	contribRowRe = regexp.MustCompile(`<tr class="contributor" data-peer="([^"$]+)">(.*?)</tr>`)
+	creditRe     = regexp.MustCompile(`<b id="credit-summary">merged (\d+) \(\d+ samples\), rejected \d+`) // a trainer's own account
+	overlapRe    = regexp.MustCompile(`overlap: (\d+) of \d+ windows trained ahead`)                       // a trainer's windows trained ahead
 )
 
 // rendered is the page as Chromium rendered it, without the script (whose templates
@@ -202,6 +204,16 @@ func TestDashboardInABrowser(t *testing.T) {
 			t.Fatalf("the page has no %q (the validator's phase, leases, quarantine, the worker card)", want)
 		}
 	}
+	// The contributors panel lists every trainer the chain merged, with its count.
+	contrib := map[string]string{}
+	for _, m := range contribRowRe.FindAllSubmatch(dom, -1) {
+		contrib[string(m[1])] = string(tagRe.ReplaceAll(m[2], nil))
+	}
+	for i, id := range ids[1:] {
+		if !regexp.MustCompile(`^\S+( \(this node\))?[1-9]\d*`).MatchString(contrib[id]) {
+			t.Fatalf("the contributors panel has no row for %s (%s) with its merged count: %q", id, procs[i+1].Name, contrib)
+		}
+	}
 	card := workerRe.Find(dom)
 	if bytes.ContainsAny(card, "{}") || !regexp.MustCompile(`<th>last call</th><td[^>]*>\w+, \d+(\.\d+)? m?s, `).Match(card) {
 		t.Fatalf("the worker card is not formatted (raw JSON, a duration in ns): %s", card)
@@ -228,6 +240,9 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	tend := checkHistory(t, "restarted trainer", tdom, ts.Round)
+	if m := creditRe.FindSubmatch(tdom); m == nil || m[1][0] == '0' {
+		t.Fatalf("the trainer's page does not say what of its work was merged: %s", creditRe.Find(tdom))
+	}
 	odom := rendered(t, browser, pageURL(t, procs[2]))
 	if m := overlapRe.FindSubmatch(odom); m == nil || string(m[1]) == "0" {
 		t.Fatalf("the page of %s does not count windows trained ahead (want at least one): %s", procs[2].Name, leasesRe.Find(odom))

@@ -4,6 +4,7 @@ package headsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -87,7 +88,9 @@ func (s *Sync) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case h := <-in.Heads:
-			if err := s.offer(ctx, h.From, h.Msg); err != nil && ctx.Err() == nil {
+			if err := s.offer(ctx, h.From, h.Msg); errors.Is(err, errSuperseded) {
+				s.Log.Debug("head not accepted", "from", h.From, "err", err)
+			} else if err != nil && ctx.Err() == nil {
 				s.Log.Warn("head not accepted", "from", h.From, "err", err)
 			}
 		case a := <-in.Attestations:
@@ -130,10 +133,10 @@ func (s *Sync) offer(ctx context.Context, from string, m *gossip.Head) error {
 	}
 	fetched, err := s.fetchAncestors(ctx, p, h)
 	if err != nil {
-		return err
+		return s.supersededErr(h.Round, err)
 	}
 	if err := s.FetchArtifacts(ctx, h, p); err != nil {
-		return err
+		return s.supersededErr(h.Round, err)
 	}
 	if err := s.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
 		s.Log.Warn("store round notes", "round", h.Round, "err", err)
@@ -224,6 +227,29 @@ func (s *Sync) attest(from string, a *gossip.Attestation) {
 	}
 }
 
+// errSuperseded marks a failure to take a head that no longer matters: while it was being
+// fetched a head of its round or a later one became canonical here (the sender may have
+// pruned its parameters by then). It is logged at debug: the node is where it should be.
+var errSuperseded = errors.New("a head as new is canonical by now")
+
+// supersededErr wraps err with errSuperseded when a head of round or later is canonical.
+func (s *Sync) supersededErr(round uint64, err error) error {
+	if _, cur := s.Tips.Current(); cur != nil && cur.Round >= round {
+		return fmt.Errorf("%w: %w", errSuperseded, err)
+	}
+	return err
+}
+
+// catchUpFailed logs a failed catch-up from p to round: a warning, unless the run is
+// ending or the node got there (or further) another way meanwhile.
+func (s *Sync) catchUpFailed(ctx context.Context, p peer.ID, round uint64, err error) {
+	if err = s.supersededErr(round, err); errors.Is(err, errSuperseded) || ctx.Err() != nil {
+		s.Log.Debug("catch-up failed", "peer", p.String(), "round", round, "err", err)
+		return
+	}
+	s.Log.Warn("catch-up failed", "peer", p.String(), "round", round, "err", err)
+}
+
 // catchUp asks p for its canonical head when p claims a round newer than ours (round 0:
 // always ask, at start-up), at most once per catchUpEvery per peer.
 func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
@@ -249,7 +275,7 @@ func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 	}
 	fetched, err := s.fetchAncestors(ctx, p, h)
 	if err != nil {
-		s.Log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
+		s.catchUpFailed(ctx, p, h.Round, err)
 		return
 	}
 	if parent, err := h.ParentID(); err == nil && parent.Defined() && fetched == 0 {
@@ -257,7 +283,7 @@ func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 		s.refreshNotes(ctx, p, parent)
 	}
 	if err := s.FetchArtifacts(ctx, h, p); err != nil {
-		s.Log.Warn("catch-up failed", "peer", p.String(), "round", h.Round, "err", err)
+		s.catchUpFailed(ctx, p, h.Round, err)
 		return
 	}
 	if err := s.Tips.SetNotes(sh.ID(), h.Round, f.Notes); err != nil {

@@ -1,6 +1,7 @@
 package headsync
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -409,4 +410,21 @@ func catchUpCompletes(t *testing.T, to uint64) {
 	defer h.peers.mu.Unlock()
 	require.Contains(t, h.peers.askedHead, r1.ID())
 	require.NotContains(t, h.peers.askedHead, h.genesisID)
+}
+
+// A head that cannot be fetched once a head of its round or later is canonical here (a
+// late joiner's catch-up overtaken by gossip, a peer that pruned the parameters meanwhile)
+// is logged at debug; one the node still lacks is a warning.
+func TestFailureOnASupersededHeadIsNotAWarning(t *testing.T) {
+	h := newHarness(t, false) // genesis (round 0) is canonical
+	var logs bytes.Buffer
+	s := New(Params{Tips: h.tips, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	cause := errors.New("no holder has the parameters")
+	require.ErrorIs(t, s.supersededErr(0, cause), errSuperseded)
+	require.Equal(t, cause, s.supersededErr(1, cause))
+
+	s.catchUpFailed(context.Background(), h.v2.id, 0, cause)
+	require.Empty(t, logs.String(), "round 0 is canonical already: debug")
+	s.catchUpFailed(context.Background(), h.v2.id, 1, cause)
+	require.Contains(t, logs.String(), `level=WARN msg="catch-up failed"`)
 }

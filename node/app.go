@@ -283,8 +283,13 @@ func httpModule(cfg *config.Config) fx.Option {
 	}
 	return fx.Module("http",
 		fx.Provide(fx.Annotate(
-			func(b *status.Board, reg *prometheus.Registry, log *slog.Logger) *status.HTTPServer {
-				return status.NewHTTPServer(cfg.Node.HTTP, filepath.Join(cfg.Node.StoreDir, status.HTTPAddrFile), b, reg, log.With("pkg", "http"))
+			func(b *status.Board, reg *prometheus.Registry, log *slog.Logger, opts Options) *status.HTTPServer {
+				h := status.NewHTTPServer(cfg.Node.HTTP, filepath.Join(cfg.Node.StoreDir, status.HTTPAddrFile), b, reg, log.With("pkg", "http"))
+				h.Announce = opts.Progress
+				if cfg.Node.HTTP == config.DefaultHTTP {
+					h.Fallback = 9
+				}
+				return h
 			},
 			fx.OnStart(func(ctx context.Context, h *status.HTTPServer) error { return h.Start(ctx) }),
 			fx.OnStop(func(ctx context.Context, h *status.HTTPServer) error { return h.Stop(ctx) }),

@@ -30,6 +30,7 @@ type env struct {
 	// policy is the merge policy the config maps to (mergePolicy), made once.
 	policy     round.Policy
 	log        *slog.Logger
+	rootLog    *slog.Logger // the logger without pkg, for loggers of other packages
 	self       string
 	key        crypto.PrivKey
 	host       host.Host

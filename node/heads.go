@@ -65,6 +65,8 @@ type watcher struct {
 	bare map[string]uint64
 	// teller tells a trainer what the round notes say of its own work (nil: not a trainer).
 	teller *credit.Teller
+	// credits are every peer's account, as of the last head recorded.
+	credits creditBook
 }
 
 func (w *watcher) run(ctx context.Context) error {
@@ -305,6 +307,7 @@ func (w *watcher) record(seen headSeen) {
 			s.History = s.History[len(s.History)-status.MaxHistory:]
 		}
 	})
+	w.countCredit(id, h)
 	w.metrics.Head(h.Round, h.Metrics.TrainLoss, metrics)
 	if w.progress != nil {
 		status.PrintProgress(w.progress, w.cfg.Experiment.Rounds, id, h, metrics, point.HeldOutFailed, took)

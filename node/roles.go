@@ -156,7 +156,7 @@ func newEnv(p envParams) (*env, error) {
 		}
 		return peers, p2p.HostAddrs(p.Host)
 	}
-	e := &env{cfg: p.Cfg, policy: policy, log: p.Log.With("pkg", "node"), self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
+	e := &env{cfg: p.Cfg, policy: policy, log: p.Log.With("pkg", "node"), rootLog: p.Log, self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
 		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
 		bytes: p2p.NewByteMeter(p.Bytes), pruner: p.Pruner}
@@ -215,7 +215,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 			"precision", info.Precision, "params", info.ParamCount)
 		params = info.ParamCount
 	}
-	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.log), e.store, busFetcher{e.bus}, e.log)
+	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.rootLog), e.store, busFetcher{e.bus}, e.rootLog)
 	if err != nil {
 		return err
 	}

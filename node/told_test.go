@@ -62,5 +62,17 @@ func TestTrainerIsToldOfRejectionAndQuarantine(t *testing.T) {
 		merged += l.Account(n.host.ID().String()).Merged
 	}
 	require.Equal(t, 2*rounds, merged, "the honest trainers were merged every round")
-	t.Logf("attacker: %s", bad.Summary(l.Round))
+	// The status pages say it too: the attacker's own account, and every contributor on
+	// the validator's.
+	as := attacker.n.Status()
+	require.NotNil(t, as.Credit)
+	require.Equal(t, attacker.host.ID().String(), as.Credit.Peer)
+	require.GreaterOrEqual(t, as.Credit.Rejected["no_lease"], len(rejected))
+	require.Regexp(t, `^merged 0 \(0 samples\), rejected \d+ \(no_lease( ×\d+)?\)`, as.CreditSummary)
+	hs := honest.n.Status()
+	require.Regexp(t, `^merged \d+ \(\d+ samples\), rejected 0$`, hs.CreditSummary)
+	vs := c.nodes[0].n.Status()
+	require.Nil(t, vs.Credit, "a validator that does not train has no account of its own")
+	require.Len(t, vs.Contributors, 3)
+	t.Logf("attacker: %s; its status page: %s", bad.Summary(l.Round), as.CreditSummary)
 }

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -24,6 +26,12 @@ const HTTPAddrFile = "http.addr"
 
 // HTTPServer serves /status (JSON) and /metrics (Prometheus), on 127.0.0.1 by default.
 type HTTPServer struct {
+	// Fallback is how many ports after the configured one are tried when it is taken,
+	// before any free port (0: none; the configured address or an error).
+	Fallback int
+	// Announce, when set, gets one line with the dashboard's URL once it listens.
+	Announce io.Writer
+
 	srv      *http.Server
 	addrFile string
 	ln       net.Listener
@@ -53,6 +61,9 @@ func NewHTTPServer(addr, addrFile string, board *Board, reg *prometheus.Registry
 
 func (h *HTTPServer) Start(context.Context) error {
 	ln, err := net.Listen("tcp", h.addr)
+	if errors.Is(err, syscall.EADDRINUSE) && h.Fallback > 0 {
+		ln, err = h.listenFallback()
+	}
 	if errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("node.http: %s is already in use (another p2pnode with this config?); set another port, or port 0 for a free one", h.addr)
 	}
@@ -61,6 +72,9 @@ func (h *HTTPServer) Start(context.Context) error {
 	}
 	h.ln = ln
 	h.log.Info("status on http://" + ln.Addr().String() + "/status")
+	if h.Announce != nil {
+		fmt.Fprintf(h.Announce, "dashboard http://%s/\n", ln.Addr())
+	}
 	if h.addrFile != "" {
 		if err := atomicfile.Write(h.addrFile, []byte(ln.Addr().String()+"\n"), 0o644); err != nil {
 			h.log.Warn("could not record the HTTP address", "err", err)
@@ -72,6 +86,27 @@ func (h *HTTPServer) Start(context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// listenFallback listens on the first free one of the Fallback ports after the configured
+// one, or else on any free port of the same host.
+func (h *HTTPServer) listenFallback() (net.Listener, error) {
+	host, port, err := net.SplitHostPort(h.addr)
+	if err != nil {
+		return nil, err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil, err
+	}
+	for next := p + 1; next <= p+h.Fallback && next < 65536; next++ {
+		if ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(next))); err == nil {
+			h.log.Info("node.http: port taken, using the next free one", "configured", h.addr, "port", next)
+			return ln, nil
+		}
+	}
+	h.log.Info("node.http: ports taken, using any free one", "configured", h.addr, "tried", h.Fallback+1)
+	return net.Listen("tcp", net.JoinHostPort(host, "0"))
 }
 
 // Stop shuts the server down and removes the address file, so that `p2pnode status` can

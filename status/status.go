@@ -5,8 +5,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/p2pnode/p2pnode/credit"
 	"github.com/p2pnode/p2pnode/validator"
 )
+
+// MaxContributors bounds Status.Contributors.
+const MaxContributors = 200
 
 // Status is what /status reports and `p2pnode status` prints.
 type Status struct {
@@ -29,6 +33,13 @@ type Status struct {
 	Overlap     *OverlapStatus     `json:"overlap,omitempty"`
 	Worker      any                `json:"worker,omitempty"`
 	Validator   *validator.Status  `json:"validator,omitempty"`
+	// Credit is this trainer's own account from the chain (merged, rejected and why,
+	// quarantined) and CreditSummary says it in one line; nil on a node that does not train.
+	Credit        *credit.Account `json:"credit,omitempty"`
+	CreditSummary string          `json:"credit_summary,omitempty"`
+	// Contributors are the accounts of every peer the chain held here names, most merged
+	// first (at most MaxContributors).
+	Contributors []credit.Account `json:"contributors,omitempty"`
 	// GossipRejections counts gossip messages from peers that failed topic validation
 	// (forged, malformed), by "topic/reason".
 	GossipRejections map[string]uint64 `json:"gossip_rejections,omitempty"`

@@ -155,6 +155,12 @@ func (t *Trainer) Run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
+				if errors.Is(err, errStaleLease) {
+					// The round closed before this node took the lease (a late joiner
+					// hears leases of rounds it has already followed past): nothing to do.
+					t.Log.Debug("lease skipped", "round", l.Msg.Round, "err", err)
+					continue
+				}
 				t.Log.Error("lease failed", "round", l.Msg.Round, "err", err)
 				t.Sink.Event("train", "round %d: %v", l.Msg.Round, err)
 			}
@@ -291,6 +297,10 @@ func (t *Trainer) release(ctx context.Context, l lease.Lease, cause error) {
 	t.Log.Info("released lease", "round", l.Round, "microshards", len(l.Microshards), "reason", reason)
 }
 
+// errStaleLease is a lease on a head older than this node's canonical head: its round is
+// over.
+var errStaleLease = errors.New("stale lease")
+
 // baseHead returns the lease's base head, which must be (or become shortly) this node's
 // canonical head: leases on a head we have not accepted are not trained.
 func (t *Trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error) {
@@ -307,7 +317,7 @@ func (t *Trainer) baseHead(ctx context.Context, id cid.Cid) (*chain.Head, error)
 		}
 		if h != nil {
 			if bh, err := t.Chain.Head(id); err == nil && bh.Round < h.Round {
-				return nil, fmt.Errorf("stale lease: base round %d, canonical round %d", bh.Round, h.Round)
+				return nil, fmt.Errorf("%w: base round %d, canonical round %d", errStaleLease, bh.Round, h.Round)
 			}
 		}
 		select {

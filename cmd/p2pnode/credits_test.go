@@ -33,11 +33,10 @@ func TestCreditsCommand(t *testing.T) {
 		vid, _ = p2p.PeerID(validator)
 		c.Experiment.Validators = []string{vid}
 		c.Experiment.Roles = []string{config.RoleTrainer}
-		c.Node.Identity = filepath.Join(dir, "store", "identity.key")
 	})
 	cfg, err := config.Load(cfgPath)
 	require.NoError(t, err)
-	key, err := p2p.LoadIdentity(cfg.Node.Identity, slog.New(slog.DiscardHandler))
+	key, err := p2p.LoadIdentity(filepath.Join(cfg.Node.StoreDir, "identity.key"), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	self, err = p2p.PeerID(key)
 	require.NoError(t, err)

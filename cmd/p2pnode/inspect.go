@@ -118,6 +118,9 @@ func printStatus(w io.Writer, s *status.Status) {
 	for _, l := range s.Leases {
 		fmt.Fprintf(w, "lease       round %d, %d microshards, expires %s\n", l.Round, len(l.Microshards), l.Expiry.Format(time.TimeOnly))
 	}
+	if s.CreditSummary != "" {
+		fmt.Fprintf(w, "credit      %s\n", s.CreditSummary)
+	}
 	if c := s.Last; c != nil {
 		fmt.Fprintf(w, "contributed round %d: %d samples, loss %.4f, %.1fs\n", c.Round, c.Samples, c.Loss, c.Seconds)
 	}

@@ -26,14 +26,22 @@ func main() {
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		sig := <-sigs
-		// The first signal stops the node cleanly; with the handler gone, a second one
-		// kills it at once.
-		signal.Stop(sigs)
-		cancel(interrupted{sig})
-	}()
+	go stopOnSignal(sigs, func() { signal.Stop(sigs) }, cancel, os.Stderr)
 	os.Exit(runMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// stopOnSignal waits for the first signal on sigs, says once on w that the node is
+// stopping, calls release (the handler gone, a second Ctrl-C kills the process at once) and
+// cancels the run with the signal as the cause.
+func stopOnSignal(sigs <-chan os.Signal, release func(), cancel context.CancelCauseFunc, w io.Writer) {
+	sig := <-sigs
+	release()
+	if sig == os.Interrupt {
+		fmt.Fprintln(w, "p2pnode: stopping… (Ctrl-C again to quit at once)")
+	} else {
+		fmt.Fprintf(w, "p2pnode: %s: stopping…\n", sig)
+	}
+	cancel(interrupted{sig})
 }
 
 // runMain executes the command line and returns the exit status: 0, 1 after an error (printed

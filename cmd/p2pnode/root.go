@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,20 +54,54 @@ func newLogger(g *globalFlags, configLevel string, w io.Writer) (*slog.Logger, e
 		return nil, fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
-	format := g.logFormat
+	format, terminal := g.logFormat, false
 	if format == "auto" {
 		format = "json"
 		if isTerminal(w) {
-			format = "text"
+			format, terminal = "text", true
 		}
 	}
 	switch format {
 	case "text":
+		if terminal {
+			return slog.New(roundDetail{slog.NewTextHandler(w, opts)}), nil
+		}
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format: %q is not auto, text or json", g.logFormat)
+}
+
+// roundDetail demotes per-round detail to debug: INFO records with a round attribute
+// (leases issued, a window trained, a head proposed). A terminal shows the progress line of
+// each round instead; JSON logs, for machines, keep every record at its level.
+type roundDetail struct{ slog.Handler }
+
+func (h roundDetail) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelInfo && hasRound(r) {
+		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
+			return nil
+		}
+		r.Level = slog.LevelDebug
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h roundDetail) WithAttrs(as []slog.Attr) slog.Handler {
+	return roundDetail{h.Handler.WithAttrs(as)}
+}
+func (h roundDetail) WithGroup(name string) slog.Handler {
+	return roundDetail{h.Handler.WithGroup(name)}
+}
+
+func hasRound(r slog.Record) bool {
+	found := false
+	r.Attrs(func(a slog.Attr) bool {
+		found = a.Key == "round"
+		return !found
+	})
+	return found
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -177,5 +178,46 @@ func TestStopStatus(t *testing.T) {
 				t.Fatalf("stopStatus(%v) = %d, want %d", tc.cause, got, tc.want)
 			}
 		})
+	}
+}
+
+// The first signal says once that the node is stopping, and cancels the run with the
+// signal as the cause; the handler is released so that a second Ctrl-C kills at once.
+func TestStopOnSignalSaysSoOnce(t *testing.T) {
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGTERM} {
+		sigs := make(chan os.Signal, 2)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		var out bytes.Buffer
+		released := false
+		sigs <- sig
+		sigs <- sig
+		stopOnSignal(sigs, func() { released = true }, cancel, &out)
+		require.True(t, released)
+		require.Equal(t, interrupted{sig}, context.Cause(ctx))
+		require.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
+		require.Contains(t, out.String(), "stopping…")
+	}
+}
+
+// In a terminal, per-round INFO detail (records with a round) is debug: hidden at info,
+// shown as DEBUG at debug; warnings and lines without a round stay as they are.
+func TestTerminalDemotesRoundDetail(t *testing.T) {
+	for _, tc := range []struct {
+		level slog.Level
+		want  []string
+	}{
+		{slog.LevelInfo, []string{`level=INFO msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
+		{slog.LevelDebug, []string{`level=DEBUG msg=trained pkg=node round=3`, `level=INFO msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
+	} {
+		var b bytes.Buffer
+		log := slog.New(roundDetail{slog.NewTextHandler(&b, &slog.HandlerOptions{Level: tc.level})}).With("pkg", "node")
+		log.Info("trained", "round", 3)
+		log.Info("listening")
+		log.Warn("contribution rejected", "round", 3)
+		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+		require.Len(t, lines, len(tc.want), b.String())
+		for i, w := range tc.want {
+			require.Contains(t, lines[i], w)
+		}
 	}
 }
