@@ -30,14 +30,7 @@ func TestNATSwarm(t *testing.T) {
 	lab := newLab(t, spec)
 	procs := labSwarm(t, lab, demo.Options{Dir: t.TempDir(), Trainers: len(kinds), Rounds: rounds}, nil)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
-	for _, p := range procs {
-		p.Start()
-	}
-	for _, p := range procs {
-		if err := p.Wait(6 * time.Minute); err != nil {
-			t.Fatalf("%s: %v", p.Name, err)
-		}
-	}
+	runAll(t, procs, 6*time.Minute)
 	kindOf := map[string]wan.NAT{}
 	for i, p := range procs[1:] {
 		kindOf[p.peerID(t)] = kinds[i]
