@@ -34,9 +34,13 @@ type Node struct {
 	MDNS      bool     `yaml:"mdns"`
 	DHT       bool     `yaml:"dht"`
 	Relay     bool     `yaml:"relay"`
-	PSK       string   `yaml:"psk"`
-	LogLevel  string   `yaml:"log_level"`
-	ChunkSize int      `yaml:"chunk_size"`
+	// RelayLimit bounds one connection this node relays (as a relay server: node.relay or
+	// a bootstrap node). libp2p's defaults (2 minutes, 128 KiB) cannot carry one update of
+	// the lm small preset (43 MB fp32).
+	RelayLimit RelayLimit `yaml:"relay_limit"`
+	PSK        string     `yaml:"psk"`
+	LogLevel   string     `yaml:"log_level"`
+	ChunkSize  int        `yaml:"chunk_size"`
 	// StreamDeadline bounds how long a peer may take to send a request frame it has
 	// started, on every /p2ptrain/* protocol.
 	StreamDeadline time.Duration `yaml:"stream_deadline"`
@@ -49,6 +53,13 @@ type Node struct {
 	// Archive keeps every artifact forever (a validator that serves full history):
 	// keep_heads then does not apply.
 	Archive bool `yaml:"archive"`
+}
+
+// RelayLimit is how long a relayed connection may last and how many MiB it may carry in
+// each direction before the relay closes it.
+type RelayLimit struct {
+	Duration time.Duration `yaml:"duration"`
+	DataMiB  int64         `yaml:"data_mib"`
 }
 
 // MinKeepHeads is the smallest node.keep_heads: a trainer may still be encoding its delta

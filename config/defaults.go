@@ -23,6 +23,7 @@ func Default() *Config {
 			ChunkSize:      1 << 20,
 			StreamDeadline: 10 * time.Second,
 			KeepHeads:      2,
+			RelayLimit:     RelayLimit{Duration: 10 * time.Minute, DataMiB: 64},
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",

@@ -96,6 +96,10 @@ func (c *Config) validateNode(v *validator) {
 	v.check(n.ChunkSize >= 1<<10 && n.ChunkSize <= 16<<20, "node.chunk_size", "must be between 1024 and 16777216, got %d", n.ChunkSize)
 	v.check(n.StreamDeadline >= 100*time.Millisecond && n.StreamDeadline <= 10*time.Minute, "node.stream_deadline",
 		"must be between 100ms and 10m, got %v", n.StreamDeadline)
+	v.check(n.RelayLimit.Duration >= time.Second && n.RelayLimit.Duration <= 24*time.Hour, "node.relay_limit.duration",
+		"must be between 1s and 24h, got %v", n.RelayLimit.Duration)
+	v.check(n.RelayLimit.DataMiB >= 1 && n.RelayLimit.DataMiB <= 1<<16, "node.relay_limit.data_mib",
+		"must be between 1 and 65536, got %d", n.RelayLimit.DataMiB)
 	v.check(n.KeepHeads >= MinKeepHeads, "node.keep_heads",
 		"must be at least %d (a trainer may still be encoding against the previous head; set node.archive: true to keep everything), got %d",
 		MinKeepHeads, n.KeepHeads)

@@ -41,6 +41,15 @@ func swarmOf(t *testing.T, o demo.Options, edit func(name string, c *config.Conf
 	return procs
 }
 
+// runAll starts every process and waits for each to exit cleanly within timeout.
+func runAll(t *testing.T, procs []*Proc, timeout time.Duration) {
+	t.Helper()
+	for _, p := range procs {
+		p.Start()
+	}
+	waitAll(t, procs, timeout)
+}
+
 // TestLoopbackSwarmTrainsDigits: 1 validator and 2 trainers, real processes over loopback
 // TCP with the Python worker: held-out accuracy improves over 3 rounds and every node ends
 // on the same head.
@@ -48,14 +57,7 @@ func TestLoopbackSwarmTrainsDigits(t *testing.T) {
 	dir := t.TempDir()
 	procs := swarm(t, dir, 2, 3, nil)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
-	for _, p := range procs {
-		p.Start()
-	}
-	for _, p := range procs {
-		if err := p.Wait(4 * time.Minute); err != nil {
-			t.Fatalf("%s: %v", p.Name, err)
-		}
-	}
+	runAll(t, procs, 4*time.Minute)
 	v := procs[0]
 	acc0, ok0 := v.AccuracyAt(0)
 	acc3, ok3 := v.AccuracyAt(3)

@@ -14,7 +14,9 @@ package e2e
 // WAN_BATCH (the workload's batch_size), WAN_HIDDEN (the digits MLP's width; 512 makes it
 // 300 K parameters, 4096 17 M), WAN_INNER_STEPS (protocol.inner_steps; the swarm's default
 // otherwise), WAN_OVERLAP (protocol.overlap: eager to train ahead), WAN_SIZE_MB (40),
-// WAN_REPS (2).
+// WAN_REPS (2), WAN_RTT_MS and WAN_LOSS_PCT (the goodput holder's distance and loss),
+// WAN_SPEC (a lab spec file, e.g. configs/wan/home.yaml: its nodes, the
+// validator then trainer-1, …, replace WAN_TRAINERS, WAN_UP_MBIT and WAN_DOWN_MBIT).
 
 import (
 	"bufio"
@@ -61,27 +63,6 @@ func envFloat(name string, def float64) float64 {
 		return v
 	}
 	return def
-}
-
-// newLab builds the lab or fails the test with the reason (never skips: `make wan` was
-// asked for, and a missing prerequisite must say so).
-func newLab(t *testing.T, specs []wan.Spec) *wan.Lab {
-	t.Helper()
-	lab, err := wan.New(specs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := lab.Close(); err != nil {
-			t.Errorf("remove the lab: %v", err)
-		}
-		for _, ns := range wan.Namespaces() {
-			if strings.HasPrefix(ns, fmt.Sprintf("%s%d-", wan.NamePrefix, os.Getpid())) {
-				t.Errorf("namespace %s left behind", ns)
-			}
-		}
-	})
-	return lab
 }
 
 // ---- helper processes: the test binary run again inside a namespace ----
@@ -262,7 +243,12 @@ func expectLine(t *testing.T, sc *bufio.Scanner, prefix string) []string {
 func TestWANGoodput(t *testing.T) {
 	up := envFloat("WAN_UP_MBIT", 20)
 	reps := envInt("WAN_REPS", 2)
-	lab := newLab(t, []wan.Spec{{Name: "holder", Link: wan.Link{UpMbit: up, DownMbit: envFloat("WAN_DOWN_MBIT", 100)}}, {Name: "fetcher"}})
+	// WAN_RTT_MS and WAN_LOSS_PCT put the holder at a distance, on a lossy link.
+	rtt := time.Duration(envFloat("WAN_RTT_MS", 0) * float64(time.Millisecond))
+	loss, _ := strconv.ParseFloat(os.Getenv("WAN_LOSS_PCT"), 64)
+	lab := newLab(t, wan.LabSpec{Seed: 46, Nodes: []wan.Spec{
+		{Name: "holder", Link: wan.Link{UpMbit: up, DownMbit: envFloat("WAN_DOWN_MBIT", 100), RTT: rtt, LossPct: loss}},
+		{Name: "fetcher"}}})
 	holder, fetcher := lab.Nodes[0], lab.Nodes[1]
 	type result struct{ goodput, wire []float64 }
 	ways := []struct {
@@ -303,7 +289,7 @@ func TestWANGoodput(t *testing.T) {
 		return (s[len(s)/2] + s[(len(s)-1)/2]) / 2
 	}
 	raw := med(results[0].goodput)
-	fmt.Printf("\n%d MB over a %.0f Mbit/s uplink (tbf), median of %d\n", envInt("WAN_SIZE_MB", 40), up, reps)
+	fmt.Printf("\n%d MB over a %.0f Mbit/s uplink (tbf), RTT %v, loss %g %%, median of %d\n", envInt("WAN_SIZE_MB", 40), up, rtt, loss, reps)
 	fmt.Printf("%-42s %10s %10s %10s %12s\n", "way", "Mbit/s", "% of link", "vs raw", "wire B/B")
 	best := 0.0
 	for i, w := range ways {
@@ -343,22 +329,27 @@ func TestWANSwarm(t *testing.T) {
 		specs = append(specs, wan.Spec{Name: fmt.Sprintf("trainer-%d", i),
 			Link: wan.Link{UpMbit: envFloat("WAN_UP_MBIT", 20), DownMbit: envFloat("WAN_DOWN_MBIT", 100)}})
 	}
-	lab := newLab(t, specs)
+	spec := wan.LabSpec{Nodes: specs}
+	if path := os.Getenv("WAN_SPEC"); path != "" {
+		var err error
+		if spec, err = wan.LoadSpec(path); err != nil {
+			t.Fatal(err)
+		}
+		trainers = len(spec.Nodes) - 1
+		for i, n := range spec.Nodes {
+			if want := demo.Names(trainers)[i]; n.Name != want {
+				t.Fatalf("WAN_SPEC %s: node %d is %q, want %q (the validator, then trainer-1, …)", path, i, n.Name, want)
+			}
+		}
+	}
+	lab := newLab(t, spec)
 	dir := t.TempDir()
-	vaddr := lab.Nodes[0].Addr
 	workload := os.Getenv("WAN_WORKLOAD")
 	if workload != "" && workload != demo.WorkloadDigits && envInt("WAN_HIDDEN", 0) > 0 {
 		t.Fatalf("WAN_HIDDEN is the digits MLP's width; WAN_WORKLOAD=%s has no such key (WAN_PRESET and WAN_BATCH size it)", workload)
 	}
 	o := demo.Options{Dir: dir, Trainers: trainers, Rounds: rounds, Workload: workload, Preset: os.Getenv("WAN_PRESET")}
-	procs := swarmOf(t, o, func(name string, c *config.Config) {
-		i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == name })
-		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", lab.Nodes[i].Addr)}
-		c.Node.MDNS = false
-		for j, b := range c.Node.Bootstrap {
-			_, id, _ := strings.Cut(b, "/p2p/")
-			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", vaddr, id)
-		}
+	procs := labSwarm(t, lab, o, func(name string, c *config.Config) {
 		c.Protocol.Codec = diloco.Codec(codec)
 		if hidden := envInt("WAN_HIDDEN", 0); hidden > 0 {
 			c.Workload.Config["hidden"] = hidden
@@ -375,8 +366,7 @@ func TestWANSwarm(t *testing.T) {
 		c.Protocol.Overlap = os.Getenv("WAN_OVERLAP")
 	})
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
-	for i, p := range procs {
-		p.Wrap = []string{"ip", "netns", "exec", lab.Nodes[i].NS}
+	for _, p := range procs {
 		p.Start()
 	}
 	type sample struct {

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"log/slog"
 	"net"
 	"regexp"
@@ -118,7 +119,8 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Report
 		opts = append(opts, libp2p.Transport(libp2pquic.NewTransport))
 	}
 	if cfg.Node.Relay || cfg.Experiment.HasRole(config.RoleBootstrap) {
-		opts = append(opts, libp2p.EnableRelayService())
+		rl := cfg.Node.RelayLimit
+		opts = append(opts, libp2p.EnableRelayService(relay.WithLimit(&relay.RelayLimit{Duration: rl.Duration, Data: rl.DataMiB << 20})))
 	}
 	opts = append(opts, libp2p.ListenAddrStrings(listen...))
 	h, err := libp2p.New(opts...)

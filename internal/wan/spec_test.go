@@ -81,3 +81,18 @@ func FuzzParseSpec(f *testing.F) {
 		}
 	})
 }
+
+// The specs in configs/wan load.
+func TestShippedSpecs(t *testing.T) {
+	s, err := LoadSpec("../../configs/wan/home.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat := map[NAT]int{}
+	for _, n := range s.Nodes {
+		nat[n.NAT]++
+	}
+	if len(s.Nodes) != 7 || nat[NATNone] != 3 || nat[NATCone] != 2 || nat[NATSymmetric] != 1 || nat[NATClosed] != 1 {
+		t.Fatalf("home.yaml: %d nodes, NAT kinds %v; want a validator and six trainers: two public, two cone, one symmetric, one closed", len(s.Nodes), nat)
+	}
+}
