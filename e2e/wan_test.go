@@ -423,8 +423,12 @@ func TestWANSwarm(t *testing.T) {
 	}
 	modelBytes := pm.Size
 
-	fmt.Printf("\nWAN swarm: %d trainers, %s, overlap %q, %d rounds, links %.0f/%.0f Mbit/s up/down, fp32 model %d bytes\n",
-		trainers, codec, os.Getenv("WAN_OVERLAP"), rounds, envFloat("WAN_UP_MBIT", 20), envFloat("WAN_DOWN_MBIT", 100), modelBytes)
+	links := fmt.Sprintf("links %.0f/%.0f Mbit/s up/down", envFloat("WAN_UP_MBIT", 20), envFloat("WAN_DOWN_MBIT", 100))
+	if path := os.Getenv("WAN_SPEC"); path != "" {
+		links = "links as in " + path
+	}
+	fmt.Printf("\nWAN swarm: %d trainers, %s, overlap %q, %d rounds, %s, fp32 model %d bytes\n",
+		trainers, codec, os.Getenv("WAN_OVERLAP"), rounds, links, modelBytes)
 	fmt.Printf("%-10s %5s %12s %12s %9s %9s %9s %9s %6s\n", "trainer", "round", "sent B", "received B", "sent %", "recv %", "train s", "round s", "util")
 	for ti, p := range procs[1:] {
 		train := map[int]float64{}
