@@ -164,7 +164,7 @@ func TestSoloNodeTrainsAndResumes(t *testing.T) {
 	rep, err = stores.Audit(mustDecode(t, st.Head))
 	require.NoError(t, err)
 	require.Equal(t, 10, rep.Heads)
-	require.Regexp(t, `^dashboard http://\S+/\nround   6/9`, out.String(), "the dashboard line, then round 6")
+	require.Regexp(t, `^dashboard +http://\S+/\nround   6/9`, out.String(), "the dashboard line, then round 6")
 }
 
 func mustDecode(t *testing.T, s string) cid.Cid {

@@ -73,7 +73,7 @@ func (h *HTTPServer) Start(context.Context) error {
 	h.ln = ln
 	h.log.Info("status on http://" + ln.Addr().String() + "/status")
 	if h.Announce != nil {
-		fmt.Fprintf(h.Announce, "dashboard http://%s/\n", ln.Addr())
+		fmt.Fprintf(h.Announce, "dashboard   http://%s/\n", ln.Addr())
 	}
 	if h.addrFile != "" {
 		if err := atomicfile.Write(h.addrFile, []byte(ln.Addr().String()+"\n"), 0o644); err != nil {

@@ -32,5 +32,5 @@ func TestHTTPServerFallsBackWhenItsPortIsTaken(t *testing.T) {
 	defer h.Stop(context.Background())
 	require.NotEqual(t, addr, h.Addr())
 	require.True(t, strings.HasPrefix(h.Addr(), "127.0.0.1:"), h.Addr())
-	require.Equal(t, "dashboard http://"+h.Addr()+"/\n", out.String())
+	require.Equal(t, "dashboard   http://"+h.Addr()+"/\n", out.String())
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -59,9 +58,7 @@ named after its path (P2PNODE_NODE_LISTEN, P2PNODE_WORKLOAD_DEVICE), for contain
 			if err != nil || f.noRun {
 				return err
 			}
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			return runConfig(cmd, g, cfg, build, func(n *node.Node) { go printDashboard(ctx, n, cmd.OutOrStdout()) })
+			return runConfig(cmd, g, cfg, build, nil) // the node prints the dashboard's URL
 		},
 	}
 	cmd.Flags().StringVar(&f.dir, "dir", ".", "directory for this node's p2pnode.yaml, experiment record and (by default) store")
@@ -297,22 +294,5 @@ func printJoinPlan(out io.Writer, j *invite.Joined, cfg *config.Config, cfgPath 
 		fmt.Fprintf(out, "config      updated %s to the new experiment\n", cfgPath)
 	default:
 		fmt.Fprintf(out, "config      %s (the experiment is unchanged)\n", cfgPath)
-	}
-}
-
-// printDashboard prints the dashboard's URL once the node's status server is up.
-func printDashboard(ctx context.Context, n *node.Node, out io.Writer) {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if a := n.HTTPAddr(); a != "" {
-				fmt.Fprintf(out, "dashboard   http://%s/\n", a)
-				return
-			}
-		}
 	}
 }

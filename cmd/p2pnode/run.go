@@ -55,6 +55,8 @@ func runConfig(cmd *cobra.Command, g *globalFlags, cfg *config.Config, build nod
 	if err != nil {
 		return err
 	}
-	built(n)
+	if built != nil {
+		built(n)
+	}
 	return n.Run(cmd.Context())
 }
