@@ -289,7 +289,18 @@ type Screen struct {
 	// after a few rounds a contribution is rejected when its cosine is below the recent
 	// accepted mean minus this many spreads. 0 keeps the fixed min_cosine bar.
 	CosineTolerance float64 `yaml:"cosine_tolerance"`
+	// Reference is whether the leader screens against its own reference update (a window
+	// it trains on data it samples; validator/reference.go): ReferenceAuto (where the
+	// validator runs a workload), ReferenceOn (required) or ReferenceOff.
+	Reference string `yaml:"reference"`
 }
+
+// The values of merge.screen.reference.
+const (
+	ReferenceAuto = "auto"
+	ReferenceOn   = "on"
+	ReferenceOff  = "off"
+)
 
 // Lease is how data is handed out.
 type Lease struct {

@@ -67,7 +67,7 @@ func Default() *Config {
 		Merge: Merge{
 			Aggregator:   "mean",
 			TrimFraction: 0.2,
-			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4},
+			Screen:       Screen{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4, Reference: ReferenceAuto},
 		},
 		Lease: Lease{
 			MicroshardsPerTrainer: 4,

@@ -318,6 +318,11 @@ func (c *Config) validateMerge(v *validator) {
 	if mc := m.Screen.MinCosine; mc != nil {
 		v.check(finite(*mc) && *mc >= -1 && *mc <= 1, "merge.screen.min_cosine", "must be in [-1, 1], got %v", *mc)
 	}
+	switch m.Screen.Reference {
+	case ReferenceAuto, ReferenceOn, ReferenceOff:
+	default:
+		v.add("merge.screen.reference", "must be auto, on or off, got %q", m.Screen.Reference)
+	}
 }
 
 func (c *Config) validateLease(v *validator) {

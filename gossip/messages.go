@@ -140,6 +140,9 @@ type Proposal struct {
 	Attempt    uint64        `cbor:"1,keyasint"`
 	Leases     []lease.Lease `cbor:"2,keyasint"`
 	Candidates []Candidate   `cbor:"3,keyasint"`
+	// Reference is the artifact of the leader's own reference update the candidates were
+	// screened against (validator/reference.go); empty when it screened without one.
+	Reference []byte `cbor:"4,keyasint,omitempty"`
 }
 
 // Candidate is a contribution a leader considered.

@@ -2,6 +2,7 @@ package merge
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -96,5 +97,67 @@ func BenchmarkScreenCohort(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkScreenTrusted is the screening math of one round of 8 updates at 10 M and
+// 100 M parameters, streamed in blocks of 1 M values as round.Merger streams them (the
+// same block content stands for every block, so memory stays at one block per update):
+// "cohort" judges them against each other and the momentum, "trusted" against a
+// validator's own reference update (SetTrusted). Both make the same two passes; the
+// reference's own window is the worker's cost, not this.
+func BenchmarkScreenTrusted(b *testing.B) {
+	const k, block = 8, 1 << 20
+	rng := rand.New(rand.NewPCG(3, 3))
+	g := gauss(rng, block, 1)
+	xs := noisyCohort(rng, g, k, 2)
+	ref := noisyCohort(rng, g, 1, 2)[0]
+	hist := History{Rounds: 9, Norm: 2000, Cohort: Moments{N: 9, Mean: 0.2, Var: 0.01}, Ref: Moments{N: 9, Mean: 0.2, Var: 0.01}}
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	for _, n := range []int{10_000_000, 100_000_000} {
+		for _, trusted := range []bool{false, true} {
+			name := fmt.Sprintf("n=%dM/cohort", n/1_000_000)
+			if trusted {
+				name = fmt.Sprintf("n=%dM/trusted", n/1_000_000)
+			}
+			b.Run(name, func(b *testing.B) {
+				b.SetBytes(int64(k) * int64(n) * 4)
+				for b.Loop() {
+					s, err := NewScreening(cfg, hist, k, n, true, 0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if trusted {
+						if err := s.SetTrusted(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					blocks := make([][]float32, k)
+					for lo := 0; lo < n; lo += block {
+						m := min(block, n-lo)
+						for j := range blocks {
+							blocks[j] = xs[j][:m]
+						}
+						if err := s.AddNorms(lo, blocks); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if s.NeedsCosines() {
+						for lo := 0; lo < n; lo += block {
+							m := min(block, n-lo)
+							for j := range blocks {
+								blocks[j] = xs[j][:m]
+							}
+							if err := s.AddCosines(lo, blocks, ref[:m]); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					if _, err := s.Verdicts(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

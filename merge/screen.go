@@ -80,6 +80,10 @@ type Verdict struct {
 	RefCosine float64
 	// Bar is the cosine bar the delta was held to (NaN when no cosine check ran).
 	Bar float64
+	// Trusted says RefCosine is to the validator's own reference update (Screening.SetTrusted),
+	// whose norm is RefNorm, rather than to the merged updates.
+	Trusted bool
+	RefNorm float64
 
 	cohortRan, refRan bool // which cosines were computed, for History.Next
 }
@@ -103,6 +107,10 @@ func ScreenWith(deltas [][]float32, ref []float32, hist History, cfg ScreenConfi
 // ScreenOnProbation is ScreenWith with the deltas on probation marked (nil for none; see
 // Screening.SetProbation).
 func ScreenOnProbation(deltas [][]float32, ref []float32, hist History, probation []bool, cfg ScreenConfig, workers int) ([]Verdict, error) {
+	return screenWith(deltas, ref, hist, probation, false, cfg, workers)
+}
+
+func screenWith(deltas [][]float32, ref []float32, hist History, probation []bool, trusted bool, cfg ScreenConfig, workers int) ([]Verdict, error) {
 	n := 0
 	if len(deltas) > 0 {
 		n = len(deltas[0])
@@ -119,6 +127,11 @@ func ScreenOnProbation(deltas [][]float32, ref []float32, hist History, probatio
 	if err := s.SetProbation(probation); err != nil {
 		return nil, err
 	}
+	if trusted {
+		if err := s.SetTrusted(); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.AddNorms(0, deltas); err != nil {
 		return nil, err
 	}
@@ -132,4 +145,10 @@ func ScreenOnProbation(deltas [][]float32, ref []float32, hist History, probatio
 		}
 	}
 	return s.Verdicts()
+}
+
+// ScreenTrusted is ScreenOnProbation with ref the validator's own reference update
+// (Screening.SetTrusted): every delta is judged against it alone.
+func ScreenTrusted(deltas [][]float32, ref []float32, hist History, probation []bool, cfg ScreenConfig, workers int) ([]Verdict, error) {
+	return screenWith(deltas, ref, hist, probation, true, cfg, workers)
 }

@@ -73,6 +73,7 @@ type Screening struct {
 
 	probation []bool // deltas held to the floor once the history is warm (SetProbation)
 	sole      []bool // deltas of the only peer the recent chain merged (SetSole)
+	trusted   bool   // the reference is the validator's own update (SetTrusted)
 
 	inv      []float32 // 1/‖d_k‖ of the survivors
 	unit     []float32 // U for the current block
@@ -170,6 +171,12 @@ func (s *Screening) decideNorms() {
 			s.alive = append(s.alive, k)
 		}
 	}
+	if s.trusted {
+		// Norms and directions are judged against the reference alone, in the second pass.
+		s.refCheck = true
+		s.startCosines()
+		return
+	}
 	relative := len(s.alive) >= MinRelativeCohort
 	if s.cfg.MaxNormRatio > 0 {
 		limit := math.Inf(1)
@@ -223,6 +230,11 @@ func (s *Screening) decideNorms() {
 	// A pair is held to each other when there is no usable reference (decided once the
 	// reference's norm is known), so U is summed for it too.
 	s.pair = len(s.alive) == 2
+	s.startCosines()
+}
+
+// startCosines prepares the second pass over the survivors of the first.
+func (s *Screening) startCosines() {
 	s.pos = 0
 	s.inv = make([]float32, s.k)
 	for _, k := range s.alive {
@@ -268,6 +280,37 @@ func (s *Screening) SetSole(p []bool) (err error) {
 
 func (s *Screening) isSole(k int) bool { return s.sole != nil && s.sole[k] }
 
+// SetTrusted says that the reference vector AddCosines is given is the validator's own
+// update (a short window it trained on the round's base, on data it sampled itself), not
+// the merged updates: a yardstick no trainer sets, however many of the cohort attack and
+// whoever was merged before (FLTrust's server update). Screening then judges every delta by
+// the reference alone, whatever the cohort's size: its norm against MaxNormRatio × the
+// reference's norm (ReasonNormOutlier), its cosine to the reference against the bar from
+// the history of cosines to it (ReasonLowCosine; the floor max(*MinCosine, noise bar) until
+// the history is warm, see bar; *MinCosine counts as 0 when unset). The cohort's median
+// norm, its cosines to each other and SetSole play no part: half a cohort attacking sets
+// the first two, and the first trainer in a young chain the last. Call it before the
+// first pass completes; it needs hasRef.
+func (s *Screening) SetTrusted() error {
+	if !s.hasRef {
+		return fmt.Errorf("screen trusted: %w: no reference vector", ErrBadOption)
+	}
+	if s.decided {
+		return fmt.Errorf("screen trusted: %w: norm pass already complete", ErrBadOption)
+	}
+	s.trusted = true
+	return nil
+}
+
+// minCosine is *MinCosine, or 0 when the cosine check is off (a trusted reference judges
+// direction even so).
+func (s *Screening) minCosine() float64 {
+	if s.cfg.MinCosine == nil {
+		return 0
+	}
+	return *s.cfg.MinCosine
+}
+
 // deltaFlags checks one flag per delta (nil for none), set before the cosine pass
 // completes, and copies them.
 func (s *Screening) deltaFlags(what string, p []bool) ([]bool, error) {
@@ -283,7 +326,7 @@ func (s *Screening) deltaFlags(what string, p []bool) ([]bool, error) {
 // NeedsCosines reports, once the first pass is complete, whether a second pass
 // (AddCosines) is needed.
 func (s *Screening) NeedsCosines() bool {
-	return s.decided && len(s.alive) > 0 && s.cfg.MinCosine != nil && (s.cohort || s.pair || s.hasRef)
+	return s.decided && len(s.alive) > 0 && (s.trusted || s.cfg.MinCosine != nil && (s.cohort || s.pair || s.hasRef))
 }
 
 // Active returns the deltas that survived the norm checks, in input order: the second pass
@@ -370,6 +413,10 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 
 func (s *Screening) decideCosines() {
 	s.finished = true
+	if s.trusted {
+		s.decideTrusted()
+		return
+	}
 	// A zero reference (no merged update yet to point along) says nothing.
 	refCheck := s.refCheck && s.rr > 0
 	pairCheck := s.pair && !s.cohort && !refCheck
@@ -463,6 +510,59 @@ func (s *Screening) decideCosines() {
 	}
 }
 
+// decideTrusted judges each survivor against the trusted reference (SetTrusted): norm,
+// then cosine. A zero reference (a window that did not move the model) says nothing, and
+// only the absolute checks of the first pass stand.
+func (s *Screening) decideTrusted() {
+	refNorm := math.Sqrt(s.rr)
+	if math.IsNaN(refNorm) || math.IsInf(refNorm, 0) {
+		// A broken reference judges nothing in anyone's favour.
+		for _, k := range s.alive {
+			s.verdicts[k].Trusted = true
+			s.verdicts[k].reject(ReasonLowCosine)
+		}
+		s.alive = nil
+		return
+	}
+	if refNorm == 0 {
+		return
+	}
+	floor := max(s.minCosine(), NoiseBar(s.n))
+	probation := s.hist.Ref.Mean/2 >= floor
+	var fit []int
+	for _, k := range s.alive {
+		v := &s.verdicts[k]
+		v.Trusted, v.RefNorm = true, refNorm
+		v.RefCosine, v.refRan = cosineOf(s.dotR[k], s.sumsq[k], s.rr), true
+		if s.cfg.MaxNormRatio > 0 && v.Norm > s.cfg.MaxNormRatio*refNorm {
+			v.reject(ReasonNormOutlier)
+			continue
+		}
+		fit = append(fit, k)
+	}
+	s.alive = fit
+	if len(fit) == 0 {
+		return
+	}
+	// The calibrated bar is never above half of this round's median cosine to the
+	// reference, unless that is below the floor: it learns from merged updates only, and
+	// when honest cosines fall faster than it follows (digits, 3 trainers: 0.85 at round 4,
+	// 0.35–0.45 at round 6, against a bar of 0.40) it rejects them on every retry on the
+	// base. However many attack, they can lower the bar to the floor this way, not raise it.
+	bar := atMostHalf(s.bar(s.hist.Ref, math.Inf(1)), s.survivorsMedian(func(v *Verdict) float64 { return v.RefCosine }), floor)
+	for _, k := range fit {
+		v := &s.verdicts[k]
+		v.Bar = bar
+		if s.onProbation(k) && probation {
+			v.Bar = max(v.Bar, floor)
+		}
+		if !(v.RefCosine >= v.Bar) {
+			v.reject(ReasonLowCosine)
+		}
+	}
+	s.alive = slices.DeleteFunc(s.alive, func(k int) bool { return !s.verdicts[k].Accepted })
+}
+
 // atMostHalf lowers bar to half of median, or to floor if that is higher; a NaN median
 // (no cohort) leaves it.
 func atMostHalf(bar, median, floor float64) float64 {
@@ -534,7 +634,7 @@ func (s *Screening) survivorsMedian(cosine func(*Verdict) float64) float64 {
 // momentum −0.2–0.4), they cannot be told from noise by direction without rejecting
 // honest ones, and the calibrated bar stands alone.
 func (s *Screening) bar(m Moments, round float64) float64 {
-	floor := max(*s.cfg.MinCosine, NoiseBar(s.n))
+	floor := max(s.minCosine(), NoiseBar(s.n))
 	if s.cfg.CosineTolerance > 0 && m.N >= HistoryWarmup {
 		cal := min(m.Mean-float64(s.cfg.CosineTolerance*m.calSpread()), m.Mean/2)
 		if m.Mean-float64(FloorZ*max(math.Sqrt(m.Var), MinSpread)) >= floor {
@@ -545,7 +645,7 @@ func (s *Screening) bar(m Moments, round float64) float64 {
 	if round/2 >= floor {
 		return floor
 	}
-	return *s.cfg.MinCosine
+	return s.minCosine()
 }
 
 // NoiseBar is the cosine that a random direction in n dimensions exceeds with probability

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/adversary"
+	"github.com/p2pnode/p2pnode/config"
 )
 
 // TestRejectedPeerIsNotLeasedAgainInItsRound: two honest trainers and one that announces
@@ -55,6 +56,8 @@ func TestDisagreeingPairIsLeasedOneAtATime(t *testing.T) {
 	for _, n := range c.nodes {
 		n.cfg.Lease.MinGroup = 2
 		n.cfg.Lease.RoundTimeout = 5 * time.Second
+		// The fallback without a reference update: a pair is held to each other.
+		n.cfg.Merge.Screen.Reference = config.ReferenceOff
 	}
 	flipper := c.nodes[2]
 	flipper.extra, flipper.name = append(flipper.extra, attackOption(adversary.Flip)), "attacker-flip"

@@ -2,9 +2,12 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/validator"
@@ -28,6 +31,14 @@ func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error)
 		if e.data != nil {
 			p.Plan, p.PlanID = e.data.plan, e.data.planID
 		}
+		ref, err := referenceTrainer(e)
+		if err != nil {
+			return nil, err
+		}
+		if ref != nil {
+			p.Reference = ref
+		}
+		p.RequireReference = e.cfg.Merge.Screen.Reference == config.ReferenceOn
 		if e.keeper != nil {
 			p.Paces, p.TrackPaces = e.keeper.RestoredPaces(), e.keeper.TrackPaces
 		}
@@ -37,6 +48,28 @@ func validatorLoop(e *env) func(s *startup) (func(context.Context) error, error)
 		}
 		return v.Run, nil
 	}
+}
+
+// referenceTrainer is the validator's reference window (validator/reference.go), trained
+// through the node's own worker beside its training, if any, with scratch files of its
+// own, from a fresh inner optimizer every round: the reference then depends only on the
+// round (any validator can train it again), and its norm is what an honest newcomer's
+// first window makes, the largest an honest window is (a warm optimizer's windows of a
+// converged run are far smaller). nil when merge.screen.reference is off, or auto on a
+// node without a workload.
+func referenceTrainer(e *env) (*round.Trainer, error) {
+	switch e.cfg.Merge.Screen.Reference {
+	case config.ReferenceOff:
+		return nil, nil
+	case config.ReferenceOn:
+		if e.rt == nil || e.data == nil {
+			return nil, fmt.Errorf("merge.screen.reference is on, but this validator runs no workload to train its reference with (set workload.factory, or reference: auto)")
+		}
+	}
+	if e.rt == nil || e.data == nil {
+		return nil, nil
+	}
+	return &round.Trainer{Runtime: e.rt, Store: e.store, Shards: e.data, Codec: diloco.FP32, Prefix: "reference-", Fresh: true}, nil
 }
 
 // validatorSink puts what the validator role does on the status page and the metrics.

@@ -131,6 +131,15 @@ func (m *Merger) block() (int, error) {
 // are made. Memory is a few blocks per contribution, whatever the model size; the bits
 // are those of screening, aggregating and stepping whole vectors.
 func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, cands []Candidate) (*Outcome, error) {
+	return m.MergeWith(ctx, baseID, base, cands, cid.Undef)
+}
+
+// MergeWith is Merge with ref, when defined, the artifact of a reference update a validator
+// trained itself on base (an fp32 delta of base's layout, stored like a contribution's):
+// screening then judges every candidate against it alone (merge.Screening.SetTrusted),
+// not against the cohort or the momentum. Every validator merging the same base,
+// candidates and reference gets the same head.
+func (m *Merger) MergeWith(ctx context.Context, baseID cid.Cid, base *chain.Head, cands []Candidate, ref cid.Cid) (*Outcome, error) {
 	cands = slices.Clone(cands)
 	slices.SortFunc(cands, func(a, b Candidate) int { return strings.Compare(a.Peer, b.Peer) })
 	for i := 1; i < len(cands); i++ {
@@ -138,14 +147,14 @@ func (m *Merger) Merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 			return nil, fmt.Errorf("merge round %d: two candidates from peer %s", base.Round+1, cands[i].Peer)
 		}
 	}
-	out, err := m.merge(ctx, baseID, base, cands)
+	out, err := m.merge(ctx, baseID, base, cands, ref)
 	if err != nil {
 		return out, fmt.Errorf("merge round %d: %w", base.Round+1, err)
 	}
 	return out, nil
 }
 
-func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, cands []Candidate) (*Outcome, error) {
+func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, cands []Candidate, refID cid.Cid) (*Outcome, error) {
 	B, err := m.block()
 	if err != nil {
 		return nil, err
@@ -189,14 +198,34 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		kept = append(kept, c)
 	}
 
-	stageStart = m.observe("open", stageStart)
 	// The reference for small cohorts is the outer momentum: the recent merged updates every
-	// validator holds for the base head (none for ema heads and before the first step).
-	hasRef := momR != nil && m.Policy.Screen.MinCosine != nil
+	// validator holds for the base head (none for ema heads and before the first step). A
+	// trusted reference, the validator's own update, replaces it and judges every cohort.
+	var refR interface {
+		ReadValues(lo int64, dst []float32) error
+	}
+	trusted := refID.Defined()
+	if trusted {
+		rs, err := openDelta(m.Store, refID, layoutHash, n, m.Workers, nil)
+		if err != nil {
+			return nil, fmt.Errorf("reference update %s: %w", refID, err)
+		}
+		defer rs.Close()
+		refR = refValues{rs}
+	} else if momR != nil {
+		refR = momR
+	}
+	stageStart = m.observe("open", stageStart)
+	hasRef := trusted || momR != nil && m.Policy.Screen.MinCosine != nil
 	hist := HistoryOf(base)
 	screen, err := merge.NewScreening(m.Policy.Screen, hist, len(srcs), n, hasRef, m.Workers)
 	if err != nil {
 		return nil, err
+	}
+	if trusted {
+		if err := screen.SetTrusted(); err != nil {
+			return nil, err
+		}
 	}
 	probation, sole := make([]bool, len(kept)), make([]bool, len(kept))
 	for k, c := range kept {
@@ -247,7 +276,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 			var r []float32
 			if hasRef {
 				r = ref[:hi-lo]
-				if err := momR.ReadValues(int64(lo), r); err != nil {
+				if err := refR.ReadValues(int64(lo), r); err != nil {
 					return nil, err
 				}
 			}
@@ -312,7 +341,10 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 
 func rejectionDetail(v merge.Verdict) string {
 	d := fmt.Sprintf("norm %.4g, cosine %.3f", v.Norm, v.Cosine)
-	if v.RefCosine != 0 {
+	switch {
+	case v.Trusted:
+		d += fmt.Sprintf(", cosine to reference %.3f, reference norm %.4g", v.RefCosine, v.RefNorm)
+	case v.RefCosine != 0:
 		d += fmt.Sprintf(", cosine to momentum %.3f", v.RefCosine)
 	}
 	if !math.IsNaN(v.Bar) {
@@ -327,7 +359,11 @@ func screenedSummary(vs []merge.Verdict) string {
 	minC, minR, bar := math.Inf(1), math.Inf(1), math.NaN()
 	var sumC, sumR float64
 	var nC, nR int
+	refName := "momentum"
 	for _, v := range vs {
+		if v.Trusted {
+			refName = "reference"
+		}
 		if v.Cosine != 0 {
 			minC, sumC, nC = min(minC, v.Cosine), sumC+v.Cosine, nC+1
 		}
@@ -343,7 +379,7 @@ func screenedSummary(vs []merge.Verdict) string {
 		parts = append(parts, fmt.Sprintf("cosine min %.3f mean %.3f", minC, sumC/float64(nC)))
 	}
 	if !math.IsInf(minR, 1) {
-		parts = append(parts, fmt.Sprintf("to momentum min %.3f mean %.3f", minR, sumR/float64(nR)))
+		parts = append(parts, fmt.Sprintf("to %s min %.3f mean %.3f", refName, minR, sumR/float64(nR)))
 	}
 	if !math.IsNaN(bar) {
 		parts = append(parts, fmt.Sprintf("bar %.3f", bar))

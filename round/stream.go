@@ -149,3 +149,8 @@ func (d *deltaSource) Close() error {
 	}
 	return d.r.Close()
 }
+
+// refValues reads a delta source as the reference vector of a screening.
+type refValues struct{ d *deltaSource }
+
+func (r refValues) ReadValues(lo int64, dst []float32) error { return r.d.read(int(lo), dst) }

@@ -43,6 +43,13 @@ type Trainer struct {
 	// feedback).
 	FeedbackDecay float64
 	Workers       int
+	// Prefix starts the names of this trainer's scratch files, so that two trainers on one
+	// worker (a validator's reference beside the node's own training) do not share them.
+	Prefix string
+	// Fresh starts every window from a fresh inner optimizer and keeps no optimizer state:
+	// the window then depends only on its base, data, steps and seed (a validator's
+	// reference update, which any validator can train again).
+	Fresh bool
 
 	// OptState is the path of the latest inner-optimizer state file ("" = fresh optimizer).
 	OptState string
@@ -166,16 +173,16 @@ func (t *Trainer) MoveAhead(round uint64, base *chain.Head) error {
 }
 
 func (t *Trainer) shiftPath(round uint64) string {
-	return filepath.Join(t.Runtime.ScratchDir(), fmt.Sprintf("ahead-shift-%d.json", round))
+	return filepath.Join(t.Runtime.ScratchDir(), fmt.Sprintf("%sahead-shift-%d.json", t.Prefix, round))
 }
 
 func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint64, microshards []uint32, steps int, seed int64) (w *Window, err error) {
 	began := time.Now()
-	prefix, own, shift := "", "", ""
+	prefix, own, shift := t.Prefix, "", ""
 	if ahead {
 		// A request left from an earlier process is removed before anything that takes
 		// time: MoveAhead may write this window's own while its microshards are fetched.
-		prefix, own, shift = "ahead-", start, t.shiftPath(round)
+		prefix, own, shift = t.Prefix+"ahead-", start, t.shiftPath(round)
 		os.Remove(shift)
 		defer func() {
 			if err != nil {
@@ -191,8 +198,12 @@ func (t *Trainer) run(ctx context.Context, start string, ahead bool, round uint6
 	scratch := t.Runtime.ScratchDir()
 	out := filepath.Join(scratch, fmt.Sprintf("%slocal-%d.safetensors", prefix, round))
 	optOut := filepath.Join(scratch, fmt.Sprintf("%sopt-%d.safetensors", prefix, round))
+	optIn := t.OptState
+	if t.Fresh {
+		optIn = ""
+	}
 	res, err := t.Runtime.Train(ctx, pyruntime.TrainJob{
-		Base: start, Out: out, OptIn: t.OptState, OptOut: optOut,
+		Base: start, Out: out, OptIn: optIn, OptOut: optOut,
 		Shards: shards, Steps: steps, Seed: seed, Shift: shift,
 	})
 	if err != nil {
@@ -441,7 +452,11 @@ func (w *Window) StoreRaw(delta []float32) (*Result, error) {
 
 // done keeps the window's optimizer state for the next window and reports the stored delta.
 func (w *Window) done(id cid.Cid, norm float64) *Result {
-	w.t.keepOptState(w.t.Runtime.ScratchDir(), w.optOut)
+	if w.t.Fresh {
+		os.Remove(w.optOut)
+	} else {
+		w.t.keepOptState(w.t.Runtime.ScratchDir(), w.optOut)
+	}
 	res := w.res
 	wall := time.Since(w.began)
 	if !w.taken.IsZero() {

@@ -47,11 +47,11 @@ func CheckLeases(baseID cid.Cid, base *chain.Head, leases []lease.Lease, cands [
 
 // Verify recomputes a proposed head from the same base and candidates and checks that it
 // has the proposed CID. The candidates' deltas must already be in the store.
-func (m *Merger) Verify(ctx context.Context, baseID cid.Cid, base *chain.Head, leases []lease.Lease, cands []Candidate, proposed cid.Cid) error {
+func (m *Merger) Verify(ctx context.Context, baseID cid.Cid, base *chain.Head, leases []lease.Lease, cands []Candidate, ref, proposed cid.Cid) error {
 	if err := CheckLeases(baseID, base, leases, cands); err != nil {
 		return fmt.Errorf("verify head %s: %w", proposed, err)
 	}
-	out, err := m.Merge(ctx, baseID, base, cands)
+	out, err := m.MergeWith(ctx, baseID, base, cands, ref)
 	if err != nil {
 		return fmt.Errorf("verify head %s: %w", proposed, err)
 	}

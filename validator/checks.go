@@ -337,6 +337,16 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			return fmt.Errorf("%w: a lease for %s was issued by %s, not the proposer", lease.ErrInvalid, l.Trainer, l.Issuer)
 		}
 	}
+	ref := cid.Undef
+	if len(m.Proposal.Reference) > 0 {
+		id, err := cid.Cast(m.Proposal.Reference)
+		if err != nil {
+			return fmt.Errorf("reference update: %w", err)
+		}
+		ref = id
+	} else if v.RequireReference {
+		return fmt.Errorf("the proposal names no reference update, and merge.screen.reference is on")
+	}
 	recent, merges := v.recentMerges(baseID)
 	cands := make([]round.Candidate, 0, len(m.Proposal.Candidates))
 	for _, c := range m.Proposal.Candidates {
@@ -375,8 +385,16 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			return nil
 		})
 	}
+	if ref.Defined() {
+		fetch.Go(func() error {
+			if err := v.Bus.Fetch(fctx, ref, proposer...); err != nil {
+				return fmt.Errorf("fetch reference update %s: %w", ref, err)
+			}
+			return nil
+		})
+	}
 	if err := fetch.Wait(); err != nil {
 		return err
 	}
-	return v.Merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, id)
+	return v.Merger.Verify(ctx, baseID, base, m.Proposal.Leases, cands, ref, id)
 }

@@ -78,6 +78,8 @@ type openRound struct {
 	held map[heldKey]string
 	// fetches are the accepted contributions whose updates are on their way (fetches.go).
 	fetches *deltaFetches
+	// ref is the leader's reference window for the round (reference.go), nil without one.
+	ref *referenceJob
 }
 
 // newOpenRound is the leader's state for the round after base; its fetches run under ctx
@@ -145,6 +147,7 @@ func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
 		return nil, errHeadMoved // before the loop took changed: it would not fire for that move
 	}
 	r.started = time.Now()
+	r.ref = v.startReference(ctx, r)
 	// Until it proposes, the leader says it is alive every heartbeatEvery: while it waits
 	// for a minimum group, for the backoff, for contributions or for its merge, the other
 	// validators (a late-joining one too, which never saw its grant) must not take the
@@ -367,7 +370,31 @@ func (p *leadPhase) nextStep() issueStep {
 		st.step = r.book.Next(time.Now(), lease.Situation{Received: len(r.received), MinGroup: v.Config.Lease.MinGroup,
 			Candidates: len(st.cands), Barred: st.barred, Available: len(st.avail), Patience: max(r.window, v.Config.Lease.MinDeadline)})
 	}
+	if st.step == lease.Grant && v.joining(r) {
+		st.step = lease.Wait
+	}
 	return st
+}
+
+// joinGrace is how long a young chain's leader waits, before its round's first grant,
+// after the last trainer it heard for the first time: trainers started together are heard
+// one by one, each within an announcement period of its start, and a round leased to the
+// first one heard is trained by that one alone (the opening one attacker started first
+// took, issue 42). joinWaitMax bounds the wait of one round.
+const (
+	joinGrace   = gossip.AnnounceEvery + 250*time.Millisecond
+	joinWaitMax = 2 * joinGrace
+)
+
+// joining says whether the round's first grant waits for trainers still joining: in a
+// young chain (the first trustMerges rounds), while a trainer was first heard within
+// joinGrace, until joinWaitMax after the first live trainer was heard at most.
+func (v *validator) joining(r *openRound) bool {
+	if r.granted || r.round > trustMerges {
+		return false
+	}
+	first, last := v.trainers.joined()
+	return !last.IsZero() && time.Since(last) < joinGrace && time.Since(first) < joinWaitMax
 }
 
 // close ends the round with what it received: it proposes the merge, unless a takeover
@@ -796,8 +823,12 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 			Microshards: c.Microshards, Loss: c.Loss})
 		leases = append(leases, r.received[c.Peer].lease)
 	}
+	refID, err := v.reference(ctx, r)
+	if err != nil {
+		return nil, err
+	}
 	mergeStart := time.Now()
-	out, err := v.Merger.Merge(ctx, r.baseID, r.base, cands)
+	out, err := v.Merger.MergeWith(ctx, r.baseID, r.base, cands, refID)
 	v.mergeTook = time.Since(mergeStart)
 	rejected := map[string]string{}
 	if out != nil {
@@ -863,7 +894,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		return nil, err
 	}
 	msg := &gossip.Head{Experiment: v.Config.Experiment.ID, Signed: *sh, Notes: notes,
-		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire},
+		Proposal: &gossip.Proposal{Attempt: r.attempt, Leases: leases, Candidates: wire, Reference: refBytes(refID)},
 		Earlier:  v.earlierNotes(out.Head)}
 	lk := lockedHead{id: out.ID, msg: msg}
 	if err := v.lock(r.round, lk); err != nil {
@@ -873,8 +904,12 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		return nil, err
 	}
 	v.Sink.RoundClosed(took, len(out.Head.Contributions), notes)
-	v.Log.Info("proposed head", "round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
-		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened)
+	logArgs := []any{"round", r.round, "head", out.ID.String(), "merged", len(out.Head.Contributions),
+		"rejected", len(out.Rejected), "took", took.Round(time.Millisecond).String(), "screened", out.Screened}
+	if refID.Defined() {
+		logArgs = append(logArgs, "reference_seconds", r.ref.took.Seconds())
+	}
+	v.Log.Info("proposed head", logArgs...)
 	if err := v.Bus.Publish(ctx, msg); err != nil {
 		return nil, fmt.Errorf("publish proposal: %w", err)
 	}
@@ -883,6 +918,14 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		handed = true
 	}
 	return &lk, nil
+}
+
+// refBytes is a reference artifact as a proposal names it (nil for none).
+func refBytes(id cid.Cid) []byte {
+	if !id.Defined() {
+		return nil
+	}
+	return id.Bytes()
 }
 
 // notes are the round's time split as its leader saw it, for the merged contributions

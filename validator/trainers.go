@@ -39,6 +39,8 @@ type trainerSeen struct {
 	// steady: its last announcement was read once this validator had listened for gossip.LiveFor,
 	// so a gap after it is the trainer's silence (see seen).
 	steady bool
+	// first is when this validator first heard it.
+	first time.Time
 }
 
 func newTrainerSet() *trainerSet {
@@ -68,6 +70,9 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	// those is the validator's absence. (A validator that leased in its first seconds took
 	// a trainer whose announcements it had missed while starting for one that fell silent
 	// and came back, and gave up its lease.)
+	if !known {
+		s.first = now
+	}
 	restarted := a.Started != 0 && s.started != 0 && a.Started != s.started
 	silent := s.sent != 0 && s.steady && a.Time-s.sent > gossip.LiveFor.Milliseconds()
 	if known && (restarted || silent) {
@@ -133,6 +138,26 @@ func (t *trainerSet) stepSeconds(peer string) float64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.peers[peer].stepSecs
+}
+
+// joined is when the live trainers were first heard: the earliest and the latest (zero
+// with none live).
+func (t *trainerSet) joined() (first, last time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	for _, s := range t.peers {
+		if now.Sub(s.at) > gossip.LiveFor {
+			continue
+		}
+		if first.IsZero() || s.first.Before(first) {
+			first = s.first
+		}
+		if s.first.After(last) {
+			last = s.first
+		}
+	}
+	return first, last
 }
 
 // live returns the trainers heard from recently, in peer order.

@@ -94,6 +94,12 @@ type Params struct {
 	// Runtime makes genesis and evaluates heads; nil when the node runs no workload (it then
 	// waits for genesis from another validator and evaluates nothing).
 	Runtime Runtime
+	// Reference, when set, trains the leader's own reference window each round, against
+	// which every contribution is screened (reference.go); nil screens against the cohort
+	// and the momentum. RequireReference makes a follower refuse a proposal that names no
+	// reference.
+	Reference        ReferenceTrainer
+	RequireReference bool
 	// Plan and PlanID are the dataset's microshard plan: genesis's ledger and the size of
 	// the windows leased.
 	Plan   *dataset.Plan

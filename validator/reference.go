@@ -1,0 +1,124 @@
+package validator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/round"
+)
+
+// A leader with a workload judges a round's updates against an update of its own: a
+// window it trains on the round's base, on microshards it draws from the round's seed,
+// through its own worker, while the trainers train theirs (FLTrust's server update). No
+// trainer sets it — not the cohort's majority, not whoever the chain merged first — so
+// half a cohort attacking, or one attacker first at the door of a young chain, cannot make
+// honest updates look odd (merge.Screening.SetTrusted). The proposal names the reference's
+// artifact, and the other validators fetch it and recompute the verdicts with it bit for
+// bit, as they recompute everything else.
+
+// ReferenceTrainer trains a validator's reference window: an inner-step window on base
+// over the given microshards, stored as a delta artifact (round.Trainer.Train with the
+// fp32 codec).
+type ReferenceTrainer interface {
+	Train(ctx context.Context, base *chain.Head, microshards []uint32, steps int, seed int64) (*round.Result, error)
+}
+
+// referenceJob is a reference window on its way; done closes when id or err is set.
+type referenceJob struct {
+	done   chan struct{}
+	id     cid.Cid
+	norm   float64
+	err    error
+	took   time.Duration
+	shards []uint32
+}
+
+// ReferenceShards draws k distinct microshards of the n the plan holds for the reference
+// window on base: from base's parameters and round, so every validator draws the same.
+func ReferenceShards(base *chain.Head, n, k int) []uint32 {
+	if n <= 0 || k <= 0 {
+		return nil
+	}
+	h := sha256.New()
+	h.Write([]byte("p2ptrain-reference/1"))
+	h.Write(base.Params)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], base.Round)
+	h.Write(b[:])
+	sum := h.Sum(nil)
+	rng := rand.New(rand.NewPCG(binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])))
+	perm := rng.Perm(n)[:min(k, n)]
+	out := make([]uint32, len(perm))
+	for i, p := range perm {
+		out[i] = uint32(p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// referenceSeed is the reference window's batch-order seed: the experiment's, mixed with
+// the round.
+func referenceSeed(experiment int64, round uint64) int64 {
+	return int64(uint64(experiment)*0x9e3779b97f4a7c15 ^ round ^ 0x7265666572656e63)
+}
+
+// startReference starts training the reference window for r on ctx, when this validator
+// has a reference trainer and a plan to draw from (nil otherwise).
+func (v *validator) startReference(ctx context.Context, r *openRound) *referenceJob {
+	if v.Reference == nil || v.Plan == nil || len(v.Plan.Shards) == 0 {
+		return nil
+	}
+	share := max(v.windowShare(1), 1)
+	j := &referenceJob{done: make(chan struct{}), shards: ReferenceShards(r.base, len(v.Plan.Shards), share)}
+	steps := v.Config.Protocol.InnerSteps
+	seed := referenceSeed(v.Config.Experiment.Seed, r.round)
+	base := r.base
+	go func() {
+		defer close(j.done)
+		began := time.Now()
+		res, err := v.Reference.Train(ctx, base, j.shards, steps, seed)
+		j.took = time.Since(began)
+		switch {
+		case err != nil:
+			j.err = err
+		case math.IsNaN(res.DeltaNorm) || math.IsInf(res.DeltaNorm, 0):
+			j.err = fmt.Errorf("norm %v", res.DeltaNorm)
+		default:
+			j.id, j.norm = res.Delta, res.DeltaNorm
+		}
+	}()
+	return j
+}
+
+// reference waits for r's reference window and returns its artifact; cid.Undef when
+// there is none (no reference trainer, or its window failed: the round is then screened
+// against the cohort and the momentum, and the log says so).
+func (v *validator) reference(ctx context.Context, r *openRound) (cid.Cid, error) {
+	j := r.ref
+	if j == nil {
+		return cid.Undef, nil
+	}
+	select {
+	case <-j.done:
+	case <-ctx.Done():
+		return cid.Undef, ctx.Err()
+	}
+	if j.err != nil {
+		if ctx.Err() != nil {
+			return cid.Undef, ctx.Err()
+		}
+		v.Log.Warn("reference window failed: this round is screened without it", "round", r.round, "err", j.err)
+		return cid.Undef, nil
+	}
+	v.Log.Debug("reference window", "round", r.round, "microshards", j.shards, "norm", j.norm, "seconds", j.took.Seconds())
+	return j.id, nil
+}
