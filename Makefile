@@ -74,7 +74,7 @@ test-go:
 # The tests that need the attack build's hooks (adversary, node/attack.go): the in-process
 # attackers and the attack build's --poison flag.
 test-attack:
-	$(GO) test -race -shuffle=on -count=1 -tags attack -timeout 15m -run 'TestAttackersAreScreenedOut$$|TestRejectedPeerIsNotLeasedAgainInItsRound$$|TestDisagreeingPairIsLeasedOneAtATime$$|TestTrainerIsToldOfRejectionAndQuarantine$$|TestRunPoisonFlagInAttackBuild$$' ./node/ ./cmd/p2pnode/
+	$(GO) test -race -shuffle=on -count=1 -tags attack -timeout 15m -run 'TestAttackersAreScreenedOut$$|TestRejectedPeerIsNotLeasedAgainInItsRound$$|TestDisagreeingPairIsLeasedOneAtATime$$|TestTrainerIsToldOfRejectionAndQuarantine$$|TestYoungChainOneAttackerFirst$$|TestYoungChainHalfAttackersFirst$$|TestRunPoisonFlagInAttackBuild$$' ./node/ ./cmd/p2pnode/
 
 # The one-third-attackers matrix, short form (issue 12, docs/security.md).
 test-attack-matrix:

@@ -62,10 +62,12 @@ func youngChain(t *testing.T, honest, attackers int) {
 		require.NotContains(t, st.Quarantined, n.host.ID().String(), "honest %s was quarantined", n.name)
 	}
 	// Which honest microshards were merged differs from the clean run (the rounds the
-	// attackers held up are trained later), and the synthetic workload's loss depends on
-	// the data merged: the check is that the attacked run learnt as the clean one did, not
-	// that it is bit-identical.
-	require.Less(t, attacked, 1.25*clean, "the attacked run must learn as the clean run does")
+	// attackers held up are trained later, and under load trainers miss leases), and the
+	// synthetic workload's loss after 12 rounds depends on the data merged: clean runs of
+	// this test alone ended between 0.0064 and 0.0127 on the shared machine. A captured
+	// chain ends orders of magnitude worse (reference off: +10 921 % and 7·10⁴), so the
+	// check is that the attacked run learnt as a clean one does.
+	require.Less(t, attacked, 2*clean, "the attacked run must learn as the clean run does")
 }
 
 func envStr(name string) string {
