@@ -550,10 +550,24 @@ func (s *Screening) decideTrusted() {
 	// 0.35–0.45 at round 6, against a bar of 0.40) it rejects them on every retry on the
 	// base. However many attack, they can lower the bar to the floor this way, not raise it.
 	bar := atMostHalf(s.bar(s.hist.Ref, math.Inf(1)), s.survivorsMedian(func(v *Verdict) float64 { return v.RefCosine }), floor)
+	// When no update of the round points along the reference better than noise does, the
+	// floor holds no one: honest windows and the reference (one window on a small sample)
+	// can both be mostly noise, and a floor every update fails fails on every retry on the
+	// base, so the round never closes (4 honest and 4 flippers under -race: stalled at
+	// round 7). The bar is then at most 0: what points away from the reference is still
+	// rejected, a sign flip of an honest update among it.
+	top := math.Inf(-1)
+	for _, k := range fit {
+		top = max(top, s.verdicts[k].RefCosine)
+	}
+	clear := top >= floor
+	if !clear {
+		bar = min(bar, 0)
+	}
 	for _, k := range fit {
 		v := &s.verdicts[k]
 		v.Bar = bar
-		if s.onProbation(k) && probation {
+		if s.onProbation(k) && probation && clear {
 			v.Bar = max(v.Bar, floor)
 		}
 		if !(v.RefCosine >= v.Bar) {

@@ -3,6 +3,7 @@ package merge
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -17,6 +18,9 @@ func TestTrustedReferenceJudgesHalfACohort(t *testing.T) {
 	// Honest cosines to the reference about 0.2, to each other as low: a converged run's.
 	honest := noisyCohort(rng, g, 4, 2)
 	ref := noisyCohort(rng, g, 1, 2)[0]
+	// Honest windows that point along the reference less than noise does (cosines about
+	// 0.04, under the noise bar 4/√4096 = 0.0625): a converged run's.
+	weak := noisyCohort(rng, g, 2, 12)
 	warm := History{Rounds: 9, Norm: 140, Ref: Moments{N: 9, Mean: 0.2, Var: 0.0004}}
 	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
 	noise := func(d []float32) []float32 {
@@ -40,6 +44,8 @@ func TestTrustedReferenceJudgesHalfACohort(t *testing.T) {
 		{"a lone sign flip in a young chain", [][]float32{scaled(honest[0], -1)}, History{}, []bool{false}, map[int]Reason{0: ReasonLowCosine}},
 		{"honest cosines fallen below the calibrated bar", clones(honest),
 			History{Rounds: 9, Norm: 140, Ref: Moments{N: 9, Mean: 0.85, Var: 0.0004}}, []bool{true, true, true, true}, nil},
+		{"no update clears the floor: only those pointing away are rejected", [][]float32{weak[0], weak[1], scaled(weak[0], -1), scaled(weak[1], -1)},
+			warm, []bool{true, true, false, false}, map[int]Reason{2: ReasonLowCosine}},
 		{"an honest pair of norms 2:1", [][]float32{honest[0], scaled(honest[1], 0.5)}, warm, []bool{true, true}, nil},
 	}
 	for _, tc := range cases {
@@ -54,6 +60,9 @@ func TestTrustedReferenceJudgesHalfACohort(t *testing.T) {
 				}
 				if want, ok := tc.reasons[k]; ok && v.Reason != want {
 					t.Errorf("delta %d: reason %q, want %q", k, v.Reason, want)
+				}
+				if strings.HasPrefix(tc.name, "no update clears") && v.RefCosine >= NoiseBar(n) {
+					t.Errorf("delta %d: cosine %v clears the floor; the case needs weaker updates", k, v.RefCosine)
 				}
 				if v.Accepted && !v.Trusted {
 					t.Errorf("delta %d: accepted without the trusted check", k)

@@ -37,8 +37,8 @@ func youngChain(t *testing.T, honest, attackers int) {
 	if s := envStr("P2PNODE_YOUNG_REFERENCE"); s != "" {
 		ref = s // "off" reproduces the capture
 	}
-	clean, _ := runYoungChain(t, honest, 0, ref)
-	attacked, c := runYoungChain(t, honest, attackers, ref)
+	clean, cleanHalf, _ := runYoungChain(t, honest, 0, ref)
+	attacked, _, c := runYoungChain(t, honest, attackers, ref)
 	heads := c.requireOneChain(c.nodes, youngRounds)
 	bad := map[string]string{}
 	for _, n := range c.nodes[1+honest:] {
@@ -55,8 +55,8 @@ func youngChain(t *testing.T, honest, attackers int) {
 		}
 	}
 	st := c.nodes[0].n.Status().Validator
-	t.Logf("%d honest + %d attackers first (reference %s): %d attacker and %d honest updates merged; rejections %v; final held-out mse %.6g, clean run %.6g (%+.1f%%)",
-		honest, attackers, ref, merged, honestMerged, st.Rejections, attacked, clean, 100*(attacked-clean)/clean)
+	t.Logf("%d honest + %d attackers first (reference %s): %d attacker and %d honest updates merged; rejections %v; final held-out mse %.6g, clean run %.6g (%+.1f%%; %.6g at round %d)",
+		honest, attackers, ref, merged, honestMerged, st.Rejections, attacked, clean, 100*(attacked-clean)/clean, cleanHalf, youngRounds*3/4)
 	require.Zero(t, merged, "attacker updates merged")
 	for _, n := range c.nodes[1 : 1+honest] {
 		require.NotContains(t, st.Quarantined, n.host.ID().String(), "honest %s was quarantined", n.name)
@@ -64,10 +64,12 @@ func youngChain(t *testing.T, honest, attackers int) {
 	// Which honest microshards were merged differs from the clean run (the rounds the
 	// attackers held up are trained later, and under load trainers miss leases), and the
 	// synthetic workload's loss after 12 rounds depends on the data merged: clean runs of
-	// this test alone ended between 0.0064 and 0.0127 on the shared machine. A captured
-	// chain ends orders of magnitude worse (reference off: +10 921 % and 7·10⁴), so the
-	// check is that the attacked run learnt as a clean one does.
-	require.Less(t, attacked, 2*clean, "the attacked run must learn as the clean run does")
+	// this test alone ended between 0.0056 and 0.0127 on the shared machine, so the final
+	// losses of two runs are no yardstick. A captured chain ends orders of magnitude worse
+	// (reference off: 0.705 and 7·10⁴). The check: the attackers cost the honest swarm at
+	// most a quarter of the run — it ends at least where the clean run was at round 9 (at
+	// round 6 the clean run was still at 0.715).
+	require.LessOrEqual(t, attacked, cleanHalf, "the attacked run must end where the clean run was by round %d", youngRounds*3/4)
 }
 
 func envStr(name string) string {
@@ -76,11 +78,12 @@ func envStr(name string) string {
 }
 
 // runYoungChain runs a validator, the attackers (sign flips) and then, 3 s later, the
-// honest trainers, and returns the held-out mse of the last head.
-func runYoungChain(t *testing.T, honest, attackers int, ref string) (float64, *cluster) {
-	c := newCluster(t, 1, honest+attackers, youngRounds, 64)
+// honest trainers, and returns the held-out mse of the last head and of the head of round 9 (three quarters of the run).
+func runYoungChain(t *testing.T, honest, attackers int, ref string) (final, half float64, c *cluster) {
+	c = newCluster(t, 1, honest+attackers, youngRounds, 64)
 	for i, n := range c.nodes {
 		n.cfg.Merge.Screen.Reference = ref
+		n.cfg.Node.KeepHeads = youngRounds + 1 // the halfway head's parameters are evaluated
 		n.cfg.Lease.RoundTimeout = 10 * time.Second
 		n.cfg.Lease.MicroshardsPerTrainer = 1
 		n.rt.LR = 0.01
@@ -100,10 +103,16 @@ func runYoungChain(t *testing.T, honest, attackers int, ref string) (float64, *c
 	}
 	c.waitDone(4 * time.Minute)
 	_, heads := c.chainOf(c.nodes[0])
-	id, _ := heads[len(heads)-1].ParamsID()
+	require.Len(t, heads, youngRounds+1)
 	stores, err := OpenStores(c.nodes[0].cfg)
 	require.NoError(t, err)
-	m, err := synth.New(t.TempDir()).Evaluate(context.Background(), stores.Artifacts.BlobPath(id))
-	require.NoError(t, err)
-	return m["mse"], c
+	mse := func(round int) float64 {
+		require.Equal(t, uint64(round), heads[round].Round)
+		id, err := heads[round].ParamsID()
+		require.NoError(t, err)
+		m, err := synth.New(t.TempDir()).Evaluate(context.Background(), stores.Artifacts.BlobPath(id))
+		require.NoError(t, err)
+		return m["mse"]
+	}
+	return mse(youngRounds), mse(youngRounds * 3 / 4), c
 }

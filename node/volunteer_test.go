@@ -16,13 +16,16 @@ import (
 // and quarantined. Against the owner's reference window neither is judged by the other:
 // the volunteer is merged and never rejected.
 func TestLateVolunteerBesideATrainingOwner(t *testing.T) {
-	const rounds, joinAt = 14, 5
+	const rounds, joinAt = 20, 5
 	c := newCluster(t, 1, 1, rounds, 48)
 	owner, volunteer := c.nodes[0], c.nodes[1]
 	owner.name, volunteer.name = "owner", "volunteer"
 	owner.cfg.Experiment.Roles = []string{config.RoleValidator, config.RoleTrainer}
 	for _, n := range c.nodes {
 		n.cfg.Lease.RoundTimeout = 10 * time.Second
+		// Rounds of half a second at least, so that the volunteer, heard a few seconds
+		// after it starts, joins well before the run ends.
+		n.rt.Delay = 500 * time.Millisecond
 		require.NoError(t, n.cfg.Validate())
 	}
 	c.start(owner)
