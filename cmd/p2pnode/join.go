@@ -106,12 +106,13 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 		return nil, err
 	}
 	local := joinLocal(prev, f, addr)
-	keyPath := filepath.Join(f.dir, local.StoreDir, "identity.key")
-	if filepath.IsAbs(local.StoreDir) {
-		keyPath = filepath.Join(local.StoreDir, "identity.key")
+	absDir, err := filepath.Abs(f.dir)
+	if err != nil {
+		return nil, err
 	}
-	if prev != nil && prev.Node.Identity != "" {
-		keyPath = prev.Node.Identity
+	keyPath, err := joinKeyPath(prev, local, absDir)
+	if err != nil {
+		return nil, err
 	}
 	key, newKey, err := joinIdentity(keyPath)
 	if err != nil {
@@ -139,10 +140,6 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 		local.DatasetRoot = filepath.Join("data", j.Config.Experiment.ID)
 	}
 	text, err := invite.LocalConfig(rec.Experiment, rec.Signer, local)
-	if err != nil {
-		return nil, err
-	}
-	absDir, err := filepath.Abs(f.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -255,6 +252,24 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// joinKeyPath is where the node's identity key is: node.identity, else in node.store_dir,
+// as the node will run (environment overrides included).
+func joinKeyPath(prev *config.Config, local invite.Local, dir string) (string, error) {
+	c := config.Default()
+	c.Node.StoreDir = local.StoreDir
+	if prev != nil {
+		c.Node.Identity = prev.Node.Identity
+	}
+	if _, err := c.ApplyEnv(os.Environ()); err != nil {
+		return "", fmt.Errorf("environment: %w", err)
+	}
+	c.Resolve(dir)
+	if c.Node.Identity != "" {
+		return c.Node.Identity, nil
+	}
+	return filepath.Join(c.Node.StoreDir, "identity.key"), nil
 }
 
 // joinIdentity reads the node's key, or makes one in memory (returned encoded, to be

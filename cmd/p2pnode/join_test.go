@@ -218,3 +218,19 @@ func TestJoinRunsDoctorFirst(t *testing.T) {
 	require.Contains(t, errOut, "fix what doctor says FAIL above")
 	requireNothingWritten(t, dir)
 }
+
+// An environment override of node.store_dir moves the identity with it: the key join
+// makes is the one the node then runs with.
+func TestJoinKeepsTheIdentityWhereTheNodeLooks(t *testing.T) {
+	o := newOwner(t)
+	o.serve(t, o.key, experimentOf(t, nil, o.h.ID()))
+	dir := filepath.Join(t.TempDir(), "vol")
+	store := filepath.Join(t.TempDir(), "store")
+	t.Setenv("P2PNODE_NODE_STORE_DIR", store)
+	code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", o.addr())
+	require.Equal(t, 0, code, errOut)
+	_, err := os.Stat(filepath.Join(store, "identity.key"))
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(dir, ".p2pnode", "identity.key"))
+	require.True(t, os.IsNotExist(err))
+}
