@@ -156,6 +156,7 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 			return nil, fmt.Errorf("environment: %w", err)
 		}
 		cfg.Resolve(absDir)
+		cfg.Path = filepath.Join(absDir, joinConfigFile)
 		if runDoctor(ctx, cfg, out) {
 			return nil, fmt.Errorf("this machine cannot run the experiment yet: fix what doctor says FAIL above and run join again; nothing was written")
 		}
