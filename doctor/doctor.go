@@ -333,10 +333,15 @@ func ports(cfg *config.Config) []Result {
 		out = append(out, Result{Name: "port", Status: OK, Detail: fmt.Sprintf("node.listen %s is free", l)})
 	}
 	if h := cfg.Node.HTTP; h != "" && h != "off" && !strings.HasSuffix(h, ":0") {
-		if err := tryBind("tcp", h); err != nil {
+		err := tryBind("tcp", h)
+		switch {
+		case err != nil && h == config.DefaultHTTP:
+			// The default port falls back to the next free ones (another node on this machine).
+			out = append(out, Result{Name: "port", Status: Warn, Detail: fmt.Sprintf("node.http %s is taken (%v): the node will serve its dashboard on a port after it, and print where", h, err)})
+		case err != nil:
 			out = append(out, Result{Name: "port", Status: Fail, Detail: fmt.Sprintf("node.http %s: %v", h, err),
 				Fix: "stop what uses the port, or choose another node.http (--http)"})
-		} else {
+		default:
 			out = append(out, Result{Name: "port", Status: OK, Detail: fmt.Sprintf("node.http %s is free", h)})
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,3 +127,31 @@ func TestDoctorPortInUseFailsAndChangesNothing(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// node.http's default port falls back to the next ones when taken: a warning, not a failure.
+func TestDoctorDefaultHTTPTakenOnlyWarns(t *testing.T) {
+	l, err := net.Listen("tcp", config.DefaultHTTP)
+	if err != nil {
+		t.Skipf("cannot hold %s for the test: %v", config.DefaultHTTP, err)
+	}
+	defer l.Close()
+	cfg := config.Default()
+	cfg.Resolve(t.TempDir())
+	cfg.Workload.Interpreter = fakePython(t, cpuTorch)
+	rs := machine(t, false, "8000000").Run(context.Background(), cfg)
+	var http Result
+	for _, r := range rs {
+		if r.Name == "port" && strings.Contains(r.Detail, "node.http") {
+			http = r
+		}
+	}
+	require.Equal(t, Warn, http.Status, http.Detail)
+	require.False(t, Failed(rs))
+
+	// Another port set by hand has no fallback: taken, it fails.
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer other.Close()
+	cfg.Node.HTTP = other.Addr().String()
+	require.True(t, Failed(machine(t, false, "8000000").Run(context.Background(), cfg)))
+}
