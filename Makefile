@@ -4,14 +4,16 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 PY ?= /usr/bin/python3
 BIN := bin/p2pnode
-# The release `p2pnode --version` reports (the VCS revision is recorded by go build).
+# The release `p2pnode --version` reports, and the VCS revision, linked in from git so that it
+# is there even when go build records none (GOFLAGS=-buildvcs=false).
 VERSION ?= 0.1.0
-LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION)
+REVISION ?= $(shell rev=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null && echo $$rev || echo $$rev+dirty; })
+LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION) -X github.com/p2pnode/p2pnode/internal/version.LinkedRevision=$(REVISION)
 # Go build tags. TAGS=attack builds the test binary whose `run --poison MODE` makes a trainer
 # misbehave on purpose (docs/security.md); the default build has no such flag.
 TAGS ?=
 
-.PHONY: all setup build image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-lab lint clean
+.PHONY: all setup setup-demo build release image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-lab lint clean
 
 all: build
 
@@ -23,12 +25,33 @@ setup:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS)' -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/p2pnode
 
+## release: RELEASE_DIR (dist)/p2pnode-VERSION-linux-{amd64,arm64}.tar.gz (the static binary,
+## README, the systemd unit) and their SHA256SUMS
+RELEASE_DIR ?= dist
+RELEASE_ARCHS ?= amd64 arm64
+release:
+	@test -n "$(REVISION)" || { echo "release: no git revision (not a git checkout?): set REVISION=" >&2; exit 1; }
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	@set -e; for arch in $(RELEASE_ARCHS); do \
+		name=p2pnode-$(VERSION)-linux-$$arch; mkdir -p $(RELEASE_DIR)/$$name; \
+		echo "release: $$name (revision $(REVISION))"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(RELEASE_DIR)/$$name/p2pnode ./cmd/p2pnode; \
+		cp README.md docker/p2pnode.service $(RELEASE_DIR)/$$name/; \
+		tar -C $(RELEASE_DIR) --owner=0 --group=0 -czf $(RELEASE_DIR)/$$name.tar.gz $$name; \
+		rm -rf $(RELEASE_DIR)/$$name; \
+	done
+	cd $(RELEASE_DIR) && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
+
+## setup-demo: only what training needs (no Chromium, matplotlib or venv tooling)
+setup-demo:
+	@scripts/setup.sh demo
+
 ## demo: set up, build, and run the default experiment (a local swarm: 1 validator, 3 trainers)
-demo: setup build
+demo: setup-demo build
 	$(BIN) demo
 
 ## demo-local: one node (validator+trainer) training digits with DiLoCo
-demo-local: setup build
+demo-local: setup-demo build
 	$(BIN) run --config configs/digits-local.yaml
 
 ## learn: how the swarm learns on lm tiny (CPU): `p2pnode demo --workload lm` for every codec and
@@ -112,17 +135,18 @@ bench-scale:
 ## image: the Docker image p2pnode:latest from bin/p2pnode. With no registry (here) the base
 ## is debootstrapped and imported once, then cached; BASE_IMAGE=debian:bookworm-slim builds
 ## from a public image instead.
+IMAGE ?= p2pnode:latest
 image: build
-	docker/build-image.sh
+	BIN=$(BIN) IMAGE=$(IMAGE) docker/build-image.sh
 
 ## e2e: multi-node end-to-end tests: the process harness, and the docker-compose scenarios
 ## when a Docker engine answers (the image is built first, from the attack build: the poison
 ## scenario's trainer runs `p2pnode run --poison`). E2E_RUN=regexp picks tests.
 E2E_RUN ?= .
-e2e: setup build
-	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image TAGS=attack; \
+e2e: setup
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory image TAGS=attack BIN=bin/p2pnode-attack IMAGE=p2pnode-attack:latest; \
 	else echo "e2e: no Docker engine answers: the docker-compose scenarios will skip"; fi
-	$(GO) test -tags e2e -timeout 60m -v -run '$(E2E_RUN)' ./e2e/
+	P2PNODE_IMAGE=p2pnode-attack:latest $(GO) test -tags e2e -timeout 60m -v -run '$(E2E_RUN)' ./e2e/
 
 ## wan: the digits swarm with every node in its own network namespace, trainers on
 ## rate-limited home links (tc tbf, 20 Mbit/s up, 100 down); prints bytes on each trainer's
@@ -151,4 +175,4 @@ lint:
 	$(GO) vet -tags attack ./...
 
 clean:
-	rm -rf bin .p2pnode data
+	rm -rf bin .p2pnode data dist

@@ -4,20 +4,26 @@
 #   docker/build-image.sh            local path, no registry: base from docker/build-base.sh
 #   BASE_IMAGE=debian:bookworm-slim docker/build-image.sh
 #                                    public path: apt-get installs the packages in the build
+#   BASE_IMAGE=pytorch/pytorch:<tag>-cuda<ver>-cudnn<ver>-runtime INSTALL_PACKAGES=0 IMAGE=p2pnode:cuda docker/build-image.sh
+#                                    a CUDA PyTorch base (docs/gpu.md; untested here)
 #
-# IMAGE names the result (default p2pnode:latest). Prints the image's size.
+# IMAGE names the result (default p2pnode:latest), BIN the binary it holds (default
+# bin/p2pnode; `make e2e` builds the attack build as bin/p2pnode-attack into
+# p2pnode-attack:latest, leaving the user's binary and image alone). Prints the image's size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 image="${IMAGE:-p2pnode:latest}"
+bin="${BIN:-bin/p2pnode}"
 
-[[ -x bin/p2pnode ]] || { echo "build-image: bin/p2pnode is missing: run make build" >&2; exit 1; }
-if file bin/p2pnode 2>/dev/null | grep -q 'dynamically linked'; then
-	echo "build-image: bin/p2pnode is dynamically linked: build it with CGO_ENABLED=0 (make build)" >&2
+[[ -x "$bin" ]] || { echo "build-image: $bin is missing: run make build" >&2; exit 1; }
+if file "$bin" 2>/dev/null | grep -q 'dynamically linked'; then
+	echo "build-image: $bin is dynamically linked: build it with CGO_ENABLED=0 (make build)" >&2
 	exit 1
 fi
 
 if [[ -n "${BASE_IMAGE:-}" ]]; then
-	args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg INSTALL_PACKAGES=1)
+	# INSTALL_PACKAGES=0 for a base that has torch already (a CUDA PyTorch image, docs/gpu.md).
+	args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "INSTALL_PACKAGES=${INSTALL_PACKAGES:-1}")
 else
 	base="$(docker/build-base.sh | tail -n1)"
 	args=(--build-arg "BASE_IMAGE=$base" --build-arg INSTALL_PACKAGES=0)
@@ -31,7 +37,7 @@ docker buildx version >/dev/null 2>&1 || export DOCKER_BUILDKIT=0
 ctx="$(mktemp -d "${TMPDIR:-/tmp}/p2pnode-image.XXXXXX")"
 trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/bin"
-cp bin/p2pnode "$ctx/bin/p2pnode"
+cp "$bin" "$ctx/bin/p2pnode"
 cp docker/Dockerfile "$ctx/Dockerfile"
 old="$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
 start=$(date +%s)

@@ -214,6 +214,9 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "device_name", info.DeviceName,
 			"precision", info.Precision, "params", info.ParamCount)
 		params = info.ParamCount
+		for _, w := range info.Warnings {
+			e.log.Warn("workload: "+w, "interpreter", cfg.Workload.Interpreter)
+		}
 	}
 	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.rootLog), e.store, busFetcher{e.bus}, e.rootLog)
 	if err != nil {

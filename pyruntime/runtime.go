@@ -66,6 +66,9 @@ type Info struct {
 	// P2PTrain says which p2ptrain package the worker runs: installed (version, path) or
 	// the copy embedded in the node.
 	P2PTrain string `json:"p2ptrain,omitempty"`
+	// Warnings are what the worker found wrong at start-up without failing (an NVIDIA GPU
+	// that torch cannot use), for the node to log.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // TrainJob is one inner loop: load Base, run Steps optimizer steps over batches from

@@ -33,7 +33,7 @@ const (
 type joinFlags struct {
 	dir, device, store, http string
 	listen                   []string
-	update, noRun            bool
+	update, noRun, noDoctor  bool
 }
 
 func newJoinCmd(g *globalFlags) *cobra.Command {
@@ -45,7 +45,8 @@ func newJoinCmd(g *globalFlags) *cobra.Command {
 		Long: `Dial the validator in ADDR (a multiaddr ending in /p2p/<peer id>, as 'p2pnode invite'
 prints it), fetch the experiment's shared config, check that a validator it names signed it
 and that this validator is the peer dialed, write DIR/p2pnode.yaml (the experiment's keys and
-this node's own: store, ports, device), say what it is about to do, and train.
+this node's own: store, ports, device), check the machine ('p2pnode doctor'), say what it
+is about to do, and train.
 
 Run again, it reuses DIR's config and identity. When the experiment has changed since (its
 id, the CID of the shared config, differs), it stops and lists what changed: --update
@@ -67,6 +68,7 @@ named after its path (P2PNODE_NODE_LISTEN, P2PNODE_WORKLOAD_DEVICE), for contain
 	cmd.Flags().StringSliceVar(&f.listen, "listen", nil, "node.listen multiaddrs (default: any port, TCP and QUIC)")
 	cmd.Flags().StringVar(&f.http, "http", "", "node.http: the status and dashboard address (default 127.0.0.1, any port)")
 	cmd.Flags().BoolVar(&f.update, "update", false, "accept an experiment that changed since this directory joined it")
+	cmd.Flags().BoolVar(&f.noDoctor, "no-doctor", false, "skip the machine's checks ('p2pnode doctor') before joining")
 	cmd.Flags().BoolVar(&f.noRun, "no-run", false, "write the config and stop (start it later with 'p2pnode run --config DIR/p2pnode.yaml')")
 	for _, hook := range runHooks {
 		hook(cmd, &build)
@@ -104,12 +106,13 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 		return nil, err
 	}
 	local := joinLocal(prev, f, addr)
-	keyPath := filepath.Join(f.dir, local.StoreDir, "identity.key")
-	if filepath.IsAbs(local.StoreDir) {
-		keyPath = filepath.Join(local.StoreDir, "identity.key")
+	absDir, err := filepath.Abs(f.dir)
+	if err != nil {
+		return nil, err
 	}
-	if prev != nil && prev.Node.Identity != "" {
-		keyPath = prev.Node.Identity
+	keyPath, err := joinKeyPath(prev, local, absDir)
+	if err != nil {
+		return nil, err
 	}
 	key, newKey, err := joinIdentity(keyPath)
 	if err != nil {
@@ -140,10 +143,6 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 	if err != nil {
 		return nil, err
 	}
-	absDir, err := filepath.Abs(f.dir)
-	if err != nil {
-		return nil, err
-	}
 	cfg, err := config.Parse(text)
 	if err == nil {
 		cfg.Resolve(absDir)
@@ -151,6 +150,16 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the experiment from %s does not make a valid config here: %w; nothing was written", info.ID, err)
+	}
+	if !f.noDoctor {
+		if _, err := cfg.ApplyEnv(os.Environ()); err != nil {
+			return nil, fmt.Errorf("environment: %w", err)
+		}
+		cfg.Resolve(absDir)
+		cfg.Path = filepath.Join(absDir, joinConfigFile)
+		if runDoctor(ctx, cfg, out) {
+			return nil, fmt.Errorf("this machine cannot run the experiment yet: fix what doctor says FAIL above and run join again; nothing was written")
+		}
 	}
 	encoded, err := invite.Encode(rec)
 	if err != nil {
@@ -244,6 +253,24 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// joinKeyPath is where the node's identity key is: node.identity, else in node.store_dir,
+// as the node will run (environment overrides included).
+func joinKeyPath(prev *config.Config, local invite.Local, dir string) (string, error) {
+	c := config.Default()
+	c.Node.StoreDir = local.StoreDir
+	if prev != nil {
+		c.Node.Identity = prev.Node.Identity
+	}
+	if _, err := c.ApplyEnv(os.Environ()); err != nil {
+		return "", fmt.Errorf("environment: %w", err)
+	}
+	c.Resolve(dir)
+	if c.Node.Identity != "" {
+		return c.Node.Identity, nil
+	}
+	return filepath.Join(c.Node.StoreDir, "identity.key"), nil
 }
 
 // joinIdentity reads the node's key, or makes one in memory (returned encoded, to be

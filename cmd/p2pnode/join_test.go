@@ -97,7 +97,7 @@ func TestJoinRefusesBadInputAndWritesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.setup()
 			dir := filepath.Join(t.TempDir(), "vol")
-			code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", tc.addr())
+			code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", tc.addr())
 			require.Equal(t, 1, code, errOut)
 			require.Contains(t, errOut, tc.says)
 			requireNothingWritten(t, dir)
@@ -110,7 +110,7 @@ func TestJoinRefusesBadInputAndWritesNothing(t *testing.T) {
 		r.Experiment = []byte(strings.Replace(string(r.Experiment), "inner_steps: 20", "inner_steps: 21", 1))
 		require.NoError(t, o.srv.Set(r))
 		dir := filepath.Join(t.TempDir(), "vol")
-		code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", o.addr())
+		code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", o.addr())
 		require.Equal(t, 1, code, errOut)
 		require.Contains(t, errOut, "signature does not verify")
 		requireNothingWritten(t, dir)
@@ -121,7 +121,7 @@ func TestJoinWritesConfigReusesItAndRefusesAChangedExperiment(t *testing.T) {
 	o := newOwner(t)
 	o.serve(t, o.key, experimentOf(t, func(c *config.Config) { c.Experiment.ID = "lm" }, o.h.ID()))
 	dir := filepath.Join(t.TempDir(), "vol")
-	code, out, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--device", "cpu", "--listen", "/ip4/0.0.0.0/tcp/4002", o.addr())
+	code, out, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", "--device", "cpu", "--listen", "/ip4/0.0.0.0/tcp/4002", o.addr())
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "experiment  p2ptrain/lm")
 	require.Contains(t, out, "wrote "+filepath.Join(dir, "p2pnode.yaml"))
@@ -139,7 +139,7 @@ func TestJoinWritesConfigReusesItAndRefusesAChangedExperiment(t *testing.T) {
 	require.NoError(t, err)
 
 	// Again, unchanged: the same config and identity; the flags given before stay.
-	code, out, errOut = execMain(t, "join", "--dir", dir, "--no-run", o.addr())
+	code, out, errOut = execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", o.addr())
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "the experiment is unchanged")
 	cfg, err = config.Load(filepath.Join(dir, "p2pnode.yaml"))
@@ -153,7 +153,7 @@ func TestJoinWritesConfigReusesItAndRefusesAChangedExperiment(t *testing.T) {
 	before, err := os.ReadFile(filepath.Join(dir, "p2pnode.yaml"))
 	require.NoError(t, err)
 	o.serve(t, o.key, experimentOf(t, func(c *config.Config) { c.Experiment.ID = "lm"; c.Protocol.InnerSteps = 40 }, o.h.ID()))
-	code, _, errOut = execMain(t, "join", "--dir", dir, "--no-run", o.addr())
+	code, _, errOut = execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", o.addr())
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "experiment changed since")
 	require.Contains(t, errOut, "protocol.inner_steps: 20 → 40")
@@ -161,7 +161,7 @@ func TestJoinWritesConfigReusesItAndRefusesAChangedExperiment(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a refused update writes nothing")
 
-	code, out, errOut = execMain(t, "join", "--dir", dir, "--no-run", "--update", o.addr())
+	code, out, errOut = execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", "--update", o.addr())
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "updated")
 	cfg, err = config.Load(filepath.Join(dir, "p2pnode.yaml"))
@@ -172,7 +172,7 @@ func TestJoinWritesConfigReusesItAndRefusesAChangedExperiment(t *testing.T) {
 	// The validator gone: the joined experiment starts as it was.
 	addr := o.addr()
 	require.NoError(t, o.h.Close())
-	code, out, errOut = execMain(t, "join", "--dir", dir, "--no-run", addr)
+	code, out, errOut = execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", addr)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "could not reach")
 }
@@ -180,7 +180,7 @@ func TestJoinWritesConfigReusesItAndRefusesAChangedExperiment(t *testing.T) {
 func TestJoinRefusesAConfigItDidNotWrite(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "p2pnode.yaml"), config.Template, 0o644))
-	code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGs7fzghcbnMn1A3hMgmCXiksCseBuSj7V7WEbmiH7YWU")
+	code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGs7fzghcbnMn1A3hMgmCXiksCseBuSj7V7WEbmiH7YWU")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "was not written by join")
 }
@@ -203,4 +203,34 @@ func TestInitOwnerNamesItselfAndFixesPorts(t *testing.T) {
 	code, _, errOut = execMain(t, "init", "--owner", "--port", "0", "--dir", t.TempDir())
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "--port: 0 is not a port")
+}
+
+// join checks the machine first: a failed check stops it before anything is written.
+func TestJoinRunsDoctorFirst(t *testing.T) {
+	o := newOwner(t)
+	o.serve(t, o.key, experimentOf(t, nil, o.h.ID()))
+	dir := filepath.Join(t.TempDir(), "vol")
+	t.Setenv("P2PNODE_WORKLOAD_INTERPRETER", filepath.Join(t.TempDir(), "no-python"))
+	code, out, errOut := execMain(t, "join", "--dir", dir, "--no-run", o.addr())
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "FAIL  interpreter")
+	require.Contains(t, out, "fix: set workload.interpreter")
+	require.Contains(t, errOut, "fix what doctor says FAIL above")
+	requireNothingWritten(t, dir)
+}
+
+// An environment override of node.store_dir moves the identity with it: the key join
+// makes is the one the node then runs with.
+func TestJoinKeepsTheIdentityWhereTheNodeLooks(t *testing.T) {
+	o := newOwner(t)
+	o.serve(t, o.key, experimentOf(t, nil, o.h.ID()))
+	dir := filepath.Join(t.TempDir(), "vol")
+	store := filepath.Join(t.TempDir(), "store")
+	t.Setenv("P2PNODE_NODE_STORE_DIR", store)
+	code, _, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", o.addr())
+	require.Equal(t, 0, code, errOut)
+	_, err := os.Stat(filepath.Join(store, "identity.key"))
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(dir, ".p2pnode", "identity.key"))
+	require.True(t, os.IsNotExist(err))
 }

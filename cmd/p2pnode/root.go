@@ -36,7 +36,7 @@ An experiment is one YAML file: start with 'p2pnode init', run with 'p2pnode run
 	root.SetVersionTemplate(version.String() + "\n")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "auto", "log format: auto (text on a terminal, else JSON), text or json")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default: the config's node.log_level)")
-	root.AddCommand(newRunCmd(g), newJoinCmd(g), newInviteCmd(), newDemoCmd(g), newInitCmd(), newDatasetCmd(g), newStatusCmd(), newAuditCmd(g), newCreditsCmd(), newExportCmd(g), newVerifyCmd(g), newVersionCmd(), newPythonPackageCmd(), newFleetConfigCmd())
+	root.AddCommand(newRunCmd(g), newJoinCmd(g), newInviteCmd(), newDoctorCmd(), newDemoCmd(g), newInitCmd(), newDatasetCmd(g), newStatusCmd(), newAuditCmd(g), newCreditsCmd(), newExportCmd(g), newVerifyCmd(g), newVersionCmd(), newPythonPackageCmd(), newFleetConfigCmd())
 	return root
 }
 

@@ -19,9 +19,18 @@ func String() string {
 // reports the next release with "-dev".
 var Version = "0.1.0-dev"
 
+// LinkedRevision is the revision the Makefile sets at link time (-ldflags -X, from `git
+// rev-parse`), so that a build without Go's VCS stamping (GOFLAGS=-buildvcs=false, a tree
+// copied without .git metadata Go can read) still names its commit.
+var LinkedRevision = ""
+
 // Revision is the VCS commit the binary was built from (with "+dirty" when the tree had
-// uncommitted changes), or "unknown" when Go recorded none (go run, tests, -buildvcs=false).
+// uncommitted changes): LinkedRevision when set, else what Go recorded, else "unknown" (go
+// run, tests, -buildvcs=false without the Makefile).
 var Revision = sync.OnceValue(func() string {
+	if LinkedRevision != "" {
+		return LinkedRevision
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"

@@ -49,7 +49,7 @@ var layers = []layer{
 	{5, "rooms", []string{"p2p", "status", "upkeep"}},
 	{4, "roles", []string{"validator", "trainer", "headsync"}},
 	{3, "round", []string{"round", "bus", "adversary"}},
-	{2, "parts", []string{"lease", "gossip", "chain", "artifact", "dataset", "checkpoint", "export", "pyruntime", "synth", "credit", "invite"}},
+	{2, "parts", []string{"lease", "gossip", "chain", "artifact", "dataset", "checkpoint", "export", "pyruntime", "synth", "credit", "invite", "doctor"}},
 	{1, "pure", []string{"merge", "diloco"}},
 	{0, "leaves", []string{"pack", "cids", "detcbor", "config", "internal"}},
 }

@@ -12,6 +12,8 @@ split over the ranks; needs torch >= 2.4 and at least two ranks). Errors name th
 field, so that a node refuses the setting at start-up.
 """
 
+import os
+
 import torch
 
 from .errors import BadRequest
@@ -138,3 +140,24 @@ def _gpus(devices):
         if dev.index >= n:
             raise BadRequest(f"workload.devices[{i}] cuda:{dev.index} does not exist: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
     return parsed
+
+
+def nvidia_present():
+    """Whether this machine shows an NVIDIA GPU: a /dev/nvidia* device node or nvidia-smi in PATH."""
+    import glob
+    import shutil
+
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi"))
+
+
+def cuda_warning(device):
+    """A warning when the worker is about to train on the CPU of a machine with an NVIDIA GPU
+    that this torch cannot use (a CPU-only build such as Debian's, or a driver mismatch);
+    None otherwise."""
+    if str(device).startswith("cuda") or torch.cuda.is_available() or not nvidia_present():
+        return None
+    return (
+        f"this machine has an NVIDIA GPU but torch {torch.__version__} (CUDA build {torch.version.cuda or 'none'}) "
+        f"cannot use it, so the worker trains on {device}: install a CUDA build of torch (docs/gpu.md) and point "
+        f"workload.interpreter at it; `p2pnode doctor` checks it"
+    )

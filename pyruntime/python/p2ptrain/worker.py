@@ -172,6 +172,9 @@ class Worker:
                                    activation_checkpointing=checkpointing)
         result = {"protocol_version": max(common), "capabilities": list(CAPABILITIES)}
         result.update(self.session.info())
+        warning = placement.cuda_warning(result.get("device", device))
+        if warning:
+            result["warnings"] = [warning]
         return result
 
     def m_probe(self, p):

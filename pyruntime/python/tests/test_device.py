@@ -111,3 +111,24 @@ class CUDATest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CUDAWarningTest(unittest.TestCase):
+    """The worker warns when the machine has an NVIDIA GPU that torch cannot use."""
+
+    def test_warns_only_for_an_unusable_gpu(self):
+        from unittest import mock
+
+        from p2ptrain import placement
+
+        with mock.patch.object(placement, "nvidia_present", return_value=False):
+            self.assertIsNone(placement.cuda_warning("cpu"))
+        with mock.patch.object(placement, "nvidia_present", return_value=True), \
+                mock.patch.object(torch.cuda, "is_available", return_value=False):
+            w = placement.cuda_warning("cpu")
+            self.assertIn("NVIDIA GPU", w)
+            self.assertIn("CUDA build of torch", w)
+            self.assertIn("workload.interpreter", w)
+        with mock.patch.object(placement, "nvidia_present", return_value=True), \
+                mock.patch.object(torch.cuda, "is_available", return_value=True):
+            self.assertIsNone(placement.cuda_warning("cpu"))
