@@ -59,7 +59,7 @@ func Default() *Config {
 			Int8Block:          256,
 			SparseBlock:        4096,
 			SparseTopK:         64,
-			SparseWarmupRounds: 0,
+			SparseWarmupRounds: 4,
 			SparseWarmupFactor: 16,
 			// diloco.DefaultFeedbackDecay; docs/wan.md has the measurements.
 			SparseFeedbackDecay: 0.95,
