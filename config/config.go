@@ -228,6 +228,12 @@ type Protocol struct {
 	Int8Block   int          `yaml:"int8_block"`
 	SparseBlock int          `yaml:"sparse_block"`
 	SparseTopK  int          `yaml:"sparse_topk"`
+	// SparseWarmupRounds and SparseWarmupFactor are the sparse codec's top-k warm-up: the
+	// windows of rounds 1..SparseWarmupRounds keep sparse_topk × SparseWarmupFactor values
+	// per block in round 1, falling geometrically to sparse_topk (diloco.SparseWarmupTopK).
+	// 0 rounds = none.
+	SparseWarmupRounds int     `yaml:"sparse_warmup_rounds"`
+	SparseWarmupFactor float64 `yaml:"sparse_warmup_factor"`
 	// SparseFeedbackDecay is how much of a trainer's unsent remainder carries into its
 	// next round with the sparse codec, in (0, 1]: 1 is plain error feedback, less lets
 	// stale remainders fade (SparseLoCo's decayed error feedback).

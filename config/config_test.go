@@ -142,6 +142,8 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"sparse block", "protocol:\n  codec: sparse\n  sparse_block: 0", []string{"protocol.sparse_block: must be in [1, 16777216], got 0"}},
 		{"sparse top-k", "protocol:\n  codec: sparse\n  sparse_block: 128\n  sparse_topk: 129", []string{"protocol.sparse_topk: must be in [1, protocol.sparse_block = 128], got 129"}},
 		{"feedback decay", "protocol:\n  codec: sparse\n  sparse_feedback_decay: 0", []string{"protocol.sparse_feedback_decay: must be in (0, 1] (1 = plain error feedback), got 0"}},
+		{"warm-up rounds", "protocol:\n  codec: sparse\n  sparse_warmup_rounds: -1", []string{"protocol.sparse_warmup_rounds: must be in [0, 1000] (0 = no top-k warm-up), got -1"}},
+		{"warm-up factor", "protocol:\n  codec: sparse\n  sparse_warmup_factor: 0.5", []string{"protocol.sparse_warmup_factor: must be in [1, 1024] (1 = no top-k warm-up), got 0.5"}},
 		{"feedback decay above 1", "protocol:\n  sparse_feedback_decay: 1.2", []string{"protocol.sparse_feedback_decay: must be in (0, 1]"}},
 		{"overlap", "protocol:\n  overlap: streaming", []string{`protocol.overlap: must be empty (no overlap) or "eager", got "streaming"`}},
 		{"policy", "protocol:\n  merge_policy: sgd", []string{`protocol.merge_policy: must be "diloco" or "ema"`}},

@@ -288,6 +288,8 @@ func (c *Config) validateProtocol(v *validator) {
 	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
 	v.check(p.SparseBlock >= 1 && p.SparseBlock <= 1<<24, "protocol.sparse_block", "must be in [1, 16777216], got %d", p.SparseBlock)
 	v.check(p.SparseTopK >= 1 && p.SparseTopK <= max(p.SparseBlock, 1), "protocol.sparse_topk", "must be in [1, protocol.sparse_block = %d], got %d", p.SparseBlock, p.SparseTopK)
+	v.check(p.SparseWarmupRounds >= 0 && p.SparseWarmupRounds <= 1000, "protocol.sparse_warmup_rounds", "must be in [0, 1000] (0 = no top-k warm-up), got %d", p.SparseWarmupRounds)
+	v.check(finite(p.SparseWarmupFactor) && p.SparseWarmupFactor >= 1 && p.SparseWarmupFactor <= 1024, "protocol.sparse_warmup_factor", "must be in [1, 1024] (1 = no top-k warm-up), got %v", p.SparseWarmupFactor)
 	v.check(finite(p.SparseFeedbackDecay) && p.SparseFeedbackDecay > 0 && p.SparseFeedbackDecay <= 1, "protocol.sparse_feedback_decay", "must be in (0, 1] (1 = plain error feedback), got %v", p.SparseFeedbackDecay)
 	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0 (or 0 in a file: the default for the codec), got %v", p.DiLoCo.OuterLR)
 	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)

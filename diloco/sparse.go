@@ -535,3 +535,20 @@ func (e Encoded) CheckRecords(workers int) error {
 	}
 	return nil
 }
+
+// SparseWarmupTopK is the top-k a trainer's window for round (1 = the first) encodes with
+// under a top-k warm-up: topK × factor in round 1, falling geometrically to topK by round
+// warmup+1 (round r of the first warmup keeps topK × factor^((warmup+1−r)/warmup)), never
+// more than block, topK from then on. warmup 0 or factor ≤ 1 is no warm-up. It depends only
+// on the settings and the round number, so every trainer and validator computes the same
+// value for a round. Early pseudo-gradients are dense: 64 of 4096 values carry about 6 % of
+// a first window's energy, and the rest piles up in the error-feedback residual for
+// several rounds; a denser start sends it while it is new (docs/diloco-cost.md).
+func SparseWarmupTopK(topK, block, warmup int, factor float64, round uint64) int {
+	if warmup <= 0 || factor <= 1 || round == 0 || round > uint64(warmup) {
+		return topK
+	}
+	r := int(round)
+	k := math.Round(float64(topK) * math.Pow(factor, float64(warmup+1-r)/float64(warmup)))
+	return int(min(max(k, float64(topK)), float64(max(block, topK))))
+}

@@ -395,3 +395,38 @@ func TestSparseSpanViewFromBytes(t *testing.T) {
 		t.Fatalf("CheckRecords = %v, want ErrMalformed", err)
 	}
 }
+
+// The warm-up's top-k: topK × factor in round 1, geometric down to topK at round warmup+1,
+// capped at the block, and no warm-up when it is off or past.
+func TestSparseWarmupTopK(t *testing.T) {
+	cases := []struct {
+		name                string
+		topK, block, warmup int
+		factor              float64
+		round               uint64
+		want                int
+	}{
+		{"off", 64, 4096, 0, 16, 1, 64},
+		{"factor 1", 64, 4096, 4, 1, 1, 64},
+		{"round 1", 64, 4096, 4, 16, 1, 1024},
+		{"round 2", 64, 4096, 4, 16, 2, 512},
+		{"round 3", 64, 4096, 4, 16, 3, 256},
+		{"round 4", 64, 4096, 4, 16, 4, 128},
+		{"past the warm-up", 64, 4096, 4, 16, 5, 64},
+		{"far past", 64, 4096, 4, 16, 1 << 40, 64},
+		{"round 0", 64, 4096, 4, 16, 0, 64},
+		{"capped at the block", 64, 256, 2, 16, 1, 256},
+		{"one round", 2, 64, 1, 3, 1, 6},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := SparseWarmupTopK(tc.topK, tc.block, tc.warmup, tc.factor, tc.round)
+			if got != tc.want {
+				t.Fatalf("SparseWarmupTopK(%d, %d, %d, %v, %d) = %d, want %d", tc.topK, tc.block, tc.warmup, tc.factor, tc.round, got, tc.want)
+			}
+			if err := checkSparseParams(tc.block, got); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -136,6 +136,8 @@ func pinConfig(t *testing.T, dir, policyKind, codec string) *config.Config {
 	cfg.Protocol.EMA.NewWeight = 0.5
 	if codec == "sparse" {
 		cfg.Protocol.SparseBlock, cfg.Protocol.SparseTopK = 64, 8
+		// The pins are of the codec at a fixed top-k; round's tests cover the warm-up.
+		cfg.Protocol.SparseWarmupRounds = 0
 		cfg.Protocol.DiLoCo.Momentum = 0 // SparseLoCo's choice (config allows at most 0.5)
 	}
 	cfg.Lease.MicroshardsPerTrainer = 2
@@ -205,7 +207,8 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 		_, err := wrt.Start(ctx)
 		require.NoError(t, err)
 		trainers[id] = &round.Trainer{Runtime: wrt, Store: store, Shards: ds, Codec: policy.Codec,
-			Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK, Workers: workers}
+			Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
+			SparseWarmup: cfg.Protocol.SparseWarmupRounds, SparseWarmupFactor: cfg.Protocol.SparseWarmupFactor, Workers: workers}
 		peers = append(peers, id)
 	}
 	sort.Strings(peers)

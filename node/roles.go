@@ -229,6 +229,7 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 	policy := e.policy
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
 		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
+		SparseWarmup: cfg.Protocol.SparseWarmupRounds, SparseWarmupFactor: cfg.Protocol.SparseWarmupFactor,
 		FeedbackDecay: cfg.Protocol.SparseFeedbackDecay}
 	if err := restore(ctx, e, work); err != nil {
 		return err

@@ -288,3 +288,33 @@ func TestSparseTrainerDecaysResidual(t *testing.T) {
 		})
 	}
 }
+
+// With a top-k warm-up the first round's window keeps topK × factor values per block; the
+// pack carries that top-k and decodes like any other; the residual stays the one of the
+// configured codec settings (the warm-up does not reset it).
+func TestSparseTrainerWarmup(t *testing.T) {
+	f := newFixture(t, dilocoPolicy)
+	tr := f.trainer(diloco.Sparse)
+	tr.SparseBlock, tr.SparseTopK, tr.SparseWarmup, tr.SparseWarmupFactor = 64, 2, 2, 4
+	res, err := tr.Train(context.Background(), f.gen, []uint32{0, 1}, 5, 7)
+	require.NoError(t, err)
+	require.Equal(t, ResidualTag(diloco.Sparse, 64, 2, f.gen.LayoutHash), tr.ResidualTag)
+	b, err := f.store.ReadAll(res.Delta)
+	require.NoError(t, err)
+	enc, err := ParseDelta(b, f.gen.LayoutHash, len(tr.Residual))
+	require.NoError(t, err)
+	require.Equal(t, diloco.SparseWarmupTopK(2, 64, 2, 4, f.gen.Round+1), enc.TopK)
+	require.Equal(t, 8, enc.TopK)
+	dec := make([]float32, enc.N)
+	require.NoError(t, diloco.Decode(enc, dec, 1))
+	nonZero := 0
+	for _, v := range dec {
+		if v != 0 {
+			nonZero++
+		}
+	}
+	blocks := (enc.N + 63) / 64
+	require.LessOrEqual(t, nonZero, 8*blocks)
+	require.Greater(t, nonZero, 2*blocks, "the warm-up sends more than sparse_topk per block")
+	require.Equal(t, 2, tr.sparseTopK(3), "past the warm-up: sparse_topk")
+}

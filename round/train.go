@@ -38,6 +38,11 @@ type Trainer struct {
 	Int8Block int
 	// SparseBlock and SparseTopK shape the sparse codec (0 = its defaults).
 	SparseBlock, SparseTopK int
+	// SparseWarmup and SparseWarmupFactor are the sparse codec's top-k warm-up
+	// (diloco.SparseWarmupTopK): the window for round r ≤ SparseWarmup keeps more values
+	// per block. 0 = none.
+	SparseWarmup       int
+	SparseWarmupFactor float64
 	// FeedbackDecay scales the sparse codec's residual as each encoding adds the new delta
 	// to it (diloco.EncodeSparse's decay; 0 = diloco.DefaultFeedbackDecay, 1 = plain error
 	// feedback).
@@ -74,6 +79,19 @@ func (t *Trainer) residualTag(layoutHash string) string {
 		return ResidualTag(t.Codec, t.SparseBlock, t.SparseTopK, layoutHash)
 	}
 	return ""
+}
+
+// sparseTopK is the top-k of the sparse codec for the window of round, with the warm-up.
+func (t *Trainer) sparseTopK(round uint64) int {
+	block := t.SparseBlock
+	if block == 0 {
+		block = diloco.DefaultSparseBlock
+	}
+	k := t.SparseTopK
+	if k == 0 {
+		k = diloco.DefaultSparseTopKFor(block)
+	}
+	return diloco.SparseWarmupTopK(k, block, t.SparseWarmup, t.SparseWarmupFactor, round)
 }
 
 // Result is one trained lease.
@@ -423,7 +441,7 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 		}
 		// The residual is written only when the encoding succeeds, so a retried round
 		// starts from the same residual.
-		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.SparseTopK, decay, t.Workers)
+		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.sparseTopK(w.round), decay, t.Workers)
 	} else {
 		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
 	}
