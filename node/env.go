@@ -58,7 +58,7 @@ func (e *env) isValidator(p string) bool { return slices.Contains(e.validators, 
 // done reports whether the experiment's round limit is reached.
 func (e *env) done() bool {
 	_, h := e.tips.Current()
-	return h != nil && e.cfg.Experiment.Rounds > 0 && h.Round >= uint64(e.cfg.Experiment.Rounds)
+	return h != nil && e.cfg.Experiment.RoundLimitReached(h.Round)
 }
 
 // headArtifacts lists the artifacts of h this node needs: the parameters always, the

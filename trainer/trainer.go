@@ -14,6 +14,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
@@ -171,7 +172,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 // done reports whether the experiment's round limit is reached.
 func (t *Trainer) done() bool {
 	_, h := t.Chain.Current()
-	return h != nil && t.Rounds > 0 && h.Round >= uint64(t.Rounds)
+	return h != nil && config.RoundLimitReached(t.Rounds, h.Round)
 }
 
 func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (err error) {

@@ -535,7 +535,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	var next map[string][]uint32
 	var nextSteps map[string]int
 	// No reservation for a round after the experiment's last.
-	if v.Config.Protocol.Overlap == config.OverlapEager && (v.Config.Experiment.Rounds == 0 || r.round < uint64(v.Config.Experiment.Rounds)) {
+	if v.Config.Protocol.Overlap == config.OverlapEager && !v.Config.Experiment.RoundLimitReached(r.round) {
 		next, nextSteps = reserve(r.nextPool(avail, plan), plan, work, share, budget, v.Config.Protocol.InnerSteps, seed)
 	}
 	peers := make([]string, 0, len(plan))

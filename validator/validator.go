@@ -182,7 +182,7 @@ func (v *validator) isValidator(p string) bool { return slices.Contains(v.Valida
 // done reports whether the experiment's round limit is reached.
 func (v *validator) done() bool {
 	_, h := v.Tips.Current()
-	return h != nil && v.Config.Experiment.Rounds > 0 && h.Round >= uint64(v.Config.Experiment.Rounds)
+	return h != nil && v.Config.Experiment.RoundLimitReached(h.Round)
 }
 
 func (v *validator) pruneLocks(below uint64) {
