@@ -13,7 +13,11 @@ import (
 	"go.uber.org/fx/fxtest"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/export"
+	"github.com/p2pnode/p2pnode/pyruntime"
+	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/synth"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 var roleMixes = [][]string{
@@ -125,6 +129,34 @@ func TestBackgroundLoopsStopPromptly(t *testing.T) {
 			start := time.Now()
 			app.RequireStop()
 			require.Less(t, time.Since(start), 5*time.Second, "stop waited for a loop's timer")
+		})
+	}
+}
+
+// A feature the config switches off is absent from the graph (nothing provides it), not
+// provided as nil; switched on, it is there.
+func TestSwitchedOffFeaturesAreAbsent(t *testing.T) {
+	tests := []struct {
+		name  string
+		off   func(cfg *config.Config)
+		needs fx.Option
+	}{
+		{"http", func(cfg *config.Config) { cfg.Node.HTTP = "off" }, fx.Invoke(func(*status.HTTPServer) {})},
+		{"export", func(cfg *config.Config) { cfg.Export.EveryRounds = 0 }, fx.Invoke(func(*export.Writer) {})},
+		{"pruning", func(cfg *config.Config) { cfg.Node.Archive = true }, fx.Invoke(func(*upkeep.Pruner) {})},
+		{"workload", func(cfg *config.Config) { cfg.Experiment.Roles = []string{config.RoleBootstrap} }, fx.Invoke(func(pyruntime.Runtime) {})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := soloConfig(t, t.TempDir(), 1)
+			cfg.Node.HTTP = "127.0.0.1:0"
+			cfg.Export.EveryRounds, cfg.Export.Dir = 1, t.TempDir()
+			require.NoError(t, cfg.Validate())
+			require.NoError(t, fx.ValidateApp(Module(cfg, Options{}), tt.needs), "switched on")
+			tt.off(cfg)
+			require.NoError(t, cfg.Validate())
+			require.NoError(t, fx.ValidateApp(Module(cfg, Options{})), "the graph without it")
+			require.Error(t, fx.ValidateApp(Module(cfg, Options{}), tt.needs), "switched off, yet provided")
 		})
 	}
 }

@@ -129,14 +129,14 @@ type envParams struct {
 	Tips    *chain.Tips
 	Store   *artifact.Store
 	Heads   *chain.Store
-	Runtime pyruntime.Runtime
+	Runtime pyruntime.Runtime `optional:"true"` // absent without a workload
 	Status  *status.Board
 	Keeper  *upkeep.Keeper
 	Metrics *status.Metrics
-	Export  *export.Writer
-	Pruner  *upkeep.Pruner
+	Export  *export.Writer `optional:"true"` // absent with export off
+	Pruner  *upkeep.Pruner `optional:"true"` // absent with node.archive
 	Wrap    wrapWindows
-	Bytes   *p2p.ByteCounter `optional:"true"`
+	Bytes   *p2p.ByteCounter `optional:"true"` // absent with a given host
 }
 
 func newEnv(p envParams) (*env, error) {
