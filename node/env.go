@@ -39,10 +39,9 @@ type env struct {
 	store      *artifact.Store
 	heads      *chain.Store
 	rt         pyruntime.Runtime // nil when the node runs no workload
-	data       *dataState
 	status     *status.Board
 	keeper     *upkeep.Keeper
-	validators []string // peers whose signatures make a head canonical
+	validators validatorPeers // peers whose signatures make a head canonical
 	progress   io.Writer
 	metrics    *status.Metrics
 	peers      *status.PeerRounds // rounds announced by peers
