@@ -296,27 +296,49 @@ func RendezvousLoop(ctx context.Context, h host.Host, d *dht.IpfsDHT, ns string,
 	}
 }
 
-// NewMDNS is the mDNS service that finds the peers of cfg's network on the LAN and
-// connects to them; it runs between its Start and Close.
-func NewMDNS(h host.Host, cfg *config.Config, log *slog.Logger) mdns.Service {
-	return mdns.NewMdnsService(h, "p2ptrain-"+cfg.Experiment.Network, &mdnsNotifee{h: h, log: log})
+// MDNS finds the peers of the experiment's network on the LAN and connects to them,
+// between Start and Close.
+type MDNS struct {
+	svc    mdns.Service
+	cancel context.CancelFunc
+	n      *mdnsNotifee
+}
+
+// NewMDNS is the mDNS discovery of cfg's network on h.
+func NewMDNS(h host.Host, cfg *config.Config, log *slog.Logger) *MDNS {
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &mdnsNotifee{ctx: ctx, h: h, log: log}
+	return &MDNS{svc: mdns.NewMdnsService(h, "p2ptrain-"+cfg.Experiment.Network, n), cancel: cancel, n: n}
+}
+
+// Start starts answering and querying on the LAN.
+func (m *MDNS) Start() error { return m.svc.Start() }
+
+// Close stops the service, cancels the connections it started and waits for them.
+func (m *MDNS) Close() error {
+	err := m.svc.Close()
+	m.cancel()
+	m.n.wg.Wait()
+	return err
 }
 
 type mdnsNotifee struct {
+	ctx context.Context // ends with the MDNS
+	wg  sync.WaitGroup  // the connections started
 	h   host.Host
 	log *slog.Logger
 }
 
 // HandlePeerFound connects to peers found on the LAN.
 func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
-	if ai.ID == n.h.ID() {
+	if ai.ID == n.h.ID() || n.ctx.Err() != nil {
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	n.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
 		defer cancel()
 		if err := n.h.Connect(ctx, ai); err == nil {
 			n.log.Info("connected to a peer on the LAN", "peer", ai.ID.String())
 		}
-	}()
+	})
 }

@@ -128,13 +128,17 @@ func (t *Trainer) Run(ctx context.Context) error {
 	if t.Eager != nil {
 		t.updates = newUpdates()
 		hctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go t.updates.hear(hctx, in.Contributions, func() uint64 {
-			if _, h := t.Chain.Current(); h != nil {
-				return h.Round
-			}
-			return 0
-		})
+		heard := make(chan struct{})
+		go func() {
+			defer close(heard)
+			t.updates.hear(hctx, in.Contributions, func() uint64 {
+				if _, h := t.Chain.Current(); h != nil {
+					return h.Round
+				}
+				return 0
+			})
+		}()
+		defer func() { stop(); <-heard }()
 	}
 	defer func() {
 		if t.ahead != nil {

@@ -84,11 +84,11 @@ type openRound struct {
 
 // newOpenRound is the leader's state for the round after base; its fetches run under ctx
 // until the caller stops them.
-func newOpenRound(ctx context.Context, validators []string, self string, baseID cid.Cid, base *chain.Head, firstAttempt uint64) *openRound {
+func newOpenRound(ctx context.Context, work *sync.WaitGroup, validators []string, self string, baseID cid.Cid, base *chain.Head, firstAttempt uint64) *openRound {
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
 		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
 		order: lease.Leaders(validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{},
-		leases: map[cid.Cid]lease.Lease{}, fetches: newDeltaFetches(ctx)}
+		leases: map[cid.Cid]lease.Lease{}, fetches: newDeltaFetches(ctx, work)}
 	r.rank = slices.Index(r.order, self)
 	return r
 }
@@ -136,7 +136,7 @@ func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
 		// Already signed a head for this round (as a follower): see it through.
 		return awaiting(p.base.Round+1, l), nil
 	}
-	r := newOpenRound(ctx, v.Validators, v.Self, p.baseID, p.base, p.firstAttempt)
+	r := newOpenRound(ctx, &v.work, v.Validators, v.Self, p.baseID, p.base, p.firstAttempt)
 	p.r = r
 	if p.held != nil {
 		r.held = p.held

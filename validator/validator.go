@@ -39,8 +39,11 @@ import (
 // aside for that round and follows the new leader's proposal (stepaside.go).
 type validator struct {
 	Params
-	trainers   *trainerSet
-	checks     *checks // the proposals of other validators being checked (checks.go)
+	trainers *trainerSet
+	checks   *checks // the proposals of other validators being checked (checks.go)
+	// work counts the goroutines the run starts off its loop (proposal checks, delta
+	// fetches): cancelled with their round or the run, joined when the run ends.
+	work       sync.WaitGroup
 	quarantine *lease.Quarantine
 	paces      *paces
 	// locks records, per round, the head this validator signed (proposed or attested): it
