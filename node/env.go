@@ -62,8 +62,8 @@ func (e *env) done() bool {
 
 // headArtifacts lists the artifacts of h this node needs: the parameters always, the
 // outer optimizer state only on a validator, which merges from it. A trainer trains on the
-// parameters alone; fetching the momentum too doubled its download every round (2.2× the
-// fp32 model received per round, measured on the WAN harness).
+// parameters alone and does not download the momentum (docs/design-notes.md, "What a
+// trainer fetches").
 //
 // A node that rebuilds heads keeps the outer state too: it fetches it once, when it has no
 // parent to rebuild from, and afterwards makes it itself.

@@ -82,13 +82,9 @@ type keptPeer struct {
 // KeptWatch keeps a node connected to its kept peers (Keep), and remembers the addresses
 // it reached them at. A validator is configured by peer id only; its addresses are what
 // the peerstore learnt while connected to it, and the peerstore can lose them when the
-// connection drops: seen in TestRestartedPeerIsRedialledWithin2s, about 1 run in 40 under
-// load, the peerstore held no address for the peer once it was gone ("no addresses"), and
-// the peer was never dialled again. Identify rewrites a peer's addresses and their TTLs on
-// each exchange and on the last disconnection; the exchange of a connection that closed
-// at once racing that disconnection is the likely cause, not proven. So every outbound
-// connection's remote address, and the addresses the peerstore holds while connected, are
-// kept here as well.
+// connection drops (docs/design-notes.md, "Kept peers"). So every outbound connection's
+// remote address, and the addresses the peerstore holds while connected, are kept here
+// as well.
 type KeptWatch struct {
 	h      host.Host
 	peers  []peer.AddrInfo
