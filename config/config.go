@@ -108,9 +108,9 @@ type Dataset struct {
 // checks that the two agree).
 const MaxMicroshardsPerTrainer = 4096
 
-// DefaultRounds is experiment.rounds when a config does not say: a finite run (digits:
-// about 30 s on 2 CPU cores to 97% held-out accuracy, 35 MB of store) rather than one that
-// trains, and fills the store, until interrupted. Set rounds: 0 to run until stopped.
+// DefaultRounds is experiment.rounds when a config does not say: a finite run rather than
+// one that trains, and fills the store, until interrupted (docs/design-notes.md, "Default
+// rounds"). Set rounds: 0 to run until stopped.
 const DefaultRounds = 100
 
 // Training precisions (workload.precision).

@@ -287,9 +287,8 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 			c.Experiment.ID = "charlm-demo"
 			c.Workload.Factory = "p2ptrain.workloads.charlm:CharLM"
 			c.Workload.Config = map[string]any{}
-			// Heavy ball, as for digits: with 3 trainers at H 20 the swarm's held-out loss
-			// trailed one node with the same compute by 1.2–2.2 % (mean of rounds 51–60,
-			// three runs), 3.0–4.6 % with Nesterov (docs/diloco-cost.md).
+			// Heavy ball, as for digits: it trails one node with the same compute by less
+			// than Nesterov does (docs/diloco-cost.md).
 			// The workload's 64 KiB shard files, two per trainer and window, as for lm.
 			c.Dataset.MicroshardBytes = 65536
 			c.Lease.MicroshardsPerTrainer = 2
@@ -300,8 +299,8 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		}
 		c.Protocol.Overlap = o.Overlap
 		if o.workload() == WorkloadLM {
-			// sparse's larger outer step (1.5) was measured on lm: on charlm, with heavy
-			// ball, it learned 2.5 % worse than 1.0 (docs/wan.md), so the others keep 1.0.
+			// sparse's larger outer step is lm's: the other workloads keep 1.0
+			// (docs/wan.md).
 			c.Protocol.DiLoCo.OuterLR = config.OuterLRFor(c.Protocol)
 		}
 		if o.Momentum != nil {

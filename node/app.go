@@ -78,7 +78,13 @@ func newNode(cfg *config.Config, opts Options, extra ...fx.Option) (*Node, error
 			return l
 		}),
 		Module(cfg, opts),
-		fx.Populate(&n.status, &n.http, &n.errs, &n.self, &n.reg),
+		fx.Populate(&n.status, &n.errs, &n.self, &n.reg),
+		fx.Invoke(func(p struct {
+			fx.In
+			HTTP *status.HTTPServer `optional:"true"`
+		}) {
+			n.http = p.HTTP
+		}),
 		fx.Options(extra...),
 	)
 	if err := app.Err(); err != nil {
@@ -100,6 +106,7 @@ func Module(cfg *config.Config, opts Options) fx.Option {
 			func() *loopErrors { return &loopErrors{} },
 		),
 		storageModule(cfg),
+		pruneModule(cfg),
 		identityModule(cfg, opts),
 		hostModule(cfg, opts),
 		discoveryModule(cfg, opts),
@@ -122,16 +129,9 @@ func storageModule(cfg *config.Config) fx.Option {
 				return artifact.OpenStore(filepath.Join(cfg.Node.StoreDir, "artifacts"), artifact.Options{ChunkSize: cfg.Node.ChunkSize})
 			},
 			func() (*chain.Store, error) { return chain.OpenStore(filepath.Join(cfg.Node.StoreDir, "heads")) },
-			func(store *artifact.Store, heads *chain.Store, t *chain.Tips, m *status.Metrics, log *slog.Logger) *upkeep.Pruner {
-				if cfg.Node.Archive {
-					return nil
-				}
-				// Keep the tip's contributions where trainers rebuild heads from them.
-				return upkeep.NewPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == diloco.Sparse, cfg.Node.StoreDir,
-					upkeep.PruneCounters{Artifacts: m.PrunedArtifacts, Bytes: m.PrunedBytes}, log.With("pkg", "node", "component", "prune"))
-			},
 			fx.Annotate(
-				func(store *artifact.Store, pr *upkeep.Pruner, log *slog.Logger) (*checkpoint.Checkpointer, error) {
+				func(p checkpointParams) (*checkpoint.Checkpointer, error) {
+					store, pr, log := p.Store, p.Pruner, p.Log
 					var opts []checkpoint.Option
 					if pr != nil {
 						// Kept generations pin their heads' artifacts: more of them than
@@ -143,6 +143,29 @@ func storageModule(cfg *config.Config) fx.Option {
 				fx.OnStop(func(ctx context.Context, c *checkpoint.Checkpointer) error { return c.Close() }),
 			),
 		),
+	)
+}
+
+type checkpointParams struct {
+	fx.In
+	Store  *artifact.Store
+	Pruner *upkeep.Pruner `optional:"true"` // absent with node.archive
+	Log    *slog.Logger
+}
+
+// pruneModule deletes what no kept head, checkpoint or open round needs from the artifact
+// store, after each checkpoint (upkeep.Pruner); absent with node.archive.
+func pruneModule(cfg *config.Config) fx.Option {
+	if cfg.Node.Archive {
+		return fx.Options()
+	}
+	return fx.Module("prune",
+		fx.Provide(func(store *artifact.Store, heads *chain.Store, t *chain.Tips, m *status.Metrics, log *slog.Logger) *upkeep.Pruner {
+			// Keep the tip's contributions where trainers rebuild heads from them.
+			return upkeep.NewPruner(store, heads, t, cfg.Node.KeepHeads, cfg.Protocol.Codec == diloco.Sparse, cfg.Node.StoreDir,
+				upkeep.PruneCounters{Artifacts: m.PrunedArtifacts, Bytes: m.PrunedBytes}, log.With("pkg", "node", "component", "prune"))
+		}),
+		fx.Invoke(func(p *upkeep.Pruner, x *artifact.Exchange) { p.SetPartials(x.RemoveIdlePartials) }),
 	)
 }
 
@@ -204,7 +227,7 @@ func needsRuntime(cfg *config.Config) bool {
 
 func runtimeModule(cfg *config.Config, opts Options) fx.Option {
 	if !needsRuntime(cfg) {
-		return fx.Module("runtime", fx.Provide(func() pyruntime.Runtime { return nil }))
+		return fx.Options()
 	}
 	if opts.Runtime != nil {
 		return fx.Module("runtime", fx.Provide(func(reg prometheus.Registerer) pyruntime.Runtime {
@@ -253,11 +276,6 @@ func busModule(cfg *config.Config) fx.Option {
 				return b
 			},
 		),
-		fx.Invoke(func(p *upkeep.Pruner, x *artifact.Exchange) {
-			if p != nil {
-				p.SetPartials(x.RemoveIdlePartials)
-			}
-		}),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, heads *chain.Store, t *chain.Tips, log *slog.Logger) {
 			tip := func() cid.Cid { id, _ := t.Current(); return id }
 			svc := chain.NewSyncService(h, heads, tip, log.With("pkg", "chain"), cfg.Node.StreamDeadline)
@@ -279,7 +297,7 @@ func validatorIDs(cfg *config.Config, self peer.ID) []peer.ID {
 
 func httpModule(cfg *config.Config) fx.Option {
 	if cfg.Node.HTTP == "" || cfg.Node.HTTP == "off" {
-		return fx.Provide(func() *status.HTTPServer { return nil })
+		return fx.Options()
 	}
 	return fx.Module("http",
 		fx.Provide(fx.Annotate(

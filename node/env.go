@@ -39,10 +39,9 @@ type env struct {
 	store      *artifact.Store
 	heads      *chain.Store
 	rt         pyruntime.Runtime // nil when the node runs no workload
-	data       *dataState
 	status     *status.Board
 	keeper     *upkeep.Keeper
-	validators []string // peers whose signatures make a head canonical
+	validators validatorPeers // peers whose signatures make a head canonical
 	progress   io.Writer
 	metrics    *status.Metrics
 	peers      *status.PeerRounds // rounds announced by peers
@@ -58,13 +57,13 @@ func (e *env) isValidator(p string) bool { return slices.Contains(e.validators, 
 // done reports whether the experiment's round limit is reached.
 func (e *env) done() bool {
 	_, h := e.tips.Current()
-	return h != nil && e.cfg.Experiment.Rounds > 0 && h.Round >= uint64(e.cfg.Experiment.Rounds)
+	return h != nil && e.cfg.Experiment.RoundLimitReached(h.Round)
 }
 
 // headArtifacts lists the artifacts of h this node needs: the parameters always, the
 // outer optimizer state only on a validator, which merges from it. A trainer trains on the
-// parameters alone; fetching the momentum too doubled its download every round (2.2× the
-// fp32 model received per round, measured on the WAN harness).
+// parameters alone and does not download the momentum (docs/design-notes.md, "What a
+// trainer fetches").
 //
 // A node that rebuilds heads keeps the outer state too: it fetches it once, when it has no
 // parent to rebuild from, and afterwards makes it itself.

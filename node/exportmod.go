@@ -17,10 +17,10 @@ import (
 
 // exportModule keeps export.dir current while the node runs (export.every_rounds > 0): the
 // watcher submits every Nth canonical head and the writer exports it in the background, so
-// rounds never wait for the disk. Off, it provides a nil writer.
+// rounds never wait for the disk. Off, it is absent.
 func exportModule(cfg *config.Config) fx.Option {
 	if cfg.Export.EveryRounds <= 0 || cfg.Export.Dir == "" {
-		return fx.Provide(func() *export.Writer { return nil })
+		return fx.Options()
 	}
 	return fx.Module("export",
 		fx.Provide(fx.Annotate(

@@ -29,7 +29,10 @@ type announcer struct {
 	started int64
 }
 
-func (a *announcer) run(ctx context.Context) error {
+func (*announcer) name() string { return "announce" }
+
+func (a *announcer) run(ctx context.Context, s *startup) error {
+	a.capacity = s.capacity
 	t := time.NewTicker(gossip.AnnounceEvery)
 	defer t.Stop()
 	for {
@@ -69,7 +72,9 @@ type watcher struct {
 	credits creditBook
 }
 
-func (w *watcher) run(ctx context.Context) error {
+func (*watcher) name() string { return "watch" }
+
+func (w *watcher) run(ctx context.Context, _ *startup) error {
 	last := time.Now()
 	var lastRound uint64 = math.MaxUint64
 	// Heads recorded in chain order once their held-out metrics come (validator/heldout.go):

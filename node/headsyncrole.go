@@ -11,7 +11,13 @@ import (
 	"github.com/p2pnode/p2pnode/headsync"
 )
 
-// newHeadSync is head sync (package headsync) wired to this node: every node runs it.
+// headsLoop is head sync (package headsync) wired to this node: every node runs it.
+type headsLoop struct{ *env }
+
+func (*headsLoop) name() string { return "heads" }
+
+func (l *headsLoop) run(ctx context.Context, _ *startup) error { return newHeadSync(l.env).Run(ctx) }
+
 func newHeadSync(e *env) *headsync.Sync {
 	return headsync.New(headsync.Params{Experiment: e.cfg.Experiment.ID, Self: e.self, IsValidator: e.isValidator,
 		Bus: e.bus, Tips: e.tips, Heads: e.heads, Peers: hostPeers{e.host}, FetchArtifacts: e.fetchHeadArtifacts,

@@ -16,13 +16,10 @@ import (
 )
 
 // hostModule provides the libp2p host (p2p.NewHost) and its byte counters, or the host
-// the caller gave in Options (without counters).
+// the caller gave in Options (without counters: nothing counts its bytes).
 func hostModule(cfg *config.Config, opts Options) fx.Option {
 	if opts.Host != nil {
-		return fx.Module("host",
-			fx.Provide(func() host.Host { return opts.Host }),
-			fx.Provide(func() *metrics.BandwidthCounter { return nil }, func() *p2p.ByteCounter { return nil }),
-		)
+		return fx.Module("host", fx.Provide(func() host.Host { return opts.Host }))
 	}
 	return fx.Module("host",
 		fx.Provide(

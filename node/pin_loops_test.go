@@ -70,7 +70,7 @@ func (b *hubBus) Fetch(_ context.Context, id cid.Cid, _ ...peer.ID) error {
 	return fmt.Errorf("fetch %s: %w", id, artifact.ErrNotFound)
 }
 
-// runPinnedLoops runs the pinned experiment through the role loops themselves (runRoles:
+// runPinnedLoops runs the pinned experiment through the role loops themselves (runLoops:
 // start-up, head sync, announcer, watcher, validator or trainer), one validator and three
 // trainers joined by a hubBus, inside a synctest bubble: the clock is fake and moves only
 // when every loop waits, so each lease's expiry, every deadline and every "has the leader
@@ -127,7 +127,8 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 			cks = append(cks, ck)
 			e, err := newEnv(envParams{Cfg: &ncfg, Log: log, Self: pid, Key: key, Host: hosts[i], Bus: hub.join(id, store),
 				Tips: chain.NewTips(heads, validatorSet(&ncfg, pid), ncfg.Experiment.Quorum), Store: store, Heads: heads, Wrap: honestWindows,
-				Runtime: synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &status.Board{},
+				Validators: validatorSet(&ncfg, pid),
+				Runtime:    synth.New(filepath.Join(ncfg.Node.StoreDir, "scratch")), Status: &status.Board{},
 				Keeper: upkeep.NewKeeper(ck, i == 0 || rebuildsHeads(&ncfg)), Metrics: status.NewMetrics(prometheus.NewRegistry())})
 			require.NoError(t, err)
 			envs = append(envs, e)
@@ -136,7 +137,8 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 		var stopped sync.Map
 		start := func(i int) {
 			go func() {
-				err := runRoles(ctx, envs[i], rolesOf(envs[i].cfg, envs[i]), func() { stopped.Store(names[i], true) })
+				e := envs[i]
+				err := runLoops(ctx, e, loopsOf(t, e, log, func() { stopped.Store(names[i], true) }))
 				if err != nil {
 					err = fmt.Errorf("%s: %w", names[i], err)
 				}
@@ -222,4 +224,23 @@ func TestPinnedLoopsRunHeads(t *testing.T) {
 			require.Equal(t, tc.heads, got.heads, "head CIDs of rounds 0..%d", pinRounds)
 		})
 	}
+}
+
+// loopsOf are the loops the node's modules make, made from e (for tests that run the
+// loops without the fx graph): head sync, announcer, watcher (stop ends the run) and the
+// roles of e's config.
+func loopsOf(t *testing.T, e *env, log *slog.Logger, stop func()) []loop {
+	self, err := peer.Decode(e.self)
+	require.NoError(t, err)
+	out := []loop{&headsLoop{env: e}, &announcer{env: e, started: time.Now().UnixMilli()}, &watcher{env: e, stop: stop}}
+	if e.cfg.Experiment.HasRole(config.RoleValidator) {
+		out = append(out, newValidatorRole(validatorDeps{Cfg: e.cfg, Log: log, Self: self, Key: e.key, Validators: e.validators,
+			Bus: e.bus, Tips: e.tips, Heads: e.heads, Store: e.store, Runtime: e.rt, FetchHead: e.fetchHeadArtifacts,
+			Keeper: e.keeper, Status: e.status, Metrics: e.metrics}))
+	}
+	if e.cfg.Experiment.HasRole(config.RoleTrainer) {
+		out = append(out, newTrainerRole(trainerDeps{Cfg: e.cfg, Log: log, Self: self, Validators: e.validators,
+			Bus: e.bus, Tips: e.tips, Heads: e.heads, Wrap: e.wrapWork, Keeper: e.keeper, Status: e.status, Metrics: e.metrics}))
+	}
+	return out
 }

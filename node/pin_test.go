@@ -32,7 +32,7 @@ import (
 // train the synthetic workload for pinRounds rounds, and two tests must both make these
 // heads:
 //
-//   - TestPinnedLoopsRunHeads (pin_loops_test.go) runs the role loops themselves (runRoles)
+//   - TestPinnedLoopsRunHeads (pin_loops_test.go) runs the role loops themselves (runLoops)
 //     on a fake clock (testing/synctest), so every lease expiry, which each head records
 //     through its lease ids, is the same in every run. A mocknet cluster cannot be pinned:
 //     who gets which lease, and when, depend on timing.
@@ -198,7 +198,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 	}
 	record(baseID, base)
 
-	// Trainers as runRoles makes them, each with its own worker (and residual).
+	// Trainers as start-up makes them, each with its own worker (and residual).
 	trainers := map[string]*round.Trainer{}
 	var peers []string
 	for i := range pinTrainers {

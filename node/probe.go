@@ -28,15 +28,15 @@ type prober interface {
 // state) sets its lease deadline from the lease's steps and this speed instead of
 // lease.first_deadline. A probe that cannot run (no such capability, no data within
 // probeTimeout) leaves the speed unknown; it never stops the trainer.
-func probeSpeed(ctx context.Context, e *env, c *trainer.Capacity) {
+func probeSpeed(ctx context.Context, e *env, data *dataState, c *trainer.Capacity) {
 	p, ok := e.rt.(prober)
-	if !ok || e.data == nil || len(e.data.plan.Shards) == 0 {
+	if !ok || data == nil || len(data.plan.Shards) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	start := time.Now()
-	paths, err := e.data.Paths(ctx, []uint32{0})
+	paths, err := data.Paths(ctx, []uint32{0})
 	if err == nil {
 		var r pyruntime.ProbeResult
 		if r, err = p.Probe(ctx, paths, probeSteps); err == nil {

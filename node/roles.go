@@ -36,76 +36,69 @@ func rolesModule(cfg *config.Config) fx.Option {
 				return status.NewBoard(status.Status{Peer: self.String(), Roles: cfg.Experiment.Roles, Network: cfg.Experiment.Network,
 					Experiment: cfg.Experiment.ID, Started: time.Now()})
 			},
-			func(heads *chain.Store, self peer.ID) *chain.Tips {
-				return chain.NewTips(heads, validatorSet(cfg, self), cfg.Experiment.Quorum)
+			func(self peer.ID) validatorPeers { return validatorSet(cfg, self) },
+			func(heads *chain.Store, vs validatorPeers) *chain.Tips {
+				return chain.NewTips(heads, vs, cfg.Experiment.Quorum)
 			},
 			func(ck *checkpoint.Checkpointer) *upkeep.Keeper {
 				return upkeep.NewKeeper(ck, cfg.Experiment.HasRole(config.RoleValidator) || rebuildsHeads(cfg))
 			},
 			func() wrapWindows { return honestWindows },
 			newEnv,
+			func(e *env) headFetcher { return e.fetchHeadArtifacts },
+			// The loops every node runs.
+			asLoop(func(e *env) *headsLoop { return &headsLoop{env: e} }),
+			asLoop(func(e *env) *announcer { return &announcer{env: e, started: time.Now().UnixMilli()} }),
+			asLoop(func(e *env, sd fx.Shutdowner) *watcher { return &watcher{env: e, stop: func() { _ = sd.Shutdown() }} }),
 		),
 		roleModules(cfg),
 		fx.Invoke(startLoops),
 	)
 }
 
-// roleLoop makes one role's loop once start-up has run. Each role's module puts its
-// roleLoop in the "roles" group; the loops every node runs (head sync, announcer, watcher)
-// are not roles and are made by runRoles itself.
-type roleLoop struct {
-	name string
-	make func(s *startup) (func(context.Context) error, error)
+// loop is one of the node's long-running parts: the roles, and the loops every node runs
+// (head sync, announcer, watcher). Each module puts its loop in the "loops" group; they all
+// run, once start-up is done, until one fails or the node stops.
+type loop interface {
+	// name labels the loop's errors.
+	name() string
+	// run runs the loop until ctx ends, with what start-up made.
+	run(ctx context.Context, s *startup) error
 }
 
-// startup is what start-up (runRoles) hands the role loops: the round.Trainer restored from
-// the checkpoint, the trainer's measured speed and the merge policy.
+// asLoop annotates a constructor of a loop so that its result joins the "loops" group.
+func asLoop(constructor any) any {
+	return fx.Annotate(constructor, fx.As(new(loop)), fx.ResultTags(`group:"loops"`))
+}
+
+// startup is what start-up (startUp) hands the loops: the dataset, the round.Trainer
+// restored from the checkpoint, the trainer's measured speed and the merge policy.
 type startup struct {
+	data     *dataState
 	work     *round.Trainer
 	capacity *trainer.Capacity
 	policy   round.Policy
 	params   int64 // the model's parameter count (0: the workload did not say)
 }
 
+// validatorPeers are the peers whose signatures make a head canonical (validatorSet).
+type validatorPeers []string
+
+// headFetcher makes sure the artifacts a head needs are here (env.fetchHeadArtifacts).
+type headFetcher func(ctx context.Context, h *chain.Head, hints ...peer.ID) error
+
 // roleModules is one fx module per role this node has, as the config's experiment.roles
-// selects them (the celestia-node nodebuilder pattern): each provides its role's loop.
+// selects them (the celestia-node nodebuilder pattern): each provides its role's loop,
+// made from the dependencies it declares.
 func roleModules(cfg *config.Config) fx.Option {
 	var mods []fx.Option
-	for _, r := range roleLoopsFor(cfg) {
-		mods = append(mods, fx.Module(r.name, fx.Provide(fx.Annotate(r.loop, fx.ResultTags(`group:"roles"`)))))
-	}
-	return fx.Options(mods...)
-}
-
-// roleConstructor names a role and how its loop is made from the node's env.
-type roleConstructor struct {
-	name string
-	make func(e *env) func(s *startup) (func(context.Context) error, error)
-}
-
-// loop is the role's roleLoop for e.
-func (c roleConstructor) loop(e *env) roleLoop { return roleLoop{name: c.name, make: c.make(e)} }
-
-// roleLoopsFor lists the role loops experiment.roles asks for, validator first.
-func roleLoopsFor(cfg *config.Config) []roleConstructor {
-	var out []roleConstructor
 	if cfg.Experiment.HasRole(config.RoleValidator) {
-		out = append(out, roleConstructor{"validator", validatorLoop})
+		mods = append(mods, fx.Module("validator", fx.Provide(asLoop(newValidatorRole))))
 	}
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
-		out = append(out, roleConstructor{"trainer", trainerLoop})
+		mods = append(mods, fx.Module("trainer", fx.Provide(asLoop(newTrainerRole))))
 	}
-	return out
-}
-
-// rolesOf is the role loops of cfg made for e, as the role modules make them (for tests
-// that run the loops without the fx graph).
-func rolesOf(cfg *config.Config, e *env) []roleLoop {
-	var out []roleLoop
-	for _, r := range roleLoopsFor(cfg) {
-		out = append(out, r.loop(e))
-	}
-	return out
+	return fx.Options(mods...)
 }
 
 // validatorSet is the configured validators, or this node alone when none are configured
@@ -119,24 +112,25 @@ func validatorSet(cfg *config.Config, self peer.ID) []string {
 
 type envParams struct {
 	fx.In
-	Cfg     *config.Config
-	Opts    Options
-	Log     *slog.Logger
-	Self    peer.ID
-	Key     crypto.PrivKey
-	Host    host.Host
-	Bus     bus.Bus
-	Tips    *chain.Tips
-	Store   *artifact.Store
-	Heads   *chain.Store
-	Runtime pyruntime.Runtime
-	Status  *status.Board
-	Keeper  *upkeep.Keeper
-	Metrics *status.Metrics
-	Export  *export.Writer
-	Pruner  *upkeep.Pruner
-	Wrap    wrapWindows
-	Bytes   *p2p.ByteCounter `optional:"true"`
+	Cfg        *config.Config
+	Opts       Options
+	Log        *slog.Logger
+	Self       peer.ID
+	Key        crypto.PrivKey
+	Host       host.Host
+	Bus        bus.Bus
+	Tips       *chain.Tips
+	Store      *artifact.Store
+	Heads      *chain.Store
+	Runtime    pyruntime.Runtime `optional:"true"` // absent without a workload
+	Status     *status.Board
+	Keeper     *upkeep.Keeper
+	Metrics    *status.Metrics
+	Export     *export.Writer `optional:"true"` // absent with export off
+	Pruner     *upkeep.Pruner `optional:"true"` // absent with node.archive
+	Wrap       wrapWindows
+	Bytes      *p2p.ByteCounter `optional:"true"` // absent with a given host
+	Validators validatorPeers
 }
 
 func newEnv(p envParams) (*env, error) {
@@ -158,7 +152,7 @@ func newEnv(p envParams) (*env, error) {
 	}
 	e := &env{cfg: p.Cfg, policy: policy, log: p.Log.With("pkg", "node"), rootLog: p.Log, self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
-		validators: validatorSet(p.Cfg, p.Self), progress: p.Opts.Progress, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
+		validators: p.Validators, progress: p.Opts.Progress, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
 		bytes: p2p.NewByteMeter(p.Bytes), pruner: p.Pruner}
 	p.Status.Peers = func(round uint64) []status.PeerStatus {
 		return status.PeerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
@@ -177,11 +171,11 @@ func rebuildsHeads(cfg *config.Config) bool {
 	return !cfg.Experiment.HasRole(config.RoleValidator) && cfg.Experiment.HasRole(config.RoleTrainer) && cfg.Protocol.Codec == diloco.Sparse
 }
 
-// startLoops runs start-up (dataset, worker, checkpoint) and then the role loops in the
+// startLoops runs start-up (dataset, worker, checkpoint) and then the loops in the
 // background, on a context that lives as long as the app.
 func startLoops(p loopParams) {
 	runInBackground(p.Lc, func(ctx context.Context) {
-		if err := runRoles(ctx, p.Env, p.Roles, func() { _ = p.Sd.Shutdown() }); err != nil && !errors.Is(err, context.Canceled) {
+		if err := runLoops(ctx, p.Env, p.Loops); err != nil && !errors.Is(err, context.Canceled) {
 			// Run returns err to the caller, which reports it once.
 			p.Env.log.Debug("node failed", "err", err)
 			p.Errs.set(err)
@@ -196,20 +190,20 @@ type loopParams struct {
 	Sd    fx.Shutdowner
 	Env   *env
 	Errs  *loopErrors
-	Roles []roleLoop `group:"roles"`
+	Loops []loop `group:"loops"`
 }
 
-// runRoles does the long start-up work and runs the loops every node runs and its roles'
-// until one fails or the run ends.
-func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error {
-	cfg := e.cfg
-	capac := &trainer.Capacity{}
+// startUp does the long start-up work: it starts the workload, loads (or prepares) the
+// dataset, restores the node's state from its checkpoint or chain, and probes a trainer's
+// speed.
+func startUp(ctx context.Context, e *env) (*startup, error) {
+	cfg, policy := e.cfg, e.policy
 	var params int64
 	if e.rt != nil {
 		e.log.Info("starting workload", "factory", cfg.Workload.Factory, "interpreter", cfg.Workload.Interpreter)
 		info, err := e.rt.Start(ctx)
 		if err != nil {
-			return fmt.Errorf("start workload: %w", err)
+			return nil, fmt.Errorf("start workload: %w", err)
 		}
 		e.log.Info("workload ready", "workload", info.Workload, "device", info.Device, "device_name", info.DeviceName,
 			"precision", info.Precision, "params", info.ParamCount)
@@ -220,48 +214,42 @@ func runRoles(ctx context.Context, e *env, roles []roleLoop, stop func()) error 
 	}
 	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.rootLog), e.store, busFetcher{e.bus}, e.rootLog)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	e.data = data
 	if e.pruner != nil {
 		e.pruner.SetDataset(data.shards.IDs())
 	}
-	policy := e.policy
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
 		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
 		SparseWarmup: cfg.Protocol.SparseWarmupRounds, SparseWarmupFactor: cfg.Protocol.SparseWarmupFactor,
 		FeedbackDecay: cfg.Protocol.SparseFeedbackDecay}
 	if err := restore(ctx, e, work); err != nil {
-		return err
+		return nil, err
 	}
 	// After restore set the residual, before any loop can checkpoint.
 	e.keeper.TrackResidual(work.ReadResidual)
 
+	capac := &trainer.Capacity{}
 	if cfg.Experiment.HasRole(config.RoleTrainer) {
-		probeSpeed(ctx, e, capac)
+		probeSpeed(ctx, e, data, capac)
 	}
+	return &startup{data: data, work: work, capacity: capac, policy: policy, params: params}, nil
+}
 
-	loops := map[string]func(context.Context) error{
-		"heads":    newHeadSync(e).Run,
-		"announce": (&announcer{env: e, capacity: capac, started: time.Now().UnixMilli()}).run,
-		"watch":    (&watcher{env: e, stop: stop}).run,
-	}
-	s := &startup{work: work, capacity: capac, policy: policy, params: params}
-	for _, r := range roles {
-		loop, err := r.make(s)
-		if err != nil {
-			return err
-		}
-		loops[r.name] = loop
+// runLoops does start-up and then runs the loops until one fails or ctx ends.
+func runLoops(ctx context.Context, e *env, loops []loop) error {
+	s, err := startUp(ctx, e)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(loops))
-	for name, loop := range loops {
+	for _, l := range loops {
 		go func() {
-			err := loop(ctx)
+			err := l.run(ctx, s)
 			if err != nil && !errors.Is(err, context.Canceled) {
-				err = fmt.Errorf("%s: %w", name, err)
+				err = fmt.Errorf("%s: %w", l.name(), err)
 			}
 			errc <- err
 		}()

@@ -3,16 +3,22 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/fx"
 	"golang.org/x/sys/unix"
 
+	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/trainer"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 // wrapWindows makes what the trainer role trains with out of the node's round.Trainer
@@ -23,27 +29,48 @@ type wrapWindows func(*round.Trainer) trainer.Window
 // honestWindows trains with the round.Trainer as it is.
 func honestWindows(t *round.Trainer) trainer.Window { return t }
 
-// trainerLoop is the trainer role (package trainer) wired to this node.
-func trainerLoop(e *env) func(s *startup) (func(context.Context) error, error) {
-	return func(s *startup) (func(context.Context) error, error) {
-		work := e.wrapWork(s.work)
-		var eager trainer.Eager
-		if e.cfg.Protocol.Overlap == config.OverlapEager {
-			// Windows trained ahead train with the round.Trainer itself: a decorated one (the
-			// attack build's) would corrupt only the windows trained after a wait.
-			if honest, ok := work.(*round.Trainer); ok {
-				eager = honest
-			} else {
-				e.log.Warn("protocol.overlap: eager is off on this node: its windows are decorated (attack build)")
-			}
+// trainerDeps are what the trainer role needs of the node.
+type trainerDeps struct {
+	fx.In
+	Cfg        *config.Config
+	Log        *slog.Logger
+	Self       peer.ID
+	Validators validatorPeers
+	Bus        bus.Bus
+	Tips       *chain.Tips
+	Heads      *chain.Store
+	Wrap       wrapWindows
+	Keeper     *upkeep.Keeper
+	Status     *status.Board
+	Metrics    *status.Metrics
+}
+
+// trainerRole is the trainer role (package trainer) wired to this node.
+type trainerRole struct{ trainerDeps }
+
+func newTrainerRole(d trainerDeps) *trainerRole { return &trainerRole{d} }
+
+func (*trainerRole) name() string { return "trainer" }
+
+func (r *trainerRole) run(ctx context.Context, s *startup) error {
+	log := r.Log.With("pkg", "node")
+	work := r.Wrap(s.work)
+	var eager trainer.Eager
+	if r.Cfg.Protocol.Overlap == config.OverlapEager {
+		// Windows trained ahead train with the round.Trainer itself: a decorated one (the
+		// attack build's) would corrupt only the windows trained after a wait.
+		if honest, ok := work.(*round.Trainer); ok {
+			eager = honest
+		} else {
+			log.Warn("protocol.overlap: eager is off on this node: its windows are decorated (attack build)")
 		}
-		return trainer.New(trainer.Params{
-			Experiment: e.cfg.Experiment.ID, Seed: e.cfg.Experiment.Seed, InnerSteps: e.cfg.Protocol.InnerSteps,
-			Rounds: e.cfg.Experiment.Rounds, Self: e.self, IsValidator: e.isValidator,
-			Bus: e.bus, Chain: chainView{e}, Work: work, Eager: eager, Capacity: s.capacity,
-			Sink: trainerSink{e}, Log: e.log, Room: storeRoom(e.cfg.Node.StoreDir, s.params),
-		}).Run, nil
 	}
+	return trainer.New(trainer.Params{
+		Experiment: r.Cfg.Experiment.ID, Seed: r.Cfg.Experiment.Seed, InnerSteps: r.Cfg.Protocol.InnerSteps,
+		Rounds: r.Cfg.Experiment.Rounds, Self: r.Self.String(), IsValidator: func(p string) bool { return slices.Contains(r.Validators, p) },
+		Bus: r.Bus, Chain: chainView{r.Tips, r.Heads}, Work: work, Eager: eager, Capacity: s.capacity,
+		Sink: trainerSink{r.Keeper, r.Status, r.Metrics}, Log: log, Room: storeRoom(r.Cfg.Node.StoreDir, s.params),
+	}).Run(ctx)
 }
 
 // minLeaseRoom is the least free space a trainer's store needs to take a lease, whatever
@@ -69,21 +96,28 @@ func storeRoom(dir string, params int64) func() error {
 }
 
 // chainView is the canonical head (tips) and the head store, as the roles read them.
-type chainView struct{ e *env }
+type chainView struct {
+	tips  *chain.Tips
+	heads *chain.Store
+}
 
-func (c chainView) Current() (cid.Cid, *chain.Head) { return c.e.tips.Current() }
-func (c chainView) Changed() <-chan struct{}        { return c.e.tips.Changed() }
+func (c chainView) Current() (cid.Cid, *chain.Head) { return c.tips.Current() }
+func (c chainView) Changed() <-chan struct{}        { return c.tips.Changed() }
 func (c chainView) Head(id cid.Cid) (*chain.Head, error) {
-	_, h, err := c.e.heads.Get(id)
+	_, h, err := c.heads.Get(id)
 	return h, err
 }
 
 // trainerSink puts what the trainer role does on the status page and the metrics, and
 // gives the checkpoint keeper the inner optimizer's latest state.
-type trainerSink struct{ e *env }
+type trainerSink struct {
+	keeper  *upkeep.Keeper
+	status  *status.Board
+	metrics *status.Metrics
+}
 
 func (s trainerSink) Holding(l *trainer.Held) {
-	s.e.status.Update(func(st *status.Status) {
+	s.status.Update(func(st *status.Status) {
 		st.Leases = nil
 		if l != nil {
 			st.Leases = []status.LeaseStatus{{Round: l.Round, Lease: l.Lease.String(), Microshards: l.Microshards, Expiry: l.Expiry}}
@@ -92,8 +126,8 @@ func (s trainerSink) Holding(l *trainer.Held) {
 }
 
 func (s trainerSink) Trained(t trainer.Trained) {
-	s.e.keeper.Trained(t.OptState)
-	s.e.status.Update(func(st *status.Status) {
+	s.keeper.Trained(t.OptState)
+	s.status.Update(func(st *status.Status) {
 		st.Last = &status.ContributionInfo{Round: t.Round, Delta: t.Delta.String(), Samples: t.Samples, Loss: t.Loss, Seconds: t.Seconds, At: time.Now()}
 		if w := t.Window; w.Overlap {
 			if st.Overlap == nil {
@@ -106,7 +140,7 @@ func (s trainerSink) Trained(t trainer.Trained) {
 			}
 		}
 	})
-	s.e.metrics.Trained(t.Samples, t.TrainSeconds, t.Loss, t.Window)
+	s.metrics.Trained(t.Samples, t.TrainSeconds, t.Loss, t.Window)
 }
 
-func (s trainerSink) Event(kind, format string, args ...any) { s.e.status.Event(kind, format, args...) }
+func (s trainerSink) Event(kind, format string, args ...any) { s.status.Event(kind, format, args...) }

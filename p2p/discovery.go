@@ -82,13 +82,9 @@ type keptPeer struct {
 // KeptWatch keeps a node connected to its kept peers (Keep), and remembers the addresses
 // it reached them at. A validator is configured by peer id only; its addresses are what
 // the peerstore learnt while connected to it, and the peerstore can lose them when the
-// connection drops: seen in TestRestartedPeerIsRedialledWithin2s, about 1 run in 40 under
-// load, the peerstore held no address for the peer once it was gone ("no addresses"), and
-// the peer was never dialled again. Identify rewrites a peer's addresses and their TTLs on
-// each exchange and on the last disconnection; the exchange of a connection that closed
-// at once racing that disconnection is the likely cause, not proven. So every outbound
-// connection's remote address, and the addresses the peerstore holds while connected, are
-// kept here as well.
+// connection drops (docs/design-notes.md, "Kept peers"). So every outbound connection's
+// remote address, and the addresses the peerstore holds while connected, are kept here
+// as well.
 type KeptWatch struct {
 	h      host.Host
 	peers  []peer.AddrInfo
@@ -296,27 +292,49 @@ func RendezvousLoop(ctx context.Context, h host.Host, d *dht.IpfsDHT, ns string,
 	}
 }
 
-// NewMDNS is the mDNS service that finds the peers of cfg's network on the LAN and
-// connects to them; it runs between its Start and Close.
-func NewMDNS(h host.Host, cfg *config.Config, log *slog.Logger) mdns.Service {
-	return mdns.NewMdnsService(h, "p2ptrain-"+cfg.Experiment.Network, &mdnsNotifee{h: h, log: log})
+// MDNS finds the peers of the experiment's network on the LAN and connects to them,
+// between Start and Close.
+type MDNS struct {
+	svc    mdns.Service
+	cancel context.CancelFunc
+	n      *mdnsNotifee
+}
+
+// NewMDNS is the mDNS discovery of cfg's network on h.
+func NewMDNS(h host.Host, cfg *config.Config, log *slog.Logger) *MDNS {
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &mdnsNotifee{ctx: ctx, h: h, log: log}
+	return &MDNS{svc: mdns.NewMdnsService(h, "p2ptrain-"+cfg.Experiment.Network, n), cancel: cancel, n: n}
+}
+
+// Start starts answering and querying on the LAN.
+func (m *MDNS) Start() error { return m.svc.Start() }
+
+// Close stops the service, cancels the connections it started and waits for them.
+func (m *MDNS) Close() error {
+	err := m.svc.Close()
+	m.cancel()
+	m.n.wg.Wait()
+	return err
 }
 
 type mdnsNotifee struct {
+	ctx context.Context // ends with the MDNS
+	wg  sync.WaitGroup  // the connections started
 	h   host.Host
 	log *slog.Logger
 }
 
 // HandlePeerFound connects to peers found on the LAN.
 func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
-	if ai.ID == n.h.ID() {
+	if ai.ID == n.h.ID() || n.ctx.Err() != nil {
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	n.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
 		defer cancel()
 		if err := n.h.Connect(ctx, ai); err == nil {
 			n.log.Info("connected to a peer on the LAN", "peer", ai.ID.String())
 		}
-	}()
+	})
 }

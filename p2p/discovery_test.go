@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,9 +38,10 @@ func TestKeepConnectedRedialsAfterAnOutage(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	failed := &dialFailures{}
 	go func() {
 		defer close(done)
-		keepConnected(ctx, node, []peer.AddrInfo{{ID: boot.ID(), Addrs: boot.Addrs()}}, slog.New(slog.DiscardHandler))
+		keepConnected(ctx, node, []peer.AddrInfo{{ID: boot.ID(), Addrs: boot.Addrs()}}, slog.New(failed))
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	connected := func() bool { return node.Network().Connectedness(boot.ID()) == network.Connected }
@@ -48,7 +50,7 @@ func TestKeepConnectedRedialsAfterAnOutage(t *testing.T) {
 	for outage := range 2 {
 		require.NoError(t, mn.UnlinkPeers(node.ID(), boot.ID()))
 		require.NoError(t, mn.DisconnectPeers(node.ID(), boot.ID()))
-		time.Sleep(4 * time.Second) // dials at +0s, +1s, +3s fail
+		failed.await(t, 3)
 		require.False(t, connected())
 		_, err := mn.LinkPeers(node.ID(), boot.ID())
 		require.NoError(t, err)
@@ -95,9 +97,10 @@ func TestRestartedPeerIsRedialledWithin2s(t *testing.T) {
 
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
+			failed := &dialFailures{}
 			go func() {
 				defer close(done)
-				w.Keep(ctx, slog.New(slog.DiscardHandler))
+				w.Keep(ctx, slog.New(failed))
 			}()
 			t.Cleanup(func() { cancel(); <-done })
 			connected := func() bool { return node.Network().Connectedness(server.ID()) == network.Connected }
@@ -108,7 +111,7 @@ func TestRestartedPeerIsRedialledWithin2s(t *testing.T) {
 				require.Eventually(t, func() bool { return !connected() }, 10*time.Second, 10*time.Millisecond)
 				node.Peerstore().ClearAddrs(server.ID())
 			}
-			time.Sleep(5 * time.Second) // dials fail, backoffs grow
+			failed.await(t, 5) // backoffs grow to their longest
 			require.False(t, connected())
 			server = listen(addr.String())
 			t.Cleanup(func() { server.Close() })
@@ -210,4 +213,28 @@ func (l *lockedLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// dialFailures is a log handler that counts the kept-peer dials that failed.
+type dialFailures struct {
+	n atomic.Int64
+}
+
+func (d *dialFailures) Enabled(context.Context, slog.Level) bool { return true }
+func (d *dialFailures) WithAttrs([]slog.Attr) slog.Handler       { return d }
+func (d *dialFailures) WithGroup(string) slog.Handler            { return d }
+
+func (d *dialFailures) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "dial of a bootstrap peer or validator failed" {
+		d.n.Add(1)
+	}
+	return nil
+}
+
+// await waits until n more dials than now have failed.
+func (d *dialFailures) await(t *testing.T, n int64) {
+	t.Helper()
+	want := d.n.Load() + n
+	require.Eventually(t, func() bool { return d.n.Load() >= want }, 30*time.Second, 10*time.Millisecond,
+		"%d failed dials of the kept peer", n)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
 )
@@ -53,7 +54,7 @@ type aheadWindow struct {
 // made from window w (trained for l, on base), once the trainers in peers (leased with it)
 // have published their updates for l's round (updates.go).
 func (t *Trainer) startAhead(ctx context.Context, w *round.Window, base *chain.Head, l lease.Lease, peers []string) {
-	if len(l.Next) == 0 || l.NextSteps == 0 || (t.Rounds > 0 && l.Round >= uint64(t.Rounds)) {
+	if len(l.Next) == 0 || l.NextSteps == 0 || config.RoundLimitReached(t.Rounds, l.Round) {
 		return
 	}
 	start, err := t.rebaseAhead(w, base)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/round"
@@ -127,13 +128,17 @@ func (t *Trainer) Run(ctx context.Context) error {
 	if t.Eager != nil {
 		t.updates = newUpdates()
 		hctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go t.updates.hear(hctx, in.Contributions, func() uint64 {
-			if _, h := t.Chain.Current(); h != nil {
-				return h.Round
-			}
-			return 0
-		})
+		heard := make(chan struct{})
+		go func() {
+			defer close(heard)
+			t.updates.hear(hctx, in.Contributions, func() uint64 {
+				if _, h := t.Chain.Current(); h != nil {
+					return h.Round
+				}
+				return 0
+			})
+		}()
+		defer func() { stop(); <-heard }()
 	}
 	defer func() {
 		if t.ahead != nil {
@@ -171,7 +176,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 // done reports whether the experiment's round limit is reached.
 func (t *Trainer) done() bool {
 	_, h := t.Chain.Current()
-	return h != nil && t.Rounds > 0 && h.Round >= uint64(t.Rounds)
+	return h != nil && config.RoundLimitReached(t.Rounds, h.Round)
 }
 
 func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (err error) {

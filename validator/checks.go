@@ -180,14 +180,14 @@ func (v *validator) startCheck(ctx context.Context, c *check) {
 	cctx, cancel := context.WithCancel(ctx)
 	c.cancel = cancel
 	v.checks.running = c
-	go func() {
+	v.work.Go(func() {
 		defer cancel()
 		res := v.runCheck(cctx, c)
 		select {
 		case v.checks.done <- res:
 		case <-ctx.Done():
 		}
-	}()
+	})
 }
 
 // runCheck recomputes c's merge (not for genesis), within one round timeout, and fetches

@@ -3,6 +3,7 @@ package validator
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ipfs/go-cid"
@@ -22,6 +23,7 @@ import (
 type deltaFetches struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
+	wg      *sync.WaitGroup // the fetches running: the validator's, joined when its run ends
 	done    chan fetchResult
 	pending map[string]pendingFetch // by trainer
 }
@@ -39,10 +41,11 @@ type fetchResult struct {
 	err   error
 }
 
-// newDeltaFetches starts the fetches of one round; stop cancels what is still running.
-func newDeltaFetches(ctx context.Context) *deltaFetches {
+// newDeltaFetches starts the fetches of one round, each counted in wg; stop cancels what
+// is still running (the owner of wg joins them).
+func newDeltaFetches(ctx context.Context, wg *sync.WaitGroup) *deltaFetches {
 	ctx, cancel := context.WithCancel(ctx)
-	return &deltaFetches{ctx: ctx, cancel: cancel, done: make(chan fetchResult), pending: map[string]pendingFetch{}}
+	return &deltaFetches{ctx: ctx, cancel: cancel, wg: wg, done: make(chan fetchResult), pending: map[string]pendingFetch{}}
 }
 
 func (f *deltaFetches) stop() { f.cancel() }
@@ -51,7 +54,7 @@ func (f *deltaFetches) stop() { f.cancel() }
 // until deadline. Its result arrives on done unless the round ends first.
 func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid, hint peer.ID, deadline time.Time) {
 	f.pending[from] = pendingFetch{rc: rc, delta: delta, start: time.Now()}
-	go func() {
+	f.wg.Go(func() {
 		ctx, cancel := context.WithDeadline(f.ctx, deadline)
 		defer cancel()
 		err := b.Fetch(ctx, delta, hint)
@@ -59,7 +62,7 @@ func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid,
 		case f.done <- fetchResult{from: from, delta: delta, err: err}:
 		case <-f.ctx.Done():
 		}
-	}()
+	})
 }
 
 // finish takes the pending fetch res reports on; false when there is none (the round

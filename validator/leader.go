@@ -84,11 +84,11 @@ type openRound struct {
 
 // newOpenRound is the leader's state for the round after base; its fetches run under ctx
 // until the caller stops them.
-func newOpenRound(ctx context.Context, validators []string, self string, baseID cid.Cid, base *chain.Head, firstAttempt uint64) *openRound {
+func newOpenRound(ctx context.Context, work *sync.WaitGroup, validators []string, self string, baseID cid.Cid, base *chain.Head, firstAttempt uint64) *openRound {
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
 		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
 		order: lease.Leaders(validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{},
-		leases: map[cid.Cid]lease.Lease{}, fetches: newDeltaFetches(ctx)}
+		leases: map[cid.Cid]lease.Lease{}, fetches: newDeltaFetches(ctx, work)}
 	r.rank = slices.Index(r.order, self)
 	return r
 }
@@ -136,7 +136,7 @@ func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
 		// Already signed a head for this round (as a follower): see it through.
 		return awaiting(p.base.Round+1, l), nil
 	}
-	r := newOpenRound(ctx, v.Validators, v.Self, p.baseID, p.base, p.firstAttempt)
+	r := newOpenRound(ctx, &v.work, v.Validators, v.Self, p.baseID, p.base, p.firstAttempt)
 	p.r = r
 	if p.held != nil {
 		r.held = p.held
@@ -535,7 +535,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	var next map[string][]uint32
 	var nextSteps map[string]int
 	// No reservation for a round after the experiment's last.
-	if v.Config.Protocol.Overlap == config.OverlapEager && (v.Config.Experiment.Rounds == 0 || r.round < uint64(v.Config.Experiment.Rounds)) {
+	if v.Config.Protocol.Overlap == config.OverlapEager && !v.Config.Experiment.RoundLimitReached(r.round) {
 		next, nextSteps = reserve(r.nextPool(avail, plan), plan, work, share, budget, v.Config.Protocol.InnerSteps, seed)
 	}
 	peers := make([]string, 0, len(plan))

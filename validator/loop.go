@@ -118,6 +118,11 @@ func startOver() *next { return &next{} }
 func (v *validator) run(ctx context.Context) error {
 	in := v.Bus.Subscribe()
 	defer in.Close()
+	// What runs off the loop (checks, fetches) ends with the run: cancelled (the deferred
+	// cancel runs first), then joined.
+	defer v.work.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	defer v.startHeldOut(ctx)()
 	if err := v.ensureGenesis(ctx); err != nil {
 		return err

@@ -2,6 +2,7 @@ package validator
 
 import (
 	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/ipfs/go-cid"
@@ -23,7 +24,7 @@ func leadingValidator(t *testing.T, self string, validators []string, round uint
 	v := newValidator(Params{Config: config.Default(), Log: slog.New(slog.DiscardHandler), Self: self, Sink: &testSink{},
 		Validators: validators})
 	v.quarantine = lease.NewQuarantine(1, 10, 5)
-	r := newOpenRound(t.Context(), validators, self, base, head, 0)
+	r := newOpenRound(t.Context(), new(sync.WaitGroup), validators, self, base, head, 0)
 	return v, r
 }
 

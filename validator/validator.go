@@ -39,8 +39,11 @@ import (
 // aside for that round and follows the new leader's proposal (stepaside.go).
 type validator struct {
 	Params
-	trainers   *trainerSet
-	checks     *checks // the proposals of other validators being checked (checks.go)
+	trainers *trainerSet
+	checks   *checks // the proposals of other validators being checked (checks.go)
+	// work counts the goroutines the run starts off its loop (proposal checks, delta
+	// fetches): cancelled with their round or the run, joined when the run ends.
+	work       sync.WaitGroup
 	quarantine *lease.Quarantine
 	paces      *paces
 	// locks records, per round, the head this validator signed (proposed or attested): it
@@ -182,7 +185,7 @@ func (v *validator) isValidator(p string) bool { return slices.Contains(v.Valida
 // done reports whether the experiment's round limit is reached.
 func (v *validator) done() bool {
 	_, h := v.Tips.Current()
-	return h != nil && v.Config.Experiment.Rounds > 0 && h.Round >= uint64(v.Config.Experiment.Rounds)
+	return h != nil && v.Config.Experiment.RoundLimitReached(h.Round)
 }
 
 func (v *validator) pruneLocks(below uint64) {
