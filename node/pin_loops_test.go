@@ -214,6 +214,35 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 	return run
 }
 
+// pinnedLoopHeads are the heads the node's loops make for pinnedRuns. Their params are the
+// direct run's (the same contributions merged the same way), but not their heads: a young
+// chain's leader waits for joining trainers before its first grant (the lease times differ)
+// and proposes against its own reference window (validator/reference.go), which the direct
+// run has neither of.
+var pinnedLoopHeads = map[string][]string{
+	"diloco-fp32": {
+		"bafireidfek3tmdbs7jgi5s4v4ehmma4r725xr3huxl7zxh7xmhznm33fz4",
+		"bafireibj63xbid4ulrdhvx2ib4haacjrpbl2o774o65dgeolceyttkp35y",
+		"bafireicz33vly2hfzykcrcfmd47c5pscas67k7wm6n2lbnkakb77ux6ana",
+		"bafireiaogbvjx7nimtacifl6rmzdokfy2b4b5xv3z7iv6jjaa6fpliz7je",
+		"bafireidvqty33h2a3zj2onatuork6yjxvphvjjfqmezrdivqtnr537qbuq",
+	},
+	"ema-int8": {
+		"bafireih6qdvplzexxegw3aflmsvjkcni3pqg72ubajlprqk4mwj4d6omy4",
+		"bafireif3kvpde7rvr7dvrgrrqdr5nkq5shtrby46molx2inwlfrz3m7kzm",
+		"bafireihx3cevhscnytrjwtzjry6l2kf6ujllkdoye6cyno7ftrfkmhi4pq",
+		"bafireiez7yitbg53oc64ym5wkzp3bjofjiarrkdfvyxrqjeyjuughprxbq",
+		"bafireihxtwty3xsxgepyrqjkbbzp7ppf32fk3lu5izb7k5ufx66lvpvi7m",
+	},
+	"diloco-sparse": {
+		"bafireibyhbk43rfsim74j6ew7rhk4hh6atosma3fgrkhlofsjl5474xhq4",
+		"bafireibndciqrempeczzgpccpnmkcak2w37tr5t4c3mohqvtjv5ykz3tpu",
+		"bafireif3gaiy6od3fwhburwb4qq3flzlhwmv2fbiaw5t7o4njjdqulodiu",
+		"bafireifngove5qcd5jvml67q6musa74paddyenuacd2lemyjtiwzdo5wke",
+		"bafireibwrn7rdyjr3pk4pjmk3lckdmcy7tv3adeazdckzrijtd3p5f4rcy",
+	},
+}
+
 func TestPinnedLoopsRunHeads(t *testing.T) {
 	for _, tc := range pinnedRuns {
 		t.Run(tc.name, func(t *testing.T) {
@@ -221,7 +250,7 @@ func TestPinnedLoopsRunHeads(t *testing.T) {
 			t.Logf("heads:  %q", got.heads)
 			t.Logf("params: %q", got.params)
 			require.Equal(t, tc.params, got.params, "params CIDs of rounds 0..%d", pinRounds)
-			require.Equal(t, tc.heads, got.heads, "head CIDs of rounds 0..%d", pinRounds)
+			require.Equal(t, pinnedLoopHeads[tc.name], got.heads, "head CIDs of rounds 0..%d", pinRounds)
 		})
 	}
 }
