@@ -10,9 +10,9 @@ import (
 )
 
 // TestInterruptIsQuiet: Ctrl-C (SIGINT to the node's process group, as a terminal sends it)
-// stops a training node with exit status 130 and no warning or error on the way out; then
-// `p2pnode status` says the node is not running and names its last head, instead of
-// "connection refused".
+// stops a training node with exit status 130, one "stopping…" line and no warning or error
+// on the way out; then `p2pnode status` says the node is not running and names its last
+// head, instead of "connection refused".
 func TestInterruptIsQuiet(t *testing.T) {
 	cfg := digitsConfig(t, t.TempDir(), 0)
 	requirePython(t, cfg.Workload.Interpreter)
@@ -36,10 +36,18 @@ func TestInterruptIsQuiet(t *testing.T) {
 		t.Fatalf("after Ctrl-C the node exited with %v, want status 130", err)
 	}
 	after := p.Logs()[before:]
+	stopping := 0
 	for _, l := range strings.Split(after, "\n") {
+		if strings.HasPrefix(l, "p2pnode: stopping…") {
+			stopping++
+			continue
+		}
 		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") || strings.HasPrefix(l, "p2pnode:") {
 			t.Errorf("shutting down logged: %s", l)
 		}
+	}
+	if stopping != 1 {
+		t.Errorf("Ctrl-C printed %d \"p2pnode: stopping…\" lines, want one:\n%s", stopping, after)
 	}
 
 	bin, err := Binary()
