@@ -137,8 +137,9 @@ func scratchDead(dir string, pid int) bool {
 }
 
 // processAlive says whether pid names a process that still runs. A zombie (exited, not yet
-// reaped by its parent) answers signal 0 like a live process, but it has closed its files
-// and released its locks: it is dead to the sweep.
+// reaped by its parent) answers signal 0 like a live process, but it is dead to the sweep:
+// its files are closed and its locks released once its last thread has exited (the leader
+// shows Z a moment before that; scratchDead's lock check covers the moment).
 func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	if err != nil && !errors.Is(err, syscall.EPERM) {

@@ -143,10 +143,21 @@ func TestSweepRemovesScratchOfZombies(t *testing.T) {
 	cmd, dir := startScratchHelper(t, base)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	waitState(t, cmd.Process.Pid, 'Z') // not reaped: no Wait yet
-	removed, err := sweepScratch(base)
-	require.NoError(t, err)
+	// The thread group leader shows Z as soon as it has exited, while the helper's other
+	// threads may still be exiting and holding its files (and so the lock) for a moment:
+	// the sweep leaves the directory until the lock is free. Wait for that, the process
+	// still a zombie throughout (nothing reaps it before the test ends).
+	var removed []string
+	require.Eventually(t, func() bool {
+		var err error
+		removed, err = sweepScratch(base)
+		require.NoError(t, err)
+		return len(removed) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the zombie's scratch directory was never swept")
 	require.Equal(t, []string{dir}, removed)
 	require.NoDirExists(t, dir)
+	st, ok := procState(cmd.Process.Pid)
+	require.True(t, ok && st == 'Z', "the helper is still an unreaped zombie when its directory goes")
 }
 
 // startZombie starts a child that exits at once and is left unreaped until the test ends.
