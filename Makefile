@@ -101,15 +101,12 @@ test-attack:
 
 # The one-third-attackers matrix, short form (issue 12, docs/security.md).
 test-attack-matrix:
-	@# Every row but alie: with the reference screening its one-third row stalled (14.5 min in
-	@# a clean-clone CI run without finishing); issue 42 has it. Run it alone with
-	@# P2PNODE_ATTACK_MATRIX=short:alie.
-	P2PNODE_ATTACK_MATRIX=short:nan,x1000,sign-flip,noise,replay,copy,stale-base,unleased,never-report,late,collude,drift $(GO) test -race -count=1 -tags attack -timeout 15m -run 'TestOneThirdAttackers$$' ./node/
+	P2PNODE_ATTACK_MATRIX=short $(GO) test -race -count=1 -tags attack -timeout 15m -run 'TestOneThirdAttackers$$' ./node/
 
 # The half matrix (issue 42, docs/security.md): short form, 4 honest + 4 attackers mixed,
 # one row at a time against one clean run (as its table in docs/security.md was measured).
 test-half-matrix:
-	P2PNODE_HALF_MATRIX=short:nan,x1000,sign-flip,noise,replay,copy,stale-base,unleased,never-report,late,collude,drift,sign-flip-first P2PNODE_ATTACK_PARALLEL=1 $(GO) test -race -count=1 -tags attack -timeout 30m -run 'TestHalfAttackers$$' ./node/
+	P2PNODE_HALF_MATRIX=short P2PNODE_ATTACK_PARALLEL=1 $(GO) test -race -count=1 -tags attack -timeout 30m -run 'TestHalfAttackers$$' ./node/
 
 # Its full form, 8 honest + 8 attackers, one row at a time (not in `make test`).
 test-half-matrix-full:

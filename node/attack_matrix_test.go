@@ -483,15 +483,22 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte, shape matrixSh
 	}
 	if k.first {
 		// The attackers own the young chain: they and the validator start, and the honest
-		// trainers only once round 2 is merged (or a minute has passed: the leases wait
-		// for lease.min_group, which the attackers alone meet).
+		// trainers only once round 2 is merged, or once the validator has turned the
+		// attackers' round 1 away (its reference screening does): a chain nobody honest
+		// trains cannot advance, and the time it waits for the first honest trainer is
+		// the volunteers' absence, not a stall the attackers caused. A minute at most: the
+		// leases wait for lease.min_group, which the attackers alone meet.
 		for _, n := range attackers {
 			c.start(n)
 		}
 		time.Sleep(2500 * time.Millisecond)
 		c.start(v)
 		deadline := time.Now().Add(time.Minute)
-		for v.n.Status().Round < 2 && time.Now().Before(deadline) {
+		for time.Now().Before(deadline) {
+			st := v.n.Status()
+			if st.Round >= 2 || (st.Validator != nil && st.Validator.Rejections["low_cosine"] >= uint64(len(attackers))) {
+				break
+			}
 			time.Sleep(100 * time.Millisecond)
 		}
 		for _, n := range honest {
