@@ -567,8 +567,16 @@ func (s *Screening) decideTrusted() {
 	for _, k := range fit {
 		v := &s.verdicts[k]
 		v.Bar = bar
-		if s.onProbation(k) && probation && clear {
-			v.Bar = max(v.Bar, floor)
+		if s.onProbation(k) {
+			// A peer the chain has not merged often enough to trust must at least point
+			// along the validator's own window, which attackers cannot move: once honest
+			// cosines fall toward noise the calibrated bar falls below zero, where a sign
+			// flip of an honest update passes it. Where honest updates clear the floor by
+			// far, the floor.
+			v.Bar = max(v.Bar, 0)
+			if probation && clear {
+				v.Bar = max(v.Bar, floor)
+			}
 		}
 		if !(v.RefCosine >= v.Bar) {
 			v.reject(ReasonLowCosine)

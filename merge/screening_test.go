@@ -872,3 +872,51 @@ func TestCohortAfterTheCosinesFell(t *testing.T) {
 		})
 	}
 }
+
+// TestProbationAgainstTheReferenceWantsAPositiveCosine: converged, honest windows point
+// along the validator's own window only a little (cosine about +0.1), the calibrated bar
+// has fallen far below zero and the floor stands aside (the history's mean cosine is below
+// twice the noise bar). A sign flip of an honest update (about −0.1) then passes from a
+// peer the chain trusts, but not from one on probation: half the swarm flipping from fresh
+// peer ids can no longer earn its way in through such rounds. An honest newcomer passes.
+func TestProbationAgainstTheReferenceWantsAPositiveCosine(t *testing.T) {
+	const n = 16384
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	hist := History{Rounds: 20, Norm: 128, Ref: Moments{N: 20, Mean: 0.05, Var: 0.04}}
+	for seed := uint64(1); seed <= 5; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 41))
+		ref := gauss(rng, n, 1)
+		deltas := make([][]float32, 8)
+		for j := range deltas {
+			d := gauss(rng, n, 1)
+			for i := range d {
+				d[i] += 0.1 * ref[i] // cosine to ref about 0.1
+			}
+			if j >= 4 {
+				d = scaled(deltas[j-4], -1) // the flip of an honest update
+			}
+			deltas[j] = d
+		}
+		for _, tc := range []struct {
+			name      string
+			probation []bool
+			want      []Reason
+		}{
+			{"nobody on probation", nil, []Reason{ReasonNone, ReasonNone, ReasonNone, ReasonNone, ReasonNone, ReasonNone, ReasonNone, ReasonNone}},
+			{"flippers on probation", []bool{false, false, false, false, true, true, true, true},
+				[]Reason{ReasonNone, ReasonNone, ReasonNone, ReasonNone, ReasonLowCosine, ReasonLowCosine, ReasonLowCosine, ReasonLowCosine}},
+			{"everyone on probation", []bool{true, true, true, true, true, true, true, true},
+				[]Reason{ReasonNone, ReasonNone, ReasonNone, ReasonNone, ReasonLowCosine, ReasonLowCosine, ReasonLowCosine, ReasonLowCosine}},
+		} {
+			v, err := ScreenTrusted(deltas, ref, hist, tc.probation, cfg, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range v {
+				if v[j].Reason != tc.want[j] {
+					t.Errorf("seed %d, %s, delta %d: %q, want %q (%+v)", seed, tc.name, j, v[j].Reason, tc.want[j], v[j])
+				}
+			}
+		}
+	}
+}
