@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/dataset"
+	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/invite"
 	"github.com/p2pnode/p2pnode/synth"
 )
@@ -15,6 +17,8 @@ import (
 // A validator serves the experiment's record, signed by itself; a trainer serves none.
 func TestValidatorServesTheExperimentRecord(t *testing.T) {
 	c := newCluster(t, 1, 1, 2, 4)
+	work := &progress.Recorder{}
+	c.nodes[1].work = work
 	c.startAll()
 	v, tr := c.nodes[0], c.nodes[1]
 	var r *invite.Record
@@ -44,4 +48,17 @@ func TestValidatorServesTheExperimentRecord(t *testing.T) {
 	_, _, err = invite.Fetch(context.Background(), v.host, tr.host.ID())
 	require.Error(t, err, "a trainer serves no record")
 	c.waitDone(time.Minute)
+
+	// The trainer was shown the heads' parameters it fetched, whole.
+	var params int
+	for _, k := range work.Tasks() {
+		if strings.HasSuffix(k.Name, "'s parameters") {
+			params++
+			require.True(t, strings.HasPrefix(k.Name, "fetching round "), k.Name)
+			require.Equal(t, k.Total, k.Done, k.Name)
+			require.True(t, k.Finished, k.Name)
+			require.NoError(t, k.Err, k.Name)
+		}
+	}
+	require.Positive(t, params)
 }
