@@ -12,6 +12,8 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 // Verified chunks wait for the disk in a queue of writeQueue chunks and at most
@@ -30,7 +32,9 @@ type download struct {
 	x      *Exchange
 	id     cid.Cid
 	log    *slog.Logger
-	prev   *download // an abandoned download of the same id that must release its files first
+	name   string        // what the download is shown as (progress)
+	task   progress.Task // set once the manifest is known
+	prev   *download     // an abandoned download of the same id that must release its files first
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -187,7 +191,11 @@ func (d *download) run() {
 		}
 	}
 	start := time.Now()
-	if err := d.fetch(); err != nil {
+	err := d.fetch()
+	if d.task != nil {
+		d.task.Finish(err)
+	}
+	if err != nil {
 		if d.x.ctx.Err() != nil {
 			err = ErrClosed
 		}
@@ -218,6 +226,7 @@ func (d *download) fetch() error {
 		d.log.Info("resuming download", "have_bytes", resumed, "size", m.Size)
 	}
 	d.m = m
+	d.task = progress.Start(d.x.opts.Progress, d.name, progress.InBytes, m.Size, uint64(resumed))
 	d.pt = part
 	d.window = d.x.opts.window(m.ChunkSize)
 	d.q = newChunkQueue(len(m.Chunks), part.has)
@@ -360,6 +369,7 @@ func (d *download) write(j writeJob) {
 		}
 		return
 	}
+	d.task.Add(uint64(j.n))
 	d.q.done(j.index)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 // ErrNoHolders is returned by Fetch when no reachable peer holds the artifact.
@@ -58,6 +59,9 @@ type ExchangeOptions struct {
 	// stream. Idle time between complete requests is bounded separately, and longer.
 	FrameDeadline time.Duration
 	Logger        *slog.Logger
+	// Progress shows downloads as they go (nil: not shown); each is named by the first
+	// caller's context (progress.WithName).
+	Progress progress.Tracker
 	// Registerer receives the p2ptrain_artifact_* metrics (default: a private registry).
 	Registerer prometheus.Registerer
 
@@ -198,7 +202,7 @@ func (x *Exchange) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) erro
 		x.m.fetches.WithLabelValues(fetchPresent).Inc()
 		return nil
 	}
-	d, err := x.join(id, hints)
+	d, err := x.join(id, hints, progress.Name(ctx, "fetching "+cids.Short(id.String())))
 	if err != nil {
 		return fmt.Errorf("fetch artifact %s: %w", id, err)
 	}
@@ -227,7 +231,7 @@ func fetchOutcome(err error) string {
 }
 
 // join attaches the caller to the running download of id, or starts one.
-func (x *Exchange) join(id cid.Cid, hints []peer.ID) (*download, error) {
+func (x *Exchange) join(id cid.Cid, hints []peer.ID, name string) (*download, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {
@@ -239,6 +243,7 @@ func (x *Exchange) join(id cid.Cid, hints []peer.ID) (*download, error) {
 		return d, nil
 	}
 	d := newDownload(x, id, hints, x.stopping[id])
+	d.name = name
 	x.downloads[id] = d
 	x.wg.Add(1)
 	go func() {

@@ -13,6 +13,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 // ErrUnavailable is returned for a dataset file that is neither in the artifact store nor
@@ -190,7 +191,7 @@ func (s *ShardStore) ensure(ctx context.Context, i int) error {
 	if s.fetch == nil {
 		return fmt.Errorf("%w: %q (%s) is not in the store or %s, and there is no fetcher", ErrUnavailable, f.Path, id, s.rootName())
 	}
-	if err := s.fetch.Fetch(ctx, id); err != nil {
+	if err := s.fetch.Fetch(progress.WithName(ctx, "fetching dataset file "+f.Path), id); err != nil {
 		return fmt.Errorf("%w: fetch %q (%s): %w", ErrUnavailable, f.Path, id, err)
 	}
 	if !s.store.Has(id) {

@@ -109,7 +109,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Out, "demo: preparing the %s dataset in %s\n", o.workload(), cfgs[0].Dataset.Root)
-	if _, err := node.PrepareDataset(ctx, cfgs[0], o.Log); err != nil {
+	if _, err := node.PrepareDataset(ctx, cfgs[0], nil, o.Log); err != nil {
 		return nil, err
 	}
 

@@ -61,6 +61,8 @@ type Machine struct {
 	LookPath func(string) (string, error)
 	// ProbeTimeout bounds the interpreter's probe (importing torch takes seconds).
 	ProbeTimeout time.Duration
+	// DialBack asks a peer whether it can dial this machine (nil: over the network).
+	DialBack DialBack
 }
 
 // System is this machine.
@@ -77,6 +79,7 @@ func (m Machine) Run(ctx context.Context, cfg *config.Config) []Result {
 	out = append(out, disk(cfg), m.memory(), m.shm())
 	out = append(out, ports(cfg)...)
 	out = append(out, bootstrap(ctx, cfg)...)
+	out = append(out, m.reachability(ctx, cfg))
 	return out
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 // Defaults, matching the config's export section.
@@ -26,6 +28,8 @@ type Options struct {
 	// BlockBytes is the unit of comparison and rewriting in place (0: DefaultBlockBytes).
 	BlockBytes int
 	Log        *slog.Logger
+	// Progress shows the export as it goes (nil: not shown).
+	Progress progress.Tracker
 
 	faults *faults // tests only
 }
@@ -98,8 +102,14 @@ func Export(ctx context.Context, src *Source, dir string, opts Options) (*Report
 		}
 	}
 	rep.InPlace = ex != nil
-	t := &txn{dir: dir, src: src, p: p, c: c, opts: opts, a: newApplier(dir, c)}
+	var total uint64
+	for i := range p.files {
+		total += uint64(p.files[i].size())
+	}
+	task := progress.Start(opts.Progress, fmt.Sprintf("exporting round %d to %s", src.Meta.Round, dir), progress.InBytes, total, 0)
+	t := &txn{dir: dir, src: src, p: p, c: c, opts: opts, a: newApplier(dir, c), task: task}
 	err = t.run(ctx, ex, rep)
+	task.Finish(err)
 	t.cleanup(err)
 	if err != nil {
 		return nil, fmt.Errorf("export %s to %s: %w", src.describe(), dir, err)

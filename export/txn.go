@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 // txn is one transaction on a model directory.
@@ -23,6 +25,8 @@ type txn struct {
 	temps   []string      // temp files written (removed if we fail before commit)
 	j       *journalWriter
 	commit  bool // the journal is committed: failures no longer roll back
+	// task shows the model files' bytes compared or written (Options.Progress).
+	task progress.Task
 }
 
 type blockAction struct {
@@ -79,6 +83,7 @@ func (t *txn) prepare(ctx context.Context, ex *existingModel, rep *Report) error
 			switch {
 			case d.changed == 0:
 				fr.Mode = ModeUnchanged
+				t.task.Add(uint64(fp.size()))
 				continue
 			case !d.rewrite:
 				fr.Mode = ModeBlocks
@@ -86,12 +91,13 @@ func (t *txn) prepare(ctx context.Context, ex *existingModel, rep *Report) error
 					return err
 				}
 				t.blocks = append(t.blocks, blockAction{fp: fp, diff: d, rep: fr})
+				t.task.Add(uint64(fp.size()))
 				continue
 			}
 			fr.Mode = ModeRewrite
 		}
 		before := t.c.written
-		tmp, err := t.writeTemp(ctx, fp.name, fp.header, t.src.Data[fp.begin:fp.end])
+		tmp, err := t.writeTemp(ctx, fp.name, t.task, fp.header, t.src.Data[fp.begin:fp.end])
 		if err != nil {
 			return err
 		}
@@ -99,7 +105,7 @@ func (t *txn) prepare(ctx context.Context, ex *existingModel, rep *Report) error
 		t.renames = append(t.renames, [2]string{tmp, fp.name})
 	}
 	if t.p.index != nil && (ex == nil || !ex.indexUnchanged(t.p)) {
-		tmp, err := t.writeTemp(ctx, IndexFile, t.p.index)
+		tmp, err := t.writeTemp(ctx, IndexFile, nil, t.p.index)
 		if err != nil {
 			return err
 		}
@@ -118,8 +124,9 @@ func (t *txn) prepare(ctx context.Context, ex *existingModel, rep *Report) error
 	return nil
 }
 
-// writeTemp writes a whole file to a durable temp file and returns its name.
-func (t *txn) writeTemp(ctx context.Context, name string, parts ...[]byte) (string, error) {
+// writeTemp writes a whole file to a durable temp file and returns its name; task (when
+// not nil) is told of the bytes as they are written.
+func (t *txn) writeTemp(ctx context.Context, name string, task progress.Task, parts ...[]byte) (string, error) {
 	f, err := os.CreateTemp(t.dir, tempPrefix+name+".*"+tempSuffix)
 	if err != nil {
 		return "", fmt.Errorf("create temp file for %s: %w", filepath.Join(t.dir, name), err)
@@ -137,6 +144,9 @@ func (t *txn) writeTemp(ctx context.Context, name string, parts ...[]byte) (stri
 				n := min(len(p), chunk)
 				if _, err := cf.Write(p[:n]); err != nil {
 					return err
+				}
+				if task != nil {
+					task.Add(uint64(n))
 				}
 				t.src.drop(p[:n])
 				p = p[n:]

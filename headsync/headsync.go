@@ -16,6 +16,7 @@ import (
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 // Tips is the node's canonical head: it takes heads offered with their signatures and
@@ -52,7 +53,9 @@ type Params struct {
 	FetchArtifacts func(ctx context.Context, h *chain.Head, hints ...peer.ID) error
 	// Seen, when set, is told of every announce (the node's table of peers' rounds).
 	Seen func(from string, a *gossip.Announce)
-	Log  *slog.Logger
+	// Progress shows a long catch-up as it goes (nil: not shown).
+	Progress progress.Tracker
+	Log      *slog.Logger
 }
 
 // New returns head sync; Run runs it.
@@ -302,7 +305,13 @@ func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 // fetchAncestors gets the heads between h and the newest ancestor this node holds from p
 // (heads are linked by hash, so the tip's signatures vouch for all of them) and says how
 // many it fetched.
-func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (int, error) {
+func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (n int, err error) {
+	var task progress.Task // started at the first head missing
+	defer func() {
+		if task != nil {
+			task.Finish(err)
+		}
+	}()
 	var missing []*chain.Fetched
 	for {
 		parent, err := h.ParentID()
@@ -318,6 +327,9 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 			}
 			break
 		}
+		if task == nil {
+			task = s.catchUpTask(h.Round)
+		}
 		f, err := s.Peers.RequestHead(ctx, p, parent)
 		if err != nil {
 			return 0, fmt.Errorf("fetch ancestor %s of round %d: %w", parent, h.Round, err)
@@ -326,6 +338,7 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 			return 0, fmt.Errorf("ancestor %s claims round %d under round %d", parent, f.Head.Round, h.Round)
 		}
 		missing = append(missing, f)
+		task.Add(1)
 		h = f.Head
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
@@ -339,6 +352,16 @@ func (s *Sync) fetchAncestors(ctx context.Context, p peer.ID, h *chain.Head) (in
 		}
 	}
 	return len(missing), nil
+}
+
+// catchUpTask shows the fetching of the heads up to round: those between the current
+// head and it, when it extends the current head.
+func (s *Sync) catchUpTask(round uint64) progress.Task {
+	total := round
+	if _, cur := s.Tips.Current(); cur != nil && cur.Round < round {
+		total = round - cur.Round - 1
+	}
+	return progress.Start(s.Progress, fmt.Sprintf("catching up on the chain to round %d", round), "heads", total, 0)
 }
 
 // refreshNotes asks p again for the notes of the last heads this node held before it

@@ -21,6 +21,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/cids"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/progress"
 )
 
 type signer struct {
@@ -128,7 +129,8 @@ type harness struct {
 	tips             *chain.Tips
 	heads            *chain.Store
 	peers            *testPeers
-	fetchedArtifacts chan uint64 // rounds whose artifacts were fetched
+	fetchedArtifacts chan uint64        // rounds whose artifacts were fetched
+	work             *progress.Recorder // the progress shown
 	genesis          *chain.SignedHead
 	genesisID        cid.Cid
 }
@@ -138,7 +140,7 @@ type harness struct {
 func newHarness(t *testing.T, selfIsValidator bool) *harness {
 	t.Helper()
 	h := &harness{v1: newSigner(t), v2: newSigner(t), stranger: newSigner(t),
-		bus: &testBus{published: make(chan any, 16), subscribed: make(chan struct{}, 1)}, fetchedArtifacts: make(chan uint64, 16)}
+		bus: &testBus{published: make(chan any, 16), subscribed: make(chan struct{}, 1)}, fetchedArtifacts: make(chan uint64, 16), work: &progress.Recorder{}}
 	var err error
 	h.heads, err = chain.OpenStore(filepath.Join(t.TempDir(), "heads"))
 	require.NoError(t, err)
@@ -160,7 +162,7 @@ func newHarness(t *testing.T, selfIsValidator bool) *harness {
 			h.fetchedArtifacts <- hd.Round
 			return nil
 		},
-		Log: slog.New(slog.DiscardHandler)})
+		Progress: h.work, Log: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -271,6 +273,8 @@ func TestCatchUpFromAPeerAhead(t *testing.T) {
 	for r := uint64(1); r < 3; r++ {
 		require.True(t, h.heads.Has(mustParent(t, h.heads, tip.ID(), 3-r)), "ancestor %d stored", r)
 	}
+	// The two heads between genesis and the tip were shown as fetched.
+	require.Equal(t, []progress.Recorded{{Name: "catching up on the chain to round 3", Unit: "heads", Total: 2, Done: 2, Finished: true}}, h.work.Tasks())
 }
 
 // mustParent walks up n parents from id.

@@ -25,6 +25,7 @@ import (
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/p2p"
 	"github.com/p2pnode/p2pnode/pyruntime"
 	"github.com/p2pnode/p2pnode/status"
@@ -35,6 +36,9 @@ import (
 type Options struct {
 	// Progress receives one line per canonical head (nil = none).
 	Progress io.Writer
+	// Work shows the progress of long work: fetching a head's parameters or the dataset,
+	// catching up on the chain, exporting (nil = not shown).
+	Work progress.Tracker
 	// Logger is the root logger (default slog.Default()).
 	Logger *slog.Logger
 	// Runtime replaces the configured workload (tests use a synthetic Go workload).
@@ -254,8 +258,9 @@ func busModule(cfg *config.Config) fx.Option {
 	return fx.Module("bus",
 		fx.Provide(
 			fx.Annotate(
-				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, log *slog.Logger) *artifact.Exchange {
-					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"), Registerer: reg})
+				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, opts Options, log *slog.Logger) *artifact.Exchange {
+					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"),
+						Registerer: reg, Progress: opts.Work})
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),

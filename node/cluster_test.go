@@ -22,6 +22,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/lease"
 	"github.com/p2pnode/p2pnode/synth"
 )
@@ -50,6 +51,8 @@ type clusterNode struct {
 	logs *syncBuffer
 	// extra options join the node's fx graph (a test attacker decorates its bus).
 	extra []fx.Option
+	// work, when set, is shown the node's long work (Options.Work).
+	work progress.Tracker
 }
 
 // newCluster makes validators+trainers hosts on a fully connected mocknet and their configs.
@@ -142,7 +145,7 @@ func (c *cluster) start(n *clusterNode) {
 	if n.logs != nil {
 		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
 	}
-	node, err := newNode(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log}, n.extra...)
+	node, err := newNode(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Work: n.work}, n.extra...)
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)

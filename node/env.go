@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/export"
+	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/p2p"
 	"github.com/p2pnode/p2pnode/pyruntime"
 	"github.com/p2pnode/p2pnode/round"
@@ -43,6 +44,7 @@ type env struct {
 	keeper     *upkeep.Keeper
 	validators validatorPeers // peers whose signatures make a head canonical
 	progress   io.Writer
+	work       progress.Tracker // shows long work (Options.Work); nil: not shown
 	metrics    *status.Metrics
 	peers      *status.PeerRounds // rounds announced by peers
 	bytes      *p2p.ByteMeter     // libp2p bytes moved, per round
@@ -80,7 +82,7 @@ func (e *env) fetchHeadArtifacts(ctx context.Context, h *chain.Head, hints ...pe
 	if e.rebuild != nil {
 		e.tryRebuild(ctx, h, hints)
 	}
-	for _, get := range e.headArtifacts(h) {
+	for i, get := range e.headArtifacts(h) {
 		id, err := get()
 		if err != nil {
 			return err
@@ -88,7 +90,12 @@ func (e *env) fetchHeadArtifacts(ctx context.Context, h *chain.Head, hints ...pe
 		if !id.Defined() || e.store.Has(id) {
 			continue
 		}
-		if err := e.bus.Fetch(ctx, id, hints...); err != nil {
+		what := "parameters"
+		if i > 0 {
+			what = "outer optimizer state"
+		}
+		named := progress.WithName(ctx, fmt.Sprintf("fetching round %d's %s", h.Round, what))
+		if err := e.bus.Fetch(named, id, hints...); err != nil {
 			return fmt.Errorf("head round %d: fetch %s: %w", h.Round, id, err)
 		}
 	}

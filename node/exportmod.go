@@ -24,12 +24,12 @@ func exportModule(cfg *config.Config) fx.Option {
 	}
 	return fx.Module("export",
 		fx.Provide(fx.Annotate(
-			func(arts *artifact.Store, heads *chain.Store, reg prometheus.Registerer, log *slog.Logger) (*export.Writer, error) {
+			func(arts *artifact.Store, heads *chain.Store, reg prometheus.Registerer, opts Options, log *slog.Logger) (*export.Writer, error) {
 				elog := log.With("pkg", "export")
 				return export.NewWriter(export.WriterOptions{
 					Dir: cfg.Export.Dir,
 					Export: export.Options{InPlace: cfg.Export.InPlace, ShardBytes: cfg.Export.ShardBytes,
-						BlockBytes: cfg.Export.BlockBytes, Log: elog},
+						BlockBytes: cfg.Export.BlockBytes, Log: elog, Progress: opts.Work},
 					Artifacts: arts, Heads: heads, Registerer: reg,
 					OnDone: func(r *export.Report, err error) {
 						if err != nil {

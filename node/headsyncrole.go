@@ -21,7 +21,7 @@ func (l *headsLoop) run(ctx context.Context, _ *startup) error { return newHeadS
 func newHeadSync(e *env) *headsync.Sync {
 	return headsync.New(headsync.Params{Experiment: e.cfg.Experiment.ID, Self: e.self, IsValidator: e.isValidator,
 		Bus: e.bus, Tips: e.tips, Heads: e.heads, Peers: hostPeers{e.host}, FetchArtifacts: e.fetchHeadArtifacts,
-		Seen: e.peers.Seen, Log: e.log})
+		Seen: e.peers.Seen, Progress: e.work, Log: e.log})
 }
 
 // hostPeers is the libp2p host's connected peers and the chain sync protocol over it.

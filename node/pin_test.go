@@ -162,7 +162,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 	require.NoError(t, err)
 	heads, err := chain.OpenStore(filepath.Join(dir, "heads"))
 	require.NoError(t, err)
-	ds, err := loadData(ctx, cfg, runtimeOptions(cfg, log), store, nil, log)
+	ds, err := loadData(ctx, cfg, runtimeOptions(cfg, log), store, nil, nil, log)
 	require.NoError(t, err)
 	policy, err := mergePolicy(cfg)
 	require.NoError(t, err)

@@ -152,7 +152,7 @@ func newEnv(p envParams) (*env, error) {
 	}
 	e := &env{cfg: p.Cfg, policy: policy, log: p.Log.With("pkg", "node"), rootLog: p.Log, self: p.Self.String(), key: p.Key, host: p.Host, bus: p.Bus, tips: p.Tips,
 		store: p.Store, heads: p.Heads, rt: p.Runtime, status: p.Status, keeper: p.Keeper,
-		validators: p.Validators, progress: p.Opts.Progress, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
+		validators: p.Validators, progress: p.Opts.Progress, work: p.Opts.Work, metrics: p.Metrics, peers: &status.PeerRounds{}, wrapWork: p.Wrap, exporter: p.Export,
 		bytes: p2p.NewByteMeter(p.Bytes), pruner: p.Pruner}
 	p.Status.Peers = func(round uint64) []status.PeerStatus {
 		return status.PeerTable(e.self, p.Cfg.Experiment.Roles, round, e.validators, e.peers, p.Host)
@@ -212,7 +212,7 @@ func startUp(ctx context.Context, e *env) (*startup, error) {
 			e.log.Warn("workload: "+w, "interpreter", cfg.Workload.Interpreter)
 		}
 	}
-	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.rootLog), e.store, busFetcher{e.bus}, e.rootLog)
+	data, err := loadData(ctx, cfg, runtimeOptions(cfg, e.rootLog), e.store, busFetcher{e.bus}, e.work, e.rootLog)
 	if err != nil {
 		return nil, err
 	}

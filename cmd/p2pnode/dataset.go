@@ -66,15 +66,15 @@ experiment must use the same --chunk-size as its node.chunk_size.`,
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(g, cfg.Node.LogLevel, os.Stderr)
+			o, err := newOutputs(g, cfg.Node.LogLevel, cmd.OutOrStdout(), os.Stderr)
 			if err != nil {
 				return err
 			}
-			plan, err := node.PrepareDataset(cmd.Context(), cfg, log)
+			plan, err := node.PrepareDataset(cmd.Context(), cfg, o.work, o.log)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "dataset %s ready: %d microshards of about %d bytes\n", cfg.Dataset.Manifest, len(plan.Shards), plan.TargetBytes)
+			fmt.Fprintf(o.out, "dataset %s ready: %d microshards of about %d bytes\n", cfg.Dataset.Manifest, len(plan.Shards), plan.TargetBytes)
 			return nil
 		},
 	}

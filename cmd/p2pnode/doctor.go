@@ -21,10 +21,14 @@ func newDoctorCmd() *cobra.Command {
 		Use:   "doctor [--config FILE]",
 		Short: "Check that this machine can run a node, and say how to fix what is missing",
 		Long: `Check the interpreter and torch (naming the interpreter the node will use), CUDA and the
-device, free disk for the store and dataset, memory, /dev/shm, the ports and the bootstrap
-peers, for the config given (default: p2pnode.yaml when it exists, else the defaults). Each
-failed check prints its fix. doctor changes nothing: it runs the interpreter once and binds
-each fixed port for an instant. The exit status is 1 when a check failed.`,
+device, free disk for the store and dataset, memory, /dev/shm, the ports, the bootstrap
+peers, and whether this machine is reachable from outside (AutoNAT: a bootstrap peer,
+validators first, is asked to dial it back; behind a NAT the node works through relays and
+hole punching, and doctor says which port to forward), for the config given (default:
+p2pnode.yaml when it exists, else the defaults). Each failed check prints its fix. doctor
+changes nothing: it runs the interpreter once, binds each fixed port for an instant, and
+asks the peer from a short-lived libp2p host with a fresh key. The exit status is 1 when a
+check failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := doctorConfig(cfgPath, cmd.Flags().Changed("config"))

@@ -49,10 +49,11 @@ interpreter; if that fails, the model is still exported and a warning says why
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(g, cfg.Node.LogLevel, os.Stderr)
+			o, err := newOutputs(g, cfg.Node.LogLevel, cmd.OutOrStdout(), os.Stderr)
 			if err != nil {
 				return err
 			}
+			log := o.log
 			if out == "" {
 				out = cfg.Export.Dir
 			}
@@ -78,7 +79,7 @@ interpreter; if that fails, the model is still exported and a warning says why
 			}
 			defer src.Close()
 			rep, err := export.Export(cmd.Context(), src, out, export.Options{
-				InPlace: inPlace, ShardBytes: shardBytes, BlockBytes: blockBytes, Log: log,
+				InPlace: inPlace, ShardBytes: shardBytes, BlockBytes: blockBytes, Log: log, Progress: o.work,
 			})
 			if err != nil {
 				return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
+	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/invite"
 	"github.com/p2pnode/p2pnode/node"
 	"github.com/p2pnode/p2pnode/p2p"
@@ -119,7 +120,7 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 		return nil, err
 	}
 	fmt.Fprintf(out, "fetching the experiment from %s …\n", info.ID)
-	rec, err := invite.FetchFrom(ctx, key, info)
+	rec, sizes, err := invite.FetchFrom(ctx, key, info)
 	if err != nil {
 		if prev != nil && prevRec != nil {
 			fmt.Fprintf(out, "could not reach %s (%v): starting with the experiment joined before (%s)\n", info.ID, err, invite.ID(prevRec.Experiment))
@@ -186,7 +187,7 @@ func joinExperiment(ctx context.Context, addr string, f *joinFlags, out io.Write
 	if err != nil {
 		return nil, err
 	}
-	printJoinPlan(out, j, loaded, cfgPath, prevRec)
+	printJoinPlan(out, j, sizes, loaded, cfgPath, prevRec)
 	return loaded, nil
 }
 
@@ -293,8 +294,9 @@ func joinIdentity(path string) (crypto.PrivKey, []byte, error) {
 	return k, raw, nil
 }
 
-// printJoinPlan says what the node is about to do.
-func printJoinPlan(out io.Writer, j *invite.Joined, cfg *config.Config, cfgPath string, prev *invite.Record) {
+// printJoinPlan says what the node is about to do, with the sizes the validator reported
+// (nil: it reported none).
+func printJoinPlan(out io.Writer, j *invite.Joined, sz *invite.Sizes, cfg *config.Config, cfgPath string, prev *invite.Record) {
 	e := cfg.Experiment
 	fmt.Fprintf(out, "experiment  %s/%s  %s\n", e.Network, e.ID, j.ID)
 	fmt.Fprintf(out, "            signed by validator %s (the peer dialed); %d validator(s), quorum %d\n", j.Record.Signer, len(e.Validators), e.Quorum)
@@ -308,11 +310,22 @@ func printJoinPlan(out io.Writer, j *invite.Joined, cfg *config.Config, cfgPath 
 		model += fmt.Sprintf(" %v", cfg.Workload.Config)
 	}
 	fmt.Fprintf(out, "model       %s\n", model)
+	if sz != nil && sz.ParamsBytes > 0 {
+		count := "parameters"
+		if sz.Params > 0 {
+			count = progress.Count(sz.Params) + " parameters"
+		}
+		fmt.Fprintf(out, "            %s, %s to download (the head of round %d)\n", count, progress.Bytes(sz.ParamsBytes), sz.Round)
+	}
 	data := "from peers, verified by CID"
 	if cfg.Dataset.Prepare {
 		data = "prepared here by the workload when missing"
 	}
 	fmt.Fprintf(out, "dataset     %s (%s)\n", cfg.Dataset.Root, data)
+	if sz != nil && sz.DatasetFiles > 0 {
+		fmt.Fprintf(out, "            %s in %d files\n", progress.Bytes(sz.DatasetBytes), sz.DatasetFiles)
+	}
+	writeJoinSizes(out, sz, cfg)
 	fmt.Fprintf(out, "device      %s; store %s\n", cfg.Workload.Device, cfg.Node.StoreDir)
 	switch {
 	case prev == nil:
@@ -322,4 +335,22 @@ func printJoinPlan(out io.Writer, j *invite.Joined, cfg *config.Config, cfgPath 
 	default:
 		fmt.Fprintf(out, "config      %s (the experiment is unchanged)\n", cfgPath)
 	}
+}
+
+// writeJoinSizes says how much the node downloads and keeps on disk: the parameters of a
+// head, the dataset unless the workload prepares it here, and node.keep_heads heads'
+// parameters in the store.
+func writeJoinSizes(out io.Writer, sz *invite.Sizes, cfg *config.Config) {
+	if sz == nil || (sz.ParamsBytes == 0 && sz.DatasetFiles == 0) {
+		fmt.Fprintf(out, "download    size not reported by the validator (it runs an older p2pnode, or has no head yet)\n")
+		return
+	}
+	download, parts := sz.ParamsBytes, "the parameters"
+	if !cfg.Dataset.Prepare && sz.DatasetFiles > 0 {
+		download += sz.DatasetBytes
+		parts += " and the dataset"
+	}
+	disk := sz.DatasetBytes + uint64(cfg.Node.KeepHeads)*sz.ParamsBytes
+	fmt.Fprintf(out, "download    %s (%s); disk needed about %s (the dataset and node.keep_heads=%d heads' parameters)\n",
+		progress.Bytes(download), parts, progress.Bytes(disk), cfg.Node.KeepHeads)
 }

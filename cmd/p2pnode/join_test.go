@@ -234,3 +234,43 @@ func TestJoinKeepsTheIdentityWhereTheNodeLooks(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, ".p2pnode", "identity.key"))
 	require.True(t, os.IsNotExist(err))
 }
+
+func TestJoinPrintsWhatItWillDownload(t *testing.T) {
+	o := newOwner(t)
+	o.serve(t, o.key, experimentOf(t, func(c *config.Config) { c.Experiment.ID = "lm"; c.Dataset.Prepare = false }, o.h.ID()))
+	o.srv.SetSizes(func() (invite.Sizes, bool) {
+		return invite.Sizes{Round: 7, Params: 124_000_000, ParamsBytes: 496_001_024, DatasetBytes: 3 << 30, DatasetFiles: 12}, true
+	})
+	dir := filepath.Join(t.TempDir(), "vol")
+	code, out, errOut := execMain(t, "join", "--dir", dir, "--no-run", "--no-doctor", o.addr())
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "124 M parameters, 473 MiB to download (the head of round 7)")
+	require.Contains(t, out, "3.00 GiB in 12 files")
+	require.Contains(t, out, "download    3.46 GiB (the parameters and the dataset)")
+}
+
+func TestWriteJoinSizes(t *testing.T) {
+	sz := &invite.Sizes{Round: 3, Params: 1000, ParamsBytes: 1 << 20, DatasetBytes: 10 << 20, DatasetFiles: 2}
+	for _, tc := range []struct {
+		name    string
+		sz      *invite.Sizes
+		prepare bool
+		keep    int
+		want    string
+	}{
+		{"none reported", nil, false, 3, "download    size not reported by the validator"},
+		{"no head, no dataset", &invite.Sizes{}, false, 3, "download    size not reported by the validator"},
+		{"from peers", sz, false, 3, "download    11.0 MiB (the parameters and the dataset); disk needed about 13.0 MiB (the dataset and node.keep_heads=3 heads' parameters)"},
+		{"prepared here", sz, true, 5, "download    1.00 MiB (the parameters); disk needed about 15.0 MiB (the dataset and node.keep_heads=5 heads' parameters)"},
+		{"dataset unknown", &invite.Sizes{Round: 3, Params: 1000, ParamsBytes: 1 << 20}, false, 2, "download    1.00 MiB (the parameters); disk needed about 2.00 MiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Dataset.Prepare = tc.prepare
+			cfg.Node.KeepHeads = tc.keep
+			var b strings.Builder
+			writeJoinSizes(&b, tc.sz, cfg)
+			require.Contains(t, b.String(), tc.want)
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/internal/version"
 )
 
@@ -42,6 +43,12 @@ An experiment is one YAML file: start with 'p2pnode init', run with 'p2pnode run
 
 // newLogger builds the root slog logger: text for terminals, JSON otherwise or on request.
 func newLogger(g *globalFlags, configLevel string, w io.Writer) (*slog.Logger, error) {
+	return newLoggerTo(g, configLevel, w, isTerminal(w))
+}
+
+// newLoggerTo is newLogger writing to w, which is a terminal when tty says so (w may wrap
+// one).
+func newLoggerTo(g *globalFlags, configLevel string, w io.Writer, tty bool) (*slog.Logger, error) {
 	level := g.logLevel
 	if level == "" {
 		level = configLevel
@@ -57,7 +64,7 @@ func newLogger(g *globalFlags, configLevel string, w io.Writer) (*slog.Logger, e
 	format, terminal := g.logFormat, false
 	if format == "auto" {
 		format = "json"
-		if isTerminal(w) {
+		if tty {
 			format, terminal = "text", true
 		}
 	}
@@ -112,4 +119,36 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// outputs are a command's standard output and logger, and what shows its long work's
+// progress: the terminal's status line when stdout is a terminal and the logs are text
+// (output and logs then go through it, around the status line), else periodic log
+// records.
+type outputs struct {
+	out  io.Writer
+	log  *slog.Logger
+	work progress.Tracker
+}
+
+func newOutputs(g *globalFlags, configLevel string, stdout, stderr io.Writer) (*outputs, error) {
+	errTTY := isTerminal(stderr)
+	textLogs := g.logFormat == "text" || (g.logFormat == "auto" && errTTY)
+	if isTerminal(stdout) && textLogs {
+		term := progress.NewTerminal(stdout)
+		errw := stderr
+		if errTTY {
+			errw = term.Wrap(stderr)
+		}
+		log, err := newLoggerTo(g, configLevel, errw, errTTY)
+		if err != nil {
+			return nil, err
+		}
+		return &outputs{out: term.Wrap(stdout), log: log, work: term}, nil
+	}
+	log, err := newLogger(g, configLevel, stderr)
+	if err != nil {
+		return nil, err
+	}
+	return &outputs{out: stdout, log: log, work: progress.NewLog(log)}, nil
 }

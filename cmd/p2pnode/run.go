@@ -47,11 +47,11 @@ stops after experiment.rounds rounds (0 = until interrupted).`,
 // runConfig builds cfg's node with build and runs it until it stops; built is called
 // before it starts.
 func runConfig(cmd *cobra.Command, g *globalFlags, cfg *config.Config, build nodeBuilder, built func(*node.Node)) error {
-	log, err := newLogger(g, cfg.Node.LogLevel, cmd.ErrOrStderr())
+	o, err := newOutputs(g, cfg.Node.LogLevel, cmd.OutOrStdout(), cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
-	n, err := build(cfg, node.Options{Progress: cmd.OutOrStdout(), Logger: log})
+	n, err := build(cfg, node.Options{Progress: o.out, Logger: o.log, Work: o.work})
 	if err != nil {
 		return err
 	}
