@@ -216,7 +216,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 
 	for r := uint64(1); r <= pinRounds; r++ {
 		const attempt = 0
-		// The leader's grant (leader.go): the plan over the available microshards, seeded
+		// The leader's grant (validator/leader_issue.go): the plan over the available microshards, seeded
 		// by the base's parameters, the round and the attempt.
 		_, merges := validator.RecentMerges(heads, baseID)
 		var live []lease.Trainer
