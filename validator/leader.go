@@ -20,7 +20,7 @@ import (
 // Round timing of the leader.
 const (
 	republishEvery = 3 * time.Second // a proposal waiting for quorum is sent again
-	replayWindow   = 64              // rounds back in which a merged delta counts as a replay
+	replayWindow   = 64              // rounds back in which a merged delta counts as a replay, and over which a peer earns trust (round.OnProbation)
 	heartbeatEvery = time.Second     // a leader waiting within its round says it is alive
 )
 

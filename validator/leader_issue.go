@@ -9,11 +9,10 @@ import (
 
 	"github.com/ipfs/go-cid"
 
-	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/lease"
-	"github.com/p2pnode/p2pnode/merge"
+	"github.com/p2pnode/p2pnode/round"
 )
 
 // The leader's issuing phase: what the round's book says to do next, the grant of an
@@ -82,10 +81,10 @@ const (
 )
 
 // joining says whether the round's first grant waits for trainers still joining: in a
-// young chain (the first trustMerges rounds), while a trainer was first heard within
+// young chain (the first round.TrustMerges rounds), while a trainer was first heard within
 // joinGrace, until joinWaitMax after the first live trainer was heard at most.
 func (v *validator) joining(r *openRound) bool {
-	if r.granted || r.round > trustMerges {
+	if r.granted || r.round > round.TrustMerges {
 		return false
 	}
 	first, last := v.trainers.joined()
@@ -93,47 +92,8 @@ func (v *validator) joining(r *openRound) bool {
 }
 
 func (v *validator) recentMerges(from cid.Cid) (map[cid.Cid]bool, map[string]int) {
-	return RecentMerges(v.Heads, from)
+	return v.Heads.RecentMerges(from, replayWindow)
 }
-
-// RecentMerges returns the delta artifacts merged in the last replayWindow heads from
-// from, and for each peer the number of those heads that merged a contribution of it: what
-// the leader's grant and screening read of the chain (a peer with fewer than trustMerges is
-// on probation).
-func RecentMerges(heads *chain.Store, from cid.Cid) (map[cid.Cid]bool, map[string]int) {
-	out, merges := map[cid.Cid]bool{}, map[string]int{}
-	n := 0
-	_ = heads.Walk(from, func(_ cid.Cid, h *chain.Head) error {
-		for _, c := range h.Contributions {
-			if id, err := cid.Cast(c.Artifact); err == nil {
-				out[id] = true
-			}
-			merges[c.Peer]++
-		}
-		if n++; n >= replayWindow {
-			return chain.StopWalk
-		}
-		return nil
-	})
-	return out, merges
-}
-
-// trustMerges is how many of the last replayWindow heads must have merged a peer's
-// contributions for its next one to be screened without probation: as many as the rounds
-// screening needs to warm up, so that honest peers merged from the first round are trusted
-// by the time the calibrated bars take over. New peers, peers back from quarantine (whose
-// rejected updates were never merged) and peers away for replayWindow rounds are held to
-// the screening floor until then (merge.Screening.SetProbation). Every validator counts
-// the same heads, so the verdicts agree.
-const trustMerges = merge.HistoryWarmup
-
-// OnProbation says whether a peer with these recent merges is on probation.
-func OnProbation(merges map[string]int, peer string) bool { return merges[peer] < trustMerges }
-
-// Sole says whether peer is the only one these recent merges name: the swarm has had one
-// trainer (one node's run), and a round of its update alone is not judged by direction
-// (round.Candidate.Sole). Every validator counts the same heads, so the verdicts agree.
-func Sole(merges map[string]int, peer string) bool { return len(merges) == 1 && merges[peer] > 0 }
 
 // heartbeat publishes, every heartbeatEvery until stop is called, an empty grant of the
 // round with a deadline 2 × heartbeatEvery ahead: a follower that hears it expects the
@@ -174,7 +134,7 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	// The data order depends on the model state (its parameters) and the attempt, not on the
 	// head's id, whose lease records carry wall-clock expiries: equal models get equal leases.
 	seed := append(slices.Clone(r.base.Params), byte(r.base.Round), byte(r.base.Round>>8), byte(r.attempt), byte(r.attempt>>8))
-	work := WorkCandidates(cands, v.Config.Protocol.SpeedProportional)
+	work := workCandidates(cands, v.Config.Protocol.SpeedProportional)
 	// The round's proposal lists every received contribution's microshards: a later attempt
 	// leases only what is left of the round's bound, so the proposal fits its message.
 	budget := lease.MaxRoundMicroshards
@@ -245,10 +205,10 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	return v.Bus.Publish(ctx, msg)
 }
 
-// WorkCandidates are the trainers as lease sizing sees them: with speed-proportional work
+// workCandidates are the trainers as lease sizing sees them: with speed-proportional work
 // their measured capacities, otherwise all alike (capacity unknown counts as average), so
 // every trainer gets inner_steps and the same share of microshards (windowShare).
-func WorkCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
+func workCandidates(cands []lease.Trainer, proportional bool) []lease.Trainer {
 	if proportional {
 		return cands
 	}

@@ -30,8 +30,8 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	for p, rc := range r.received {
 		delta, _ := cid.Cast(rc.msg.Delta)
 		cands = append(cands, round.Candidate{Peer: p, Delta: delta, Lease: rc.id, Samples: rc.msg.Samples,
-			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: OnProbation(r.merges, p),
-			Sole: Sole(r.merges, p)})
+			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: round.OnProbation(r.merges, p),
+			Sole: round.Sole(r.merges, p)})
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].Peer < cands[j].Peer })
 	var leases []lease.Lease
