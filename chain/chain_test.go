@@ -2,8 +2,10 @@ package chain
 
 import (
 	"crypto/rand"
+	"fmt"
 	"testing"
 
+	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
@@ -195,4 +197,53 @@ func TestHeadsWithoutScreenStatsStillDecode(t *testing.T) {
 	d, err = DecodeHead(b)
 	require.NoError(t, err)
 	require.Equal(t, old.Metrics, d.Metrics)
+}
+
+func TestStoreRecentMerges(t *testing.T) {
+	st, err := OpenStore(t.TempDir())
+	require.NoError(t, err)
+	k, _ := key(t)
+	// Round r merges these peers, each with a delta of its own.
+	merged := [][]string{nil, {"a", "b"}, {"a"}, {"a", "c"}}
+	delta := func(r int, p string) cid.Cid { return cids.Record([]byte(fmt.Sprintf("delta %d %s", r, p))) }
+	var parent []byte
+	var tip cid.Cid
+	for r, peers := range merged {
+		h := testHead(uint64(r), parent)
+		h.Contributions = nil
+		for _, p := range peers {
+			h.Contributions = append(h.Contributions, Contribution{Peer: p, Artifact: delta(r, p).Bytes(), Samples: 1, Weight: 1, Microshards: []uint32{uint32(r)}})
+		}
+		b, err := h.Encode()
+		require.NoError(t, err)
+		id, err := h.ID()
+		require.NoError(t, err)
+		sig, err := Sign(k, id)
+		require.NoError(t, err)
+		_, err = st.Put(&SignedHead{Head: b, Sigs: []Signature{sig}})
+		require.NoError(t, err)
+		parent, tip = id.Bytes(), id
+	}
+	for _, tc := range []struct {
+		name   string
+		tip    cid.Cid
+		n      int
+		deltas []cid.Cid
+		merges map[string]int
+	}{
+		{"the tip only", tip, 1, []cid.Cid{delta(3, "a"), delta(3, "c")}, map[string]int{"a": 1, "c": 1}},
+		{"two heads", tip, 2, []cid.Cid{delta(3, "a"), delta(3, "c"), delta(2, "a")}, map[string]int{"a": 2, "c": 1}},
+		{"past genesis", tip, 64, []cid.Cid{delta(3, "a"), delta(3, "c"), delta(2, "a"), delta(1, "a"), delta(1, "b")}, map[string]int{"a": 3, "b": 1, "c": 1}},
+		{"unknown tip", cids.Record([]byte("nope")), 64, nil, map[string]int{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			deltas, merges := st.RecentMerges(tc.tip, tc.n)
+			want := map[cid.Cid]bool{}
+			for _, d := range tc.deltas {
+				want[d] = true
+			}
+			require.Equal(t, want, deltas)
+			require.Equal(t, tc.merges, merges)
+		})
+	}
 }

@@ -167,6 +167,28 @@ func (s *Store) Walk(id cid.Cid, fn func(id cid.Cid, h *Head) error) error {
 	return nil
 }
 
+// RecentMerges reads the last n heads back from tip, tip included (fewer at genesis or a
+// missing ancestor): the delta artifacts they merged, and for each peer the number of them
+// that merged a contribution of it. Validators read it for replays and for each peer's
+// standing: every validator counts the same heads, so their verdicts agree.
+func (s *Store) RecentMerges(tip cid.Cid, n int) (deltas map[cid.Cid]bool, merges map[string]int) {
+	deltas, merges = map[cid.Cid]bool{}, map[string]int{}
+	seen := 0
+	_ = s.Walk(tip, func(_ cid.Cid, h *Head) error {
+		for _, c := range h.Contributions {
+			if id, err := cid.Cast(c.Artifact); err == nil {
+				deltas[id] = true
+			}
+			merges[c.Peer]++
+		}
+		if seen++; seen >= n {
+			return StopWalk
+		}
+		return nil
+	})
+	return deltas, merges
+}
+
 // Chain returns the heads from genesis to id (oldest first).
 func (s *Store) Chain(id cid.Cid) ([]cid.Cid, []*Head, error) {
 	var ids []cid.Cid

@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/codecs"
 )
 
 // DefaultHTTP is node.http's default: a fixed port, so that the dashboard is found at the
@@ -55,7 +55,7 @@ func Default() *Config {
 		Protocol: Protocol{
 			MergePolicy:        PolicyDiLoCo,
 			InnerSteps:         20,
-			Codec:              diloco.FP32,
+			Codec:              codecs.FP32,
 			Int8Block:          256,
 			SparseBlock:        4096,
 			SparseTopK:         64,
@@ -63,7 +63,7 @@ func Default() *Config {
 			SparseWarmupFactor: 16,
 			// diloco.DefaultFeedbackDecay; docs/wan.md has the measurements.
 			SparseFeedbackDecay: 0.95,
-			DiLoCo:              DiLoCo{OuterLR: diloco.DefaultOuterLR, Momentum: diloco.DefaultOuterMomentum, Nesterov: diloco.DefaultOuter().Nesterov},
+			DiLoCo:              DiLoCo{OuterLR: DefaultOuterLR, Momentum: DefaultOuterMomentum, Nesterov: DefaultNesterov},
 			EMA:                 EMA{NewWeight: 0.5},
 		},
 		Merge: Merge{

@@ -11,7 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
 
-	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/codecs"
 )
 
 // Validate checks every field and reports all problems at once, each naming its field path.
@@ -281,8 +281,8 @@ func (c *Config) validateProtocol(v *validator) {
 		v.add("protocol.merge_policy", "must be %q or %q, got %q", PolicyDiLoCo, PolicyEMA, p.MergePolicy)
 	}
 	v.check(p.InnerSteps >= 1, "protocol.inner_steps", "must be >= 1, got %d", p.InnerSteps)
-	if _, err := diloco.ParseCodec(string(p.Codec)); err != nil {
-		v.add("protocol.codec", "must be %s, got %q", diloco.CodecList(), p.Codec)
+	if _, err := codecs.Parse(string(p.Codec)); err != nil {
+		v.add("protocol.codec", "must be %s, got %q", codecs.List(), p.Codec)
 	}
 	v.check(p.Overlap == "" || p.Overlap == OverlapEager, "protocol.overlap", "must be empty (no overlap) or %q, got %q", OverlapEager, p.Overlap)
 	v.check(p.Int8Block >= 1 && p.Int8Block <= 1<<20, "protocol.int8_block", "must be in [1, 1048576], got %d", p.Int8Block)
@@ -297,7 +297,7 @@ func (c *Config) validateProtocol(v *validator) {
 	// momentum on top of it compounds the two. Measured on digits (one trainer, 30 rounds):
 	// momentum 0.9 with sparse diverged (held-out loss 0.47 → 18.5), 0 and 0.5 trained
 	// (95.5 % and 94.4 %). SparseLoCo runs without outer momentum.
-	v.check(p.Codec != diloco.Sparse || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
+	v.check(p.Codec != codecs.Sparse || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
 		"must be <= 0.5 with protocol.codec sparse (outer momentum on top of error feedback diverged at 0.9; 0 is SparseLoCo's choice), got %v", p.DiLoCo.Momentum)
 	v.check(finite(p.EMA.NewWeight) && p.EMA.NewWeight > 0 && p.EMA.NewWeight <= 1, "protocol.ema.new_weight", "must be in (0, 1], got %v", p.EMA.NewWeight)
 }

@@ -1,13 +1,17 @@
 package diloco
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/p2pnode/p2pnode/codecs"
+)
 
 // BenchmarkCodec measures encoding and decoding of a 4M-element delta (MB/s of float32
 // input or output).
 func BenchmarkCodec(b *testing.B) {
 	const n = 1 << 22
 	x := randVec(1, n)
-	for _, c := range Codecs() {
+	for _, c := range codecs.All() {
 		b.Run("encode/"+string(c), func(b *testing.B) {
 			b.SetBytes(4 * n)
 			for b.Loop() {
@@ -47,7 +51,7 @@ func BenchmarkOuterStep(b *testing.B) {
 	p, m, g := randVec(1, n), make([]float32, n), randVec(2, n)
 	b.SetBytes(4 * n)
 	for b.Loop() {
-		if err := OuterStep(p, m, g, DefaultOuter(), 0); err != nil {
+		if err := OuterStep(p, m, g, nodeOuter, 0); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,66 +1,30 @@
 package diloco
 
 import (
+	"github.com/p2pnode/p2pnode/codecs"
 	"github.com/p2pnode/p2pnode/internal/parallel"
 
 	"fmt"
 	"math"
 )
 
-// Codec names a wire encoding of a pseudo-gradient; the values are the strings stored in
-// the delta file's metadata and in configs.
-type Codec string
+// Codec names a wire encoding of a pseudo-gradient. It is codecs.Codec: the names live in
+// package codecs so that config can read them without the math.
+type Codec = codecs.Codec
 
+// The codecs this package encodes and decodes (see package codecs).
 const (
-	// FP32 stores each value as a little-endian IEEE float32: exact.
-	FP32 Codec = "fp32"
-	// FP16 stores each value as a little-endian IEEE half, rounded to nearest even;
-	// magnitudes beyond the half range saturate to ±65504 instead of becoming ±Inf.
-	FP16 Codec = "fp16"
-	// Int8 stores one int8 per value plus one float32 scale per block of BlockSize
-	// values: value = q·scale.
-	Int8 Codec = "int8"
-	// Sparse keeps, per block, the top-k values by magnitude at 2 bits each (sign and one
-	// of two per-block scales) with Elias–Fano positions; the rest is left to error
-	// feedback. See sparse.go and docs/formats.md.
-	Sparse Codec = "sparse"
+	FP32   = codecs.FP32
+	FP16   = codecs.FP16
+	Int8   = codecs.Int8
+	Sparse = codecs.Sparse
 )
 
 // DefaultBlockSize is the int8 block length used when Encode is given 0.
 const DefaultBlockSize = 256
 
-// Codecs returns every Codec, for help texts and config validation.
-func Codecs() []Codec { return []Codec{FP32, FP16, Int8, Sparse} }
-
-// CodecList spells Codecs() for messages and help texts: "fp32, fp16, int8 or sparse".
-func CodecList() string {
-	cs := Codecs()
-	out := ""
-	for i, c := range cs {
-		switch {
-		case i == 0:
-		case i == len(cs)-1:
-			out += " or "
-		default:
-			out += ", "
-		}
-		out += string(c)
-	}
-	return out
-}
-
-// ParseCodec returns the Codec spelled s, or an error wrapping ErrUnknownCodec.
-func ParseCodec(s string) (Codec, error) {
-	for _, c := range Codecs() {
-		if string(c) == s {
-			return c, nil
-		}
-	}
-	return "", fmt.Errorf("%w %q (want one of %v)", ErrUnknownCodec, s, Codecs())
-}
-
-// elemSize is the number of data bytes per value, 0 for an unknown codec.
-func (c Codec) elemSize() int {
+// elemSize is the number of data bytes per value of c, 0 for an unknown codec.
+func elemSize(c Codec) int {
 	switch c {
 	case FP32:
 		return 4
@@ -110,7 +74,7 @@ func (e Encoded) Validate() error {
 	if e.TopK != 0 || len(e.Index) != 0 {
 		return fmt.Errorf("encoded delta: %w: %s has top-k %d and %d index bytes, want none", ErrMalformed, e.Codec, e.TopK, len(e.Index))
 	}
-	size := e.Codec.elemSize()
+	size := elemSize(e.Codec)
 	if size == 0 {
 		return fmt.Errorf("encoded delta: %w %q", ErrUnknownCodec, e.Codec)
 	}

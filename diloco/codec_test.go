@@ -6,20 +6,9 @@ import (
 	"math"
 	"slices"
 	"testing"
-)
 
-func TestParseCodec(t *testing.T) {
-	for _, c := range Codecs() {
-		if got, err := ParseCodec(string(c)); err != nil || got != c {
-			t.Errorf("ParseCodec(%q) = %q, %v", c, got, err)
-		}
-	}
-	for _, s := range []string{"", "FP32", "bf16", "int4"} {
-		if _, err := ParseCodec(s); !errors.Is(err, ErrUnknownCodec) {
-			t.Errorf("ParseCodec(%q): err = %v", s, err)
-		}
-	}
-}
+	"github.com/p2pnode/p2pnode/codecs"
+)
 
 func TestEncodeFP32(t *testing.T) {
 	e, err := Encode(FP32, []float32{1, -2, negZero()}, nil, 0, 1)
@@ -146,7 +135,7 @@ func TestQuantize(t *testing.T) {
 
 func TestRoundTrip(t *testing.T) {
 	x := randVec(42, 3000)
-	for _, c := range Codecs() {
+	for _, c := range codecs.All() {
 		t.Run(string(c), func(t *testing.T) {
 			r := make([]float32, len(x))
 			e, err := Encode(c, x, r, 64, 2)
@@ -304,11 +293,5 @@ func TestQuantizeMatchesMathRound(t *testing.T) {
 		check(math.Nextafter32(tie, 0))
 		check(math.Nextafter32(tie, 200))
 		check(math.Nextafter32(tie, -200))
-	}
-}
-
-func TestCodecList(t *testing.T) {
-	if got := CodecList(); got != "fp32, fp16, int8 or sparse" {
-		t.Fatalf("CodecList() = %q", got)
 	}
 }

@@ -47,7 +47,7 @@ func (e Encoded) Span(lo, hi int) (Span, error) {
 	if e.Codec == Sparse {
 		return e.sparseSpan(lo, hi)
 	}
-	size := e.Codec.elemSize()
+	size := elemSize(e.Codec)
 	if size == 0 {
 		return Span{}, fmt.Errorf("span: %w %q", ErrUnknownCodec, e.Codec)
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/p2pnode/p2pnode/codecs"
 )
 
 // Every function must give the same bits whatever the worker count. Each case flattens
@@ -62,7 +64,7 @@ func TestDeterministicAcrossWorkers(t *testing.T) {
 			return bits(p)
 		}},
 	}
-	for _, c := range Codecs() {
+	for _, c := range codecs.All() {
 		for _, block := range []int{0, 100} {
 			cases = append(cases, struct {
 				name string

@@ -1,7 +1,8 @@
 // Package diloco holds the DiLoCo math: pseudo-gradients (base − local), the codecs that
 // encode them for the wire (fp32, fp16, blockwise int8 with error feedback) and the outer
 // Nesterov-momentum SGD optimizer with its state. Pure functions on flat float32 vectors; no
-// I/O, no imports of this module; deterministic whatever the goroutine count.
+// I/O; of this module it imports only the leaves codecs and internal/parallel; deterministic
+// whatever the goroutine count.
 //
 // Determinism is bit-exact and holds on every architecture: work is split over elements
 // (each element computed by one goroutine, blocks of an int8 encoding kept whole), and

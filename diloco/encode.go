@@ -27,7 +27,7 @@ func Encode(codec Codec, delta, residual []float32, blockSize, workers int) (Enc
 	if codec == Sparse {
 		return EncodeSparse(delta, residual, blockSize, 0, 1, workers)
 	}
-	size := codec.elemSize()
+	size := elemSize(codec)
 	if size == 0 {
 		return Encoded{}, fmt.Errorf("encode: %w %q", ErrUnknownCodec, codec)
 	}

@@ -1,6 +1,10 @@
 package diloco
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/p2pnode/p2pnode/codecs"
+)
 
 // Sentinel errors; every error returned by this package wraps one of them.
 var (
@@ -8,8 +12,8 @@ var (
 	ErrLengthMismatch = errors.New("diloco: length mismatch")
 	// ErrBadConfig: an optimizer or codec setting is out of range.
 	ErrBadConfig = errors.New("diloco: bad config")
-	// ErrUnknownCodec: the codec name is not one of the Codec constants.
-	ErrUnknownCodec = errors.New("diloco: unknown codec")
+	// ErrUnknownCodec: the codec name is not one of the Codec constants (codecs.ErrUnknown).
+	ErrUnknownCodec = codecs.ErrUnknown
 	// ErrNonFinite: a vector to encode holds NaN or ±Inf.
 	ErrNonFinite = errors.New("diloco: non-finite value")
 	// ErrMalformed: an Encoded value is inconsistent (lengths, block size, scales). Decoded

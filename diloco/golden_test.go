@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/p2pnode/p2pnode/codecs"
 )
 
 // goldenVec builds inputs from integer random bits with exact conversions only (a 24-bit
@@ -77,7 +79,7 @@ func TestGoldenDigests(t *testing.T) {
 		}},
 	}
 	codecDigests := map[Codec]string{FP32: "97850b37adb5c7ad", FP16: "5d0b925b299324c6", Int8: "9a97a6df3d8660c3", Sparse: "a415b5ea65d5af81"}
-	for _, c := range Codecs() {
+	for _, c := range codecs.All() {
 		cases = append(cases, struct {
 			name string
 			want string

@@ -9,7 +9,9 @@ import (
 var (
 	// paperOuter is the DiLoCo paper's outer step (lr 0.7, Nesterov 0.9): the golden and
 	// bit-pattern tests were written with it, so their digests stay.
-	paperOuter   = OuterConfig{LR: 0.7, Momentum: 0.9, Nesterov: true}
+	paperOuter = OuterConfig{LR: 0.7, Momentum: 0.9, Nesterov: true}
+	// nodeOuter is config's default outer step (lr 1.0, Nesterov 0.5).
+	nodeOuter    = OuterConfig{LR: 1, Momentum: 0.5, Nesterov: true}
 	workerCounts = []int{1, 2, 3, 8}
 	propSizes    = []int{1, 7, 65537, 300001}
 )

@@ -15,38 +15,6 @@ type OuterConfig struct {
 	Nesterov bool
 }
 
-// The outer step's defaults, written only here: config's defaults, the demo and the tests
-// read them. Nesterov momentum 0.5 at lr 1.0: the DiLoCo paper's lr 0.7 with momentum 0.9
-// suits long inner loops on large language models; at the sizes trained here (digits, lm
-// tiny, charlm at H 20-100) momentum 0.9 trailed 0.5 (docs/diloco-cost.md), and with the
-// sparse codec it diverged.
-const (
-	DefaultOuterLR       = 1.0
-	DefaultOuterMomentum = 0.5
-	// SparseOuterLR is the sparse codec's default outer lr. Its merged update is smaller
-	// than the dense mean of the same round: each trainer sends 1.56 % of its coordinates
-	// and keeps the rest in its error feedback, which the decay discounts. On lm tiny,
-	// sparse at 1.5 learned like fp32 at 1.0 (sparse at 1.0 trailed by 2-5 %); fp32 at 1.5
-	// fell far behind. On charlm (a GRU, heavy-ball momentum) sparse learned 2.5 % worse at
-	// 1.5 than at 1.0 (docs/wan.md): a preset there sets its own.
-	SparseOuterLR = 1.5
-)
-
-// DefaultOuter returns the default outer optimizer: lr DefaultOuterLR, Nesterov momentum
-// DefaultOuterMomentum.
-func DefaultOuter() OuterConfig {
-	return OuterConfig{LR: DefaultOuterLR, Momentum: DefaultOuterMomentum, Nesterov: true}
-}
-
-// OuterLRFor is the default outer lr for a codec: SparseOuterLR for Sparse, else
-// DefaultOuterLR.
-func OuterLRFor(c Codec) float64 {
-	if c == Sparse {
-		return SparseOuterLR
-	}
-	return DefaultOuterLR
-}
-
 // Validate reports an out-of-range field, naming it.
 func (c OuterConfig) Validate() error {
 	if !(c.LR > 0) || math.IsInf(c.LR, 0) {

@@ -8,14 +8,6 @@ import (
 )
 
 func TestOuterConfig(t *testing.T) {
-	if d := DefaultOuter(); d != (OuterConfig{LR: 1, Momentum: 0.5, Nesterov: true}) {
-		t.Fatalf("DefaultOuter() = %+v", d)
-	}
-	for c, want := range map[Codec]float64{FP32: 1, FP16: 1, Int8: 1, Sparse: 1.5} {
-		if got := OuterLRFor(c); got != want {
-			t.Errorf("OuterLRFor(%s) = %v, want %v", c, got, want)
-		}
-	}
 	bad := []OuterConfig{
 		{LR: 0, Momentum: 0.9},
 		{LR: -1},
@@ -30,8 +22,10 @@ func TestOuterConfig(t *testing.T) {
 			t.Errorf("%+v: err = %v, want ErrBadConfig", c, err)
 		}
 	}
-	if err := DefaultOuter().Validate(); err != nil {
-		t.Errorf("default: %v", err)
+	for _, c := range []OuterConfig{nodeOuter, paperOuter, {LR: 1}} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }
 
@@ -144,9 +138,9 @@ func TestOuterStepErrors(t *testing.T) {
 		want    error
 	}{
 		{"bad config", p, m, g, OuterConfig{LR: 0}, ErrBadConfig},
-		{"short grad", p, m, g[:2], DefaultOuter(), ErrLengthMismatch},
-		{"short momentum", p, m[:2], g, DefaultOuter(), ErrLengthMismatch},
-		{"momentum needed", p, nil, g, DefaultOuter(), ErrLengthMismatch},
+		{"short grad", p, m, g[:2], nodeOuter, ErrLengthMismatch},
+		{"short momentum", p, m[:2], g, nodeOuter, ErrLengthMismatch},
+		{"momentum needed", p, nil, g, nodeOuter, ErrLengthMismatch},
 		{"short momentum without momentum", p, m[:1], g, OuterConfig{LR: 1}, ErrLengthMismatch},
 	}
 	for _, tc := range tests {

@@ -23,7 +23,6 @@ import (
 	"github.com/p2pnode/p2pnode/round"
 	"github.com/p2pnode/p2pnode/synth"
 	"github.com/p2pnode/p2pnode/trainer"
-	"github.com/p2pnode/p2pnode/validator"
 )
 
 // The head CIDs of a short synthetic run are pinned here so that moving the role loops out
@@ -38,11 +37,10 @@ import (
 //     who gets which lease, and when, depend on timing.
 //   - TestPinnedRunHeads (below) plays the leader and the trainers by hand, in a fixed
 //     order, through the functions the loops call: mergePolicy, loadData, round.Genesis,
-//     the grant's lease plan (validator.WorkCandidates, lease.AssignWithin, Steps, TailSteps, seeded
-//     by the base's parameters), trainerSeed, round.Trainer, recentMerges and onProbation,
-//     round.Merger. It needs neither the loops nor the fake clock, and names what the
-//     loops must do to make these heads; after the move it should still compile with
-//     small renames.
+//     the grant's lease plan (lease.AssignWithin, Steps, TailSteps, seeded by the base's
+//     parameters), trainer.Seed, round.Trainer, chain.Store.RecentMerges, round.OnProbation
+//     and round.Sole, round.Merger. It needs neither the loops nor the fake clock, and
+//     names what the loops must do to make these heads.
 //
 // A deliberate change of a record's format, of the merge arithmetic, of a seed or of the
 // leader's timing (its first grant, lease.first_deadline) changes these CIDs: update them
@@ -216,14 +214,15 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 
 	for r := uint64(1); r <= pinRounds; r++ {
 		const attempt = 0
-		// The leader's grant (leader.go): the plan over the available microshards, seeded
+		// The leader's grant (validator/leader_issue.go): the plan over the available microshards, seeded
 		// by the base's parameters, the round and the attempt.
-		_, merges := validator.RecentMerges(heads, baseID)
-		var live []lease.Trainer
+		// The whole chain so far: shorter than the validator's window of 64 heads.
+		_, merges := heads.RecentMerges(baseID, pinRounds+1)
+		// No trainer's capacity is measured: every one gets inner_steps and the same share.
+		var work []lease.Trainer
 		for _, p := range peers {
-			live = append(live, lease.Trainer{Peer: p, Proven: merges[p] > 0})
+			work = append(work, lease.Trainer{Peer: p, Proven: merges[p] > 0})
 		}
-		work := validator.WorkCandidates(live, cfg.Protocol.SpeedProportional)
 		seed := append(slices.Clone(base.Params), byte(base.Round), byte(base.Round>>8), byte(attempt), byte(attempt>>8))
 		plan := lease.AssignWithin(lease.Available(base.Ledger), work, cfg.Lease.MicroshardsPerTrainer, lease.MaxRoundMicroshards, seed)
 		steps := lease.TailSteps(lease.Steps(work, cfg.Protocol.InnerSteps), plan, work, cfg.Lease.MicroshardsPerTrainer)
@@ -239,8 +238,8 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 			res, err := trainers[p].Train(ctx, base, l.Microshards, int(l.Steps), trainer.Seed(cfg.Experiment.Seed, r, attempt, p))
 			require.NoError(t, err, "round %d trainer %s", r, p)
 			cands = append(cands, round.Candidate{Peer: p, Delta: res.Delta, Lease: l.ID(), Samples: res.Samples,
-				Microshards: l.Microshards, Loss: res.Loss, Probation: validator.OnProbation(merges, p),
-				Sole: validator.Sole(merges, p)})
+				Microshards: l.Microshards, Loss: res.Loss, Probation: round.OnProbation(merges, p),
+				Sole: round.Sole(merges, p)})
 		}
 		// Candidates reach the leader in any order; the merge sorts them by peer.
 		slices.Reverse(cands)

@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/checkpoint"
+	"github.com/p2pnode/p2pnode/codecs"
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/export"
@@ -301,7 +302,7 @@ func newerTip(ctx context.Context, e *env, ckID cid.Cid, ck *chain.Head, until t
 
 // mergePolicy maps the protocol and merge config to the validator's policy.
 func mergePolicy(cfg *config.Config) (round.Policy, error) {
-	codec, err := diloco.ParseCodec(string(cfg.Protocol.Codec))
+	codec, err := codecs.Parse(string(cfg.Protocol.Codec))
 	if err != nil {
 		return round.Policy{}, fmt.Errorf("protocol.codec: %w", err)
 	}

@@ -2,8 +2,6 @@ package pyruntime
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -19,7 +17,7 @@ import (
 )
 
 // BenchmarkPackRoundTrip moves one N-parameter pack (N from P2P_BENCH_PARAMS, default
-// 100M = 400 MB) from Go into the Python model and back, three ways:
+// 100M = 400 MB) from Go into the Python model and back, against a floor:
 //
 //   - shm-baseline: Go writes the pack file to /dev/shm and reads it back the same way the
 //     worker path reads its result (map the file, checksum every value). This is the floor:
@@ -27,12 +25,9 @@ import (
 //   - worker: Go writes the pack, the worker loads it into the torch model (mmap + copy_),
 //     exports the model to a new pack (writes from the tensors' buffers), Go maps the result
 //     and checksums every value. The real path: two tmpfs writes and two reads.
-//   - seed-style: the bridge this package replaces: Go encodes every value with a
-//     little-endian loop into values.f32le + a JSON manifest, the worker imports and exports
-//     with per-element struct.unpack/struct.pack, Go decodes per element and checksums.
 //
 // Every iteration writes fresh files and removes them (tmpfs page allocation and freeing
-// are part of the cost in all three) and checks that the checksum came back unchanged.
+// are part of the cost in both) and checks that the checksum came back unchanged.
 // The worker path does two tmpfs writes and two reads where the baseline does one of
 // each, so about 2x the baseline is its floor; the Python half is as fast as Go's.
 // Run with -v for the pack's shape and a summary line.
@@ -75,8 +70,8 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 	want := checksum(values)
 	b.Logf("pack: %d tensors, %d parameters (%.0f MB), scratch %s", len(layout), n, float64(4*n)/1e6, dir)
 
-	// Each sub-benchmark also reports its time relative to the previous one ("x-shm" on
-	// worker, "x-worker" on seed-style), so the ratios show without -v.
+	// The worker sub-benchmark also reports its time relative to the baseline ("x-shm"),
+	// so the ratio shows without -v.
 	nsPerOp := map[string]float64{}
 	run := func(name, relTo, unit string, op func(i int) uint64) {
 		b.Run(name, func(b *testing.B) {
@@ -131,20 +126,8 @@ func BenchmarkPackRoundTrip(b *testing.B) {
 		os.Remove(out)
 		return sum
 	})
-	run("seed-style", "worker", "x-worker", func(i int) uint64 {
-		in := filepath.Join(dir, fmt.Sprintf("legacy-in-%d", i))
-		out := filepath.Join(dir, fmt.Sprintf("legacy-out-%d", i))
-		must(writeLegacy(in, p))
-		must(legacyImport(ctx, w, in))
-		must(legacyExport(ctx, w, out))
-		got, err := readLegacy(out, layout.Hash())
-		must(err)
-		os.RemoveAll(in)
-		os.RemoveAll(out)
-		return checksum(got)
-	})
-	if base, wk, seed := nsPerOp["shm-baseline"], nsPerOp["worker"], nsPerOp["seed-style"]; base > 0 && wk > 0 && seed > 0 {
-		b.Logf("worker / shm-baseline = %.2fx (target <= 2x); seed-style / worker = %.1fx (target >= 5x)", wk/base, seed/wk)
+	if base, wk := nsPerOp["shm-baseline"], nsPerOp["worker"]; base > 0 && wk > 0 {
+		b.Logf("worker / shm-baseline = %.2fx (target <= 2x)", wk/base)
 	}
 }
 
@@ -207,76 +190,6 @@ func checksum(v []float32) uint64 {
 		s1 += bits
 	}
 	return s0 + s1 + s2 + s3
-}
-
-// The seed-style format: manifest.json + values.f32le, encoded and decoded per element.
-const legacyFormat = "p2ptrain-legacy-pack/1"
-
-type legacyManifest struct {
-	Format         string `json:"format"`
-	LayoutHash     string `json:"layout_hash"`
-	ParameterCount int64  `json:"parameter_count"`
-	Values         string `json:"values_f32_le"`
-}
-
-// legacyExport has the worker write its model seed-style (JSON manifest + per-element
-// packed floats) into dir: the benchmark's baseline, kept out of Worker because only tests
-// use it.
-func legacyExport(ctx context.Context, w *Worker, dir string) error {
-	if err := w.require("legacy_export", "legacy_pack"); err != nil {
-		return err
-	}
-	return w.call(ctx, "legacy_export", map[string]any{"dir": dir}, nil, w.opts.TrainTimeout)
-}
-
-// legacyImport has the worker read a seed-style pack directory into its model (benchmark
-// baseline).
-func legacyImport(ctx context.Context, w *Worker, dir string) error {
-	if err := w.require("legacy_import", "legacy_pack"); err != nil {
-		return err
-	}
-	return w.call(ctx, "legacy_import", map[string]any{"dir": dir}, nil, w.opts.TrainTimeout)
-}
-
-func writeLegacy(dir string, p *pack.Pack) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	buf := make([]byte, 0, 4*len(p.Values))
-	for _, v := range p.Values {
-		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "values.f32le"), buf, 0o644); err != nil {
-		return err
-	}
-	m, _ := json.MarshalIndent(legacyManifest{legacyFormat, p.Layout.Hash(), int64(len(p.Values)), "values.f32le"}, "", "  ")
-	return os.WriteFile(filepath.Join(dir, "manifest.json"), m, 0o644)
-}
-
-func readLegacy(dir, wantLayout string) ([]float32, error) {
-	mb, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if err != nil {
-		return nil, err
-	}
-	var m legacyManifest
-	if err := json.Unmarshal(mb, &m); err != nil {
-		return nil, err
-	}
-	if m.Format != legacyFormat || m.LayoutHash != wantLayout {
-		return nil, fmt.Errorf("legacy pack %s: format %q layout %s", dir, m.Format, m.LayoutHash)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, m.Values))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) != 4*m.ParameterCount {
-		return nil, fmt.Errorf("legacy pack %s: %d bytes for %d values", dir, len(b), m.ParameterCount)
-	}
-	out := make([]float32, 0, m.ParameterCount)
-	for i := 0; i+4 <= len(b); i += 4 {
-		out = append(out, math.Float32frombits(binary.LittleEndian.Uint32(b[i:])))
-	}
-	return out, nil
 }
 
 // BenchmarkWorkerTrain runs 20 AdamW steps of a 17 M-parameter model (one 4096×4096

@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/p2pnode/p2pnode/pack"
@@ -21,24 +19,13 @@ import (
 // program once with a job manifest and reads its result manifest
 // (docs/worker-protocol.md, "Checkpoint-command backend").
 type Command struct {
-	opts    Options
-	log     *slog.Logger
-	sem     chan struct{}
-	life    context.Context
-	cancel  context.CancelFunc
-	pkgDir  string
-	scratch string
-	ownDir  bool
+	backend
 	program string
 	args    []string
 
-	mu      sync.Mutex
-	state   State
-	started bool
-	closed  bool
-	jobSeq  int
-	pid     int
-	callLog
+	// guarded by mu
+	jobSeq int
+	pid    int
 }
 
 // jobManifest is the JSON the command reads.
@@ -68,11 +55,7 @@ func NewCommand(opts Options) (*Command, error) {
 	if err != nil {
 		return nil, err
 	}
-	life, cancel := context.WithCancel(context.Background())
-	c := &Command{
-		opts: o, log: o.Logger.With("backend", BackendCommand), sem: make(chan struct{}, 1),
-		life: life, cancel: cancel, state: StateNew,
-	}
+	c := &Command{backend: newBackend(o, o.Logger.With("backend", BackendCommand), "checkpoint command")}
 	if o.Command.Program == "" {
 		c.program = o.Interpreter
 		c.args = []string{"-m", "p2ptrain.command", "--factory", o.Factory, "--job", "{job_manifest}", "--result", "{result_manifest}"}
@@ -84,36 +67,10 @@ func NewCommand(opts Options) (*Command, error) {
 
 // Start checks that the program can run: it must resolve to an executable, and with the
 // default program the factory must import.
-func (c *Command) Start(ctx context.Context) (Info, error) {
-	c.mu.Lock()
-	if c.started || c.closed {
-		c.mu.Unlock()
-		return Info{}, fmt.Errorf("pyruntime: start checkpoint command: already started or closed")
-	}
-	c.started = true
-	c.state = StateStarting
-	c.mu.Unlock()
-	info, err := c.start(ctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		c.state = StateFailed
-		c.fail(err)
-		return Info{}, err
-	}
-	c.state = StateReady
-	return info, nil
-}
+func (c *Command) Start(ctx context.Context) (Info, error) { return c.backend.start(ctx, c.start) }
 
 func (c *Command) start(ctx context.Context) (Info, error) {
-	var err error
-	src, err := resolvePackage(ctx, c.opts)
-	if err != nil {
-		return Info{}, err
-	}
-	c.pkgDir = src.Dir
-	sweepScratchDirs(c.log, scratchBases()...)
-	if c.scratch, c.ownDir, err = makeScratch(c.opts.ScratchDir); err != nil {
+	if _, err := c.prepare(ctx); err != nil {
 		return Info{}, err
 	}
 	path, err := exec.LookPath(c.program)
@@ -260,14 +217,10 @@ func (c *Command) run(ctx context.Context, job *jobManifest, timeout time.Durati
 	if !started {
 		return nil, fmt.Errorf("pyruntime: %s: %w", what, ErrNotStarted)
 	}
-	select {
-	case c.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("pyruntime: %s: %w", what, ctx.Err())
-	case <-c.life.Done():
-		return nil, fmt.Errorf("pyruntime: %s: %w", what, ErrClosed)
+	if err := c.acquire(ctx); err != nil {
+		return nil, fmt.Errorf("pyruntime: %s: %w", what, err)
 	}
-	defer func() { <-c.sem }()
+	defer c.release()
 	start := time.Now()
 	raw, err := c.runLocked(ctx, job, timeout)
 	if err != nil {
@@ -399,9 +352,6 @@ func (c *Command) noteErr(err error) {
 	c.fail(err)
 }
 
-// ScratchDir is the directory for packs and job manifests.
-func (c *Command) ScratchDir() string { return c.scratch }
-
 // Status is a snapshot of the backend's health.
 func (c *Command) Status() Status {
 	c.mu.Lock()
@@ -412,26 +362,6 @@ func (c *Command) Status() Status {
 }
 
 // Close kills a running command and removes an owned scratch directory.
-func (c *Command) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	c.mu.Unlock()
-	c.cancel() // kills a running command
-	c.sem <- struct{}{}
-	c.mu.Lock()
-	c.state = StateClosed
-	c.mu.Unlock()
-	<-c.sem
-	if c.ownDir && c.scratch != "" {
-		if err := removeScratch(c.scratch); err != nil {
-			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
-		}
-	}
-	return nil
-}
+func (c *Command) Close() error { return c.close(nil) }
 
 var _ Runtime = (*Command)(nil)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -20,31 +19,19 @@ var requiredCapabilities = []string{"init", "load", "export", "train", "evaluate
 // Worker is the long-lived Python worker backend (python -m p2ptrain.worker), supervised:
 // one call at a time, a deadline on each, and a restart after a crash or a hang.
 type Worker struct {
-	opts    Options
-	log     *slog.Logger
-	sem     chan struct{} // held by the running call, or by a restart
-	life    context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	pkgDir  string
-	src     p2ptrainSource
-	scratch string
-	ownDir  bool
+	backend
+	src p2ptrainSource
 
-	mu             sync.Mutex // guards everything below
+	// guarded by mu
 	proc           *workerProc
-	state          State
 	info           Info
-	started        bool
-	closed         bool
 	restarting     bool
 	restarts       int
 	failedRestarts int
 	gen            int // incremented for every worker process that passed hello
 	loadedGen      int // gen of the process that last ran Load
 	nextID         int64
-	callLog
-	ranks rankBook
+	ranks          rankBook
 }
 
 type workerProc struct {
@@ -99,49 +86,17 @@ func NewWorker(opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	life, cancel := context.WithCancel(context.Background())
-	return &Worker{
-		opts:   o,
-		log:    o.Logger.With("backend", BackendWorker, "factory", o.Factory),
-		sem:    make(chan struct{}, 1),
-		life:   life,
-		cancel: cancel,
-		state:  StateNew,
-	}, nil
+	return &Worker{backend: newBackend(o, o.Logger.With("backend", BackendWorker, "factory", o.Factory), "worker")}, nil
 }
 
 // Start extracts the p2ptrain package, creates the scratch directory, spawns the worker
 // and says hello. A missing interpreter, an unimportable factory or a protocol mismatch
 // fail here with an error naming them; Start does not retry.
-func (w *Worker) Start(ctx context.Context) (Info, error) {
-	w.mu.Lock()
-	if w.started || w.closed {
-		w.mu.Unlock()
-		return Info{}, fmt.Errorf("pyruntime: start worker: already started or closed")
-	}
-	w.started = true
-	w.state = StateStarting
-	w.mu.Unlock()
-
-	info, err := w.start(ctx)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err != nil {
-		w.state = StateFailed
-		w.fail(err)
-		return Info{}, err
-	}
-	return info, nil
-}
+func (w *Worker) Start(ctx context.Context) (Info, error) { return w.backend.start(ctx, w.start) }
 
 func (w *Worker) start(ctx context.Context) (Info, error) {
 	var err error
-	if w.src, err = resolvePackage(ctx, w.opts); err != nil {
-		return Info{}, err
-	}
-	w.pkgDir = w.src.Dir
-	sweepScratchDirs(w.log, append(scratchBases(), w.opts.DiskScratchDir)...)
-	if w.scratch, w.ownDir, err = makeScratch(w.opts.ScratchDir); err != nil {
+	if w.src, err = w.prepare(ctx, w.opts.DiskScratchDir); err != nil {
 		return Info{}, err
 	}
 	if err := w.acquire(ctx); err != nil {
@@ -276,19 +231,6 @@ func (w *Worker) adopt(p *workerProc, info Info, restart bool) {
 		w.restarts++
 	}
 }
-
-func (w *Worker) acquire(ctx context.Context) error {
-	select {
-	case w.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-w.life.Done():
-		return ErrClosed
-	}
-}
-
-func (w *Worker) release() { <-w.sem }
 
 // ensure returns the live worker, starting a new one if the last one died (caller holds
 // the semaphore).
@@ -686,9 +628,6 @@ func (w *Worker) fitScratch(params int64) error {
 	return nil
 }
 
-// ScratchDir is the directory for packs exchanged with the worker.
-func (w *Worker) ScratchDir() string { return w.scratch }
-
 // Status is a snapshot of the worker's health.
 func (w *Worker) Status() Status {
 	w.mu.Lock()
@@ -706,21 +645,14 @@ func (w *Worker) Status() Status {
 // Close asks the worker to shut down (killing it after a few seconds, or at once if a
 // call is running) and removes the scratch directory if the runtime created it.
 func (w *Worker) Close() error {
-	w.mu.Lock()
-	if w.closed {
+	return w.close(func() {
+		w.mu.Lock()
+		p := w.proc
+		w.proc = nil
 		w.mu.Unlock()
-		return nil
-	}
-	w.closed = true
-	w.mu.Unlock()
-
-	w.cancel() // interrupts a running call (its worker is killed) and restart attempts
-	w.sem <- struct{}{}
-	w.mu.Lock()
-	p := w.proc
-	w.proc = nil
-	w.mu.Unlock()
-	if p != nil {
+		if p == nil {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _ = w.gracefulShutdown(ctx, p)
 		cancel()
@@ -729,18 +661,7 @@ func (w *Worker) Close() error {
 		case <-time.After(5 * time.Second):
 		}
 		p.shutdown()
-	}
-	<-w.sem
-	w.wg.Wait()
-	w.mu.Lock()
-	w.state = StateClosed
-	w.mu.Unlock()
-	if w.ownDir && w.scratch != "" {
-		if err := removeScratch(w.scratch); err != nil {
-			return fmt.Errorf("pyruntime: close: remove scratch dir: %w", err)
-		}
-	}
-	return nil
+	})
 }
 
 // gracefulShutdown sends "shutdown" without the runtime's life context (already cancelled).

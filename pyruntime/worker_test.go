@@ -466,25 +466,6 @@ func TestWorkerLoadExportRoundTrip(t *testing.T) {
 	if !sameFile(t, b, c) {
 		t.Fatal("Python's export of a Go pack is not byte-identical")
 	}
-	// Seed-style baseline round trip.
-	ld := filepath.Join(dir, "legacy")
-	if err := writeLegacy(ld, q); err != nil {
-		t.Fatal(err)
-	}
-	if err := legacyImport(ctx, w, ld); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "legacy-out")
-	if err := legacyExport(ctx, w, out); err != nil {
-		t.Fatal(err)
-	}
-	got, err := readLegacy(out, q.Layout.Hash())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(got, vals) {
-		t.Fatal("legacy round trip changed values")
-	}
 }
 
 func TestWorkerCloseInterruptsCall(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/p2pnode/p2pnode/artifact"
+	"github.com/p2pnode/p2pnode/codecs"
 	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/pack"
 )
@@ -89,7 +90,7 @@ func parseDeltaHeader(h *pack.Header, layoutHash string, n int) (diloco.Encoded,
 	if meta["layout_hash"] != layoutHash {
 		return diloco.Encoded{}, none, none, fmt.Errorf("delta: %w: delta is for layout %s, base head has %s", pack.ErrLayoutMismatch, meta["layout_hash"], layoutHash)
 	}
-	codec, err := diloco.ParseCodec(meta["codec"])
+	codec, err := codecs.Parse(meta["codec"])
 	if err != nil {
 		return diloco.Encoded{}, none, none, fmt.Errorf("delta: %w", err)
 	}

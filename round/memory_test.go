@@ -122,7 +122,7 @@ func writeMemJob(t *testing.T, dir string, p, k int) {
 }
 
 func memPolicy() Policy {
-	return Policy{Kind: "diloco", Outer: diloco.DefaultOuter(), Aggregator: merge.AggMean, Codec: diloco.FP32,
+	return Policy{Kind: "diloco", Outer: diloco.OuterConfig{LR: 1, Momentum: 0.5, Nesterov: true}, Aggregator: merge.AggMean, Codec: diloco.FP32,
 		Screen: merge.ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}}
 }
 

@@ -66,6 +66,22 @@ type Candidate struct {
 	Sole bool
 }
 
+// TrustMerges is how many recent heads must have merged a peer's contributions for its
+// next one to be screened without probation: as many as the rounds screening needs to warm
+// up, so that honest peers merged from the first round are trusted by the time the
+// calibrated bars take over. New peers, peers back from quarantine (whose rejected updates
+// were never merged) and peers away for the whole window are held to the screening floor
+// until then (merge.Screening.SetProbation).
+const TrustMerges = merge.HistoryWarmup
+
+// OnProbation is Candidate.Probation for peer, from the recent heads' merges per peer
+// (chain.Store.RecentMerges).
+func OnProbation(merges map[string]int, peer string) bool { return merges[peer] < TrustMerges }
+
+// Sole is Candidate.Sole for peer, from the recent heads' merges per peer: peer is the only
+// one they name (one node's run).
+func Sole(merges map[string]int, peer string) bool { return len(merges) == 1 && merges[peer] > 0 }
+
 // Rejection says why a candidate was not merged.
 type Rejection struct {
 	Peer   string

@@ -203,7 +203,7 @@ func TestStreamingMergeMatchesInMemory(t *testing.T) {
 					t.Parallel()
 					store, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
 					require.NoError(t, err)
-					policy := Policy{Kind: kind, Outer: diloco.DefaultOuter(), NewWeight: 0.5, Aggregator: agg,
+					policy := Policy{Kind: kind, Outer: diloco.OuterConfig{LR: 1, Momentum: 0.5, Nesterov: true}, NewWeight: 0.5, Aggregator: agg,
 						Aggregate: merge.AggregateOptions{TrimFraction: 0.2},
 						Screen:    merge.ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}, Codec: cc.codec}
 					base, baseID := bigGenesis(t, store, n, policy, 1)

@@ -362,7 +362,7 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			return fmt.Errorf("delta %s of %s was merged in an earlier round", delta, c.Peer)
 		}
 		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
-			Probation: OnProbation(merges, c.Peer), Sole: Sole(merges, c.Peer)})
+			Probation: round.OnProbation(merges, c.Peer), Sole: round.Sole(merges, c.Peer)})
 	}
 	// The updates are fetched side by side (one after another they took the sum of the
 	// transfers), from the proposer as well as their trainers: the proposer holds every one

@@ -8,6 +8,7 @@ import (
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
+	"github.com/p2pnode/p2pnode/lease"
 )
 
 // TestTrainerSetCountsReturns: a trainer counts as come back (its lease in the open round
@@ -97,4 +98,35 @@ func TestTrainerSetTakesCapacityFromContributions(t *testing.T) {
 	require.Equal(t, "p", live[0].Peer)
 	require.InDelta(t, 16000.0, live[0].Capacity, 1e-9)
 	require.InDelta(t, 8.0, live[0].SamplesPerStep, 1e-9, "32 samples in 4 steps")
+}
+
+func TestWorkCandidatesKeepHFixed(t *testing.T) {
+	cands := []lease.Trainer{{Peer: "a", Capacity: 100, Proven: true}, {Peer: "b", Capacity: 260}, {Peer: "c", Capacity: 40}}
+	avail := make([]uint32, 30)
+	for i := range avail {
+		avail[i] = uint32(i)
+	}
+	for _, tc := range []struct {
+		proportional bool
+		steps        map[string]int
+		shards       map[string]int
+	}{
+		{false, map[string]int{"a": 20, "b": 20, "c": 20}, map[string]int{"a": 3, "b": 3, "c": 3}},
+		{true, map[string]int{"a": 15, "b": 39, "c": 6}, map[string]int{"a": 2, "b": 6, "c": 1}},
+	} {
+		work := workCandidates(cands, tc.proportional)
+		steps := lease.Steps(work, 20)
+		plan := lease.Assign(avail, work, 3, []byte("seed"))
+		for p, want := range tc.steps {
+			if steps[p] != want {
+				t.Errorf("proportional=%v: %s gets %d steps, want %d", tc.proportional, p, steps[p], want)
+			}
+			if got := len(plan[p]); got != tc.shards[p] {
+				t.Errorf("proportional=%v: %s gets %d microshards, want %d", tc.proportional, p, got, tc.shards[p])
+			}
+		}
+	}
+	if cands[1].Capacity != 260 {
+		t.Fatal("workCandidates changed its input")
+	}
 }

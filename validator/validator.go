@@ -469,7 +469,7 @@ func (r *rateLog) allow(key string) bool {
 // so that a panel of rejections by reason shows zeros, not "No data", on a healthy swarm.
 // A reason not listed still counts; it just appears on its first use.
 var RejectReasons = []string{
-	// Checked on arrival (leader.go).
+	// Checked on arrival (leader_collect.go).
 	"wrong_base", "forged_peer", "no_lease", ReasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", "unavailable",
 	// Screening before the merge (round/merge.go, merge/screen.go).
 	string(merge.ReasonNonFinite), string(merge.ReasonNormBound), string(merge.ReasonNormOutlier),

@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/p2pnode/p2pnode/codecs"
 	"github.com/p2pnode/p2pnode/demo"
-	"github.com/p2pnode/p2pnode/diloco"
 )
 
 func newDemoCmd(g *globalFlags) *cobra.Command {
@@ -63,7 +63,7 @@ byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 	cmd.Flags().IntVar(&o.Rounds, "rounds", 20, "rounds to train")
 	cmd.Flags().StringVar(&o.Workload, "workload", demo.WorkloadDigits, "what to train: digits, lm (a byte-level transformer) or charlm (a byte-level GRU)")
 	cmd.Flags().StringVar(&o.Preset, "preset", "", "lm preset: tiny (default), small or base")
-	cmd.Flags().StringVar(&o.Codec, "codec", "", "protocol.codec of every node: "+diloco.CodecList()+" (default fp32; compare learning across codecs)")
+	cmd.Flags().StringVar(&o.Codec, "codec", "", "protocol.codec of every node: "+codecs.List()+" (default fp32; compare learning across codecs)")
 	cmd.Flags().StringVar(&o.Overlap, "overlap", "", "protocol.overlap of every node: eager to train the next window while the round closes (default: none)")
 	cmd.Flags().Int64Var(&o.Seed, "seed", 1, "experiment.seed: the initial model, the batch orders and the lease draws (the held-out split stays)")
 	cmd.Flags().Float64Var(&momentum, "momentum", 0, "protocol.diloco.momentum of every node (default: the workload's, 0.5; sparse allows at most 0.5)")

@@ -17,7 +17,7 @@
 //	3 round   round, bus, adversary
 //	2 parts   lease, gossip, chain, artifact, dataset, checkpoint, export, pyruntime, synth, credit
 //	1 pure    merge, diloco
-//	0 leaves  pack, cids, detcbor, config, internal/*
+//	0 leaves  pack, cids, codecs, detcbor, config, internal/*
 //
 // A package in none of these lists is placed in "parts" and named as unplaced.
 package main
@@ -51,7 +51,7 @@ var layers = []layer{
 	{3, "round", []string{"round", "bus", "adversary"}},
 	{2, "parts", []string{"lease", "gossip", "chain", "artifact", "dataset", "checkpoint", "export", "pyruntime", "synth", "credit", "invite", "doctor"}},
 	{1, "pure", []string{"merge", "diloco"}},
-	{0, "leaves", []string{"pack", "cids", "detcbor", "config", "internal"}},
+	{0, "leaves", []string{"pack", "cids", "codecs", "detcbor", "config", "internal"}},
 }
 
 const partsRank = 2

@@ -284,8 +284,3 @@ class Ranks:
         out["samples_per_second"] = sum(r["samples_per_second"] for r in rs)
         out["seconds_per_step"] = max(r["seconds_per_step"] for r in rs)
         return out
-
-    def legacy_export(self, d):
-        raise BadRequest("legacy_export needs a worker on one device (the benchmark baseline), not ranks")
-
-    legacy_import = legacy_export

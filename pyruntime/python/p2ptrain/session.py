@@ -10,19 +10,15 @@ import json
 import math
 import os
 import random
-import struct
 import sys
 import time
-from array import array
 
 import numpy as np
 import torch
 
 from . import memory, optstate, packs
 from . import workload as workload_mod
-from .errors import BadRequest, LayoutMismatch, NonFinite, P2PTrainError, WorkloadError
-
-LEGACY_FORMAT = "p2ptrain-legacy-pack/1"
+from .errors import BadRequest, NonFinite, P2PTrainError, WorkloadError
 
 
 @contextlib.contextmanager
@@ -446,55 +442,6 @@ class Session:
         finally:
             self.model, self.spec, self.loss_model = saved
         return out
-
-    # ---- the seed-style baseline (benchmark only) -----------------------------------------
-
-    def legacy_export(self, d):
-        """Seed-style export: a JSON manifest and values packed one element at a time."""
-        os.makedirs(d, exist_ok=True)
-        pack_f = struct.pack
-        with open(os.path.join(d, "values.f32le"), "wb") as f:
-            for _, flat in packs.flat_host_views(self.spec):
-                flat = flat.reshape(-1)
-                for lo in range(0, flat.size, 1 << 20):
-                    buf = bytearray()
-                    for v in flat[lo : lo + (1 << 20)].tolist():
-                        buf += pack_f("<f", v)
-                    f.write(buf)
-        manifest = {
-            "format": LEGACY_FORMAT,
-            "layout_hash": self.spec.layout_hash,
-            "parameter_count": self.spec.param_count,
-            "values_f32_le": "values.f32le",
-        }
-        with open(os.path.join(d, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=2)
-        return {"layout_hash": self.spec.layout_hash}
-
-    def legacy_import(self, d):
-        """Seed-style import: read the manifest, unpack values one element at a time."""
-        with open(os.path.join(d, "manifest.json")) as f:
-            manifest = json.load(f)
-        if manifest.get("format") != LEGACY_FORMAT:
-            raise BadRequest(f"{d}: unsupported legacy pack format {manifest.get('format')!r}")
-        if manifest.get("layout_hash") != self.spec.layout_hash:
-            raise LayoutMismatch(f"legacy pack {d} has layout {manifest.get('layout_hash')}, the model expects {self.spec.layout_hash}")
-        with open(os.path.join(d, manifest.get("values_f32_le", "values.f32le")), "rb") as f:
-            data = f.read()
-        if len(data) != 4 * self.spec.param_count:
-            raise BadRequest(f"{d}: {len(data)} value bytes for {self.spec.param_count} parameters")
-        unpack_from = struct.unpack_from
-        off = 0
-        with torch.no_grad():
-            for _, t in self.spec.tensors:
-                vals = array("f")
-                append = vals.append
-                for _ in range(t.numel()):
-                    append(unpack_from("<f", data, off)[0])
-                    off += 4
-                if len(vals):
-                    t.copy_(torch.frombuffer(vals, dtype=torch.float32).reshape(t.shape))
-        return {"layout_hash": self.spec.layout_hash}
 
 
 def clean_metrics(m, what):

@@ -25,7 +25,6 @@ CAPABILITIES = (
     "evaluate",
     "probe",
     "optimizer_state",
-    "legacy_pack",
     "nonfinite_metrics_as_strings",
     "train_shift",
     "ranks",
@@ -209,12 +208,6 @@ class Worker:
 
     def m_evaluate(self, p):
         return self.session.evaluate(_str(p, "pack", required=False))
-
-    def m_legacy_export(self, p):
-        return self.session.legacy_export(_str(p, "dir"))
-
-    def m_legacy_import(self, p):
-        return self.session.legacy_import(_str(p, "dir"))
 
 
 def error_body(e):

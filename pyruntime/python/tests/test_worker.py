@@ -163,16 +163,6 @@ class WorkerProtocolTest(unittest.TestCase):
         self.assertGreater(probe["samples_per_second"], 0)
         self.assertGreater(probe["seconds_per_step"], 0)
 
-        self.w.ok("legacy_export", dir=self.path("legacy"))
-        with open(self.path("legacy/manifest.json")) as f:
-            m = json.load(f)
-        self.assertEqual(m["parameter_count"], h["param_count"])
-        self.w.ok("legacy_import", dir=self.path("legacy"))
-        self.w.ok("export", out=self.path("exp2.st"))
-        with st.Pack(self.path("exp.st")) as a, st.Pack(self.path("exp2.st")) as b:
-            for n in a.names():
-                np.testing.assert_array_equal(a.array(n), b.array(n))
-
         self.assertEqual(self.w.ok("shutdown"), {})
         self.assertEqual(self.w.proc.wait(timeout=30), 0)
 
