@@ -141,6 +141,7 @@ func newEnv(p envParams) (*env, error) {
 	}
 	if p.Runtime != nil {
 		p.Status.Worker = func() any { return p.Runtime.Status() }
+		p.Status.TokensPerSample = func() int64 { return p.Runtime.Status().TokensPerSample }
 	}
 	if g, ok := p.Bus.(interface{ Rejections() map[string]uint64 }); ok {
 		p.Status.GossipRejects = g.Rejections

@@ -66,6 +66,9 @@ type Info struct {
 	// P2PTrain says which p2ptrain package the worker runs: installed (version, path) or
 	// the copy embedded in the node.
 	P2PTrain string `json:"p2ptrain,omitempty"`
+	// TokensPerSample is how many tokens one sample trains on, for workloads that count
+	// tokens (a language model: its context); 0 otherwise.
+	TokensPerSample int64 `json:"tokens_per_sample,omitempty"`
 	// Warnings are what the worker found wrong at start-up without failing (an NVIDIA GPU
 	// that torch cannot use), for the node to log.
 	Warnings []string `json:"warnings,omitempty"`
@@ -156,6 +159,8 @@ type Status struct {
 	Ranks        int          `json:"ranks,omitempty"`
 	Devices      []RankDevice `json:"devices,omitempty"`
 	RankRestarts int          `json:"rank_restarts,omitempty"`
+	// TokensPerSample is the workload's (Info.TokensPerSample).
+	TokensPerSample int64 `json:"tokens_per_sample,omitempty"`
 }
 
 // metrics decodes {name: number | "nan" | "inf" | "-inf"} (JSON has no NaN).

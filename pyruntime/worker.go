@@ -73,6 +73,7 @@ type helloResult struct {
 	Precision               string       `json:"precision"`
 	LayoutHash              string       `json:"layout_hash"`
 	ParamCount              int64        `json:"param_count"`
+	TokensPerSample         int64        `json:"tokens_per_sample"`
 	Ranks                   int          `json:"ranks"`
 	Shard                   string       `json:"shard"`
 	ActivationCheckpointing bool         `json:"activation_checkpointing"`
@@ -178,7 +179,7 @@ func (w *Worker) spawn(ctx context.Context) (*workerProc, Info, error) {
 		Backend: BackendWorker, ProtocolVersion: hr.ProtocolVersion, Capabilities: hr.Capabilities,
 		Workload: hr.Workload, Python: hr.Python, Torch: hr.Torch, Device: hr.Device,
 		DeviceName: hr.DeviceName, DeviceMemory: hr.DeviceMemory, Precision: hr.Precision,
-		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, PID: c.pid, P2PTrain: w.src.String(),
+		LayoutHash: hr.LayoutHash, ParamCount: hr.ParamCount, TokensPerSample: hr.TokensPerSample, PID: c.pid, P2PTrain: w.src.String(),
 		Ranks: hr.Ranks, Shard: hr.Shard, ActivationCheckpointing: hr.ActivationCheckpointing, Devices: hr.Devices,
 	}
 	return p, info, nil
@@ -633,7 +634,8 @@ func (w *Worker) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := Status{Backend: BackendWorker, State: w.state, Restarts: w.restarts,
-		Device: w.info.Device, DeviceName: w.info.DeviceName, DeviceMemory: w.info.DeviceMemory, Precision: w.info.Precision}
+		Device: w.info.Device, DeviceName: w.info.DeviceName, DeviceMemory: w.info.DeviceMemory, Precision: w.info.Precision,
+		TokensPerSample: w.info.TokensPerSample}
 	w.fill(&s)
 	w.ranks.fill(&s)
 	if w.proc != nil {

@@ -106,8 +106,10 @@ func LoadHistory(dir string) []RoundPoint {
 	return out
 }
 
-// AppendHistory adds one point to dir's history file.
+// AppendHistory adds one point to dir's history file, without the rates /status works
+// out from the rest.
 func AppendHistory(dir string, p RoundPoint) error {
+	p.SamplesPerSecond, p.TokensPerSecond = 0, 0
 	b, err := json.Marshal(p)
 	if err != nil {
 		return err

@@ -46,6 +46,9 @@ type Status struct {
 	Events           []Event           `json:"events"`
 	History          []RoundPoint      `json:"history"`
 	Started          time.Time         `json:"started"`
+	// TokensPerSample is how many tokens one sample of the workload trains on (a language
+	// model's context), from its worker; 0 when the workload does not count tokens.
+	TokensPerSample int64 `json:"tokens_per_sample,omitempty"`
 }
 
 // LeaseStatus is a lease this node holds.
@@ -107,6 +110,29 @@ type RoundPoint struct {
 	// round.
 	BytesIn  uint64 `json:"bytes_in"`
 	BytesOut uint64 `json:"bytes_out"`
+
+	// SamplesPerSecond and TokensPerSecond are the swarm's throughput in the round: the
+	// samples the head merged over the round's time at its leader (Time), or, without
+	// notes, the time this node saw between heads; tokens when the workload counts them
+	// (Status.TokensPerSample). Worked out for /status, not kept in the history file.
+	SamplesPerSecond float64 `json:"samples_per_second,omitempty"`
+	TokensPerSecond  float64 `json:"tokens_per_second,omitempty"`
+}
+
+// withRates is p with its throughput worked out (SamplesPerSecond, TokensPerSecond).
+func (p RoundPoint) withRates(tokensPerSample int64) RoundPoint {
+	secs := p.Seconds
+	if p.Time != nil && p.Time.Seconds > 0 {
+		secs = p.Time.Seconds
+	}
+	p.SamplesPerSecond, p.TokensPerSecond = 0, 0
+	if secs > 0 && p.Samples > 0 {
+		p.SamplesPerSecond = float64(p.Samples) / secs
+		if tokensPerSample > 0 {
+			p.TokensPerSecond = p.SamplesPerSecond * float64(tokensPerSample)
+		}
+	}
+	return p
 }
 
 // RoundTime splits a round's wall time at its leader (chain.Notes): training (the slowest
@@ -145,6 +171,8 @@ type Board struct {
 	GossipRejects func() map[string]uint64
 	// Peers reports the peer table.
 	Peers func(round uint64) []PeerStatus
+	// TokensPerSample reports the workload's tokens per sample (Status.TokensPerSample).
+	TokensPerSample func() int64
 }
 
 // NewBoard is a board that starts at s.
@@ -198,6 +226,12 @@ func (b *Board) Snapshot() Status {
 	}
 	if b.Peers != nil {
 		s.Peers = b.Peers(s.Round)
+	}
+	if b.TokensPerSample != nil {
+		s.TokensPerSample = b.TokensPerSample()
+	}
+	for i := range s.History {
+		s.History[i] = s.History[i].withRates(s.TokensPerSample)
 	}
 	return s
 }

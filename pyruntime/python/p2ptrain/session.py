@@ -207,6 +207,7 @@ class Session:
             **device_info(self.device),
             "layout_hash": self.spec.layout_hash,
             "param_count": self.spec.param_count,
+            "tokens_per_sample": int(getattr(self.workload, "tokens_per_sample", 0) or 0),
             "activation_checkpointing": self.activation_checkpointing,
         }
 

@@ -39,7 +39,12 @@ class Workload:
     model's repeated blocks (a transformer's layers): the worker checkpoints their
     activations (``workload.activation_checkpointing``) and shards them one by one
     (``workload.shard: fsdp``).
+
+    A model of tokens sets ``tokens_per_sample`` (a language model: its context): the
+    dashboard then shows tokens per second beside samples per second.
     """
+
+    tokens_per_sample = 0
 
     def __init__(self, config):
         self.config = dict(config or {})

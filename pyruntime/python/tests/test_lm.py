@@ -48,6 +48,10 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((hp["layers"], hp["width"], hp["lr"], hp["warmup"], hp["weight_decay"]), (2, 384, 1e-4, 0, 0.0))
         self.assertEqual(lm.resolve_config({})["preset"], "tiny")
 
+    def test_tokens_per_sample_is_the_context(self):
+        self.assertEqual(lm.LM({}).tokens_per_sample, 128)
+        self.assertEqual(lm.LM({"preset": "small", "context": 64}).tokens_per_sample, 64)
+
     def test_bad_config_names_the_key(self):
         cases = [
             ({"preset": "huge"}, "preset"),

@@ -130,6 +130,7 @@ class WorkerProtocolTest(unittest.TestCase):
             self.assertIn(cap, h["capabilities"])
         self.assertEqual(h["device"], "cpu")
         self.assertEqual(h["param_count"], 8 * 16 + 16 + 16 + 1)
+        self.assertEqual(h["tokens_per_sample"], 0, "the test workload counts no tokens")
 
         r = self.w.ok("init", seed=5, out=self.path("base.st"))
         self.assertEqual(r["layout_hash"], h["layout_hash"])

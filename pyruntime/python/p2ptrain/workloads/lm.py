@@ -272,6 +272,8 @@ class LM(Workload):
         self.hp = resolve_config(self.config)
         for k, v in self.hp.items():
             setattr(self, k, v)
+        # Each sample is context + 1 bytes: the model predicts the last context of them.
+        self.tokens_per_sample = self.context
         self._cache = (None, None)
         self._heldout = None
 
