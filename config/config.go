@@ -259,20 +259,18 @@ type DiLoCo struct {
 }
 
 // The outer step's defaults, written only here: config's defaults, the demo and the tests
-// read them. Nesterov momentum 0.5 at lr 1.0: the DiLoCo paper's lr 0.7 with momentum 0.9
-// suits long inner loops on large language models; at the sizes trained here (digits, lm
-// tiny, charlm at H 20-100) momentum 0.9 trailed 0.5 (docs/diloco-cost.md), and with the
-// sparse codec it diverged.
+// read them. Nesterov momentum 0.5 at lr 1.0 rather than the DiLoCo paper's 0.9 at 0.7,
+// which suits long inner loops on large language models, not the inner loops and models
+// this project trains (docs/design-notes.md).
 const (
 	DefaultOuterLR       = 1.0
 	DefaultOuterMomentum = 0.5
 	DefaultNesterov      = true
-	// SparseOuterLR is the sparse codec's default outer lr. Its merged update is smaller
-	// than the dense mean of the same round: each trainer sends 1.56 % of its coordinates
-	// and keeps the rest in its error feedback, which the decay discounts. On lm tiny,
-	// sparse at 1.5 learned like fp32 at 1.0 (sparse at 1.0 trailed by 2-5 %); fp32 at 1.5
-	// fell far behind. On charlm (a GRU, heavy-ball momentum) sparse learned 2.5 % worse at
-	// 1.5 than at 1.0 (docs/wan.md): a preset there sets its own.
+	// SparseOuterLR is the sparse codec's default outer lr, larger than the dense one
+	// because its merged update is smaller than the dense mean of the same round: each
+	// trainer sends its top-k coordinates and keeps the rest in its error feedback, which
+	// the decay discounts. A preset whose model learns worse with it sets its own
+	// (docs/design-notes.md).
 	SparseOuterLR = 1.5
 )
 

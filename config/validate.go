@@ -294,9 +294,8 @@ func (c *Config) validateProtocol(v *validator) {
 	v.check(finite(p.DiLoCo.OuterLR) && p.DiLoCo.OuterLR > 0, "protocol.diloco.outer_lr", "must be > 0 (or 0 in a file: the default for the codec), got %v", p.DiLoCo.OuterLR)
 	v.check(finite(p.DiLoCo.Momentum) && p.DiLoCo.Momentum >= 0 && p.DiLoCo.Momentum < 1, "protocol.diloco.momentum", "must be in [0, 1), got %v", p.DiLoCo.Momentum)
 	// Error feedback already carries every unsent part of an update into later rounds; outer
-	// momentum on top of it compounds the two. Measured on digits (one trainer, 30 rounds):
-	// momentum 0.9 with sparse diverged (held-out loss 0.47 → 18.5), 0 and 0.5 trained
-	// (95.5 % and 94.4 %). SparseLoCo runs without outer momentum.
+	// momentum on top of it compounds the two, so the sparse codec takes at most 0.5
+	// (SparseLoCo runs without; docs/design-notes.md).
 	v.check(p.Codec != codecs.Sparse || p.MergePolicy != PolicyDiLoCo || p.DiLoCo.Momentum <= 0.5, "protocol.diloco.momentum",
 		"must be <= 0.5 with protocol.codec sparse (outer momentum on top of error feedback diverged at 0.9; 0 is SparseLoCo's choice), got %v", p.DiLoCo.Momentum)
 	v.check(finite(p.EMA.NewWeight) && p.EMA.NewWeight > 0 && p.EMA.NewWeight <= 1, "protocol.ema.new_weight", "must be in (0, 1], got %v", p.EMA.NewWeight)

@@ -257,13 +257,12 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 		// steps. At batch 32 they would need 11 each, 33 > 23, and each window would loop
 		// over its 3 microshards 3.4 times; at batch 16 (6 each) every other round was a
 		// tail of 7, 7 and 3 steps, whose small updates the calibrated cosine screen
-		// rejected (a demo stalled at round 8).
+		// rejected (docs/design-notes.md).
 		c.Workload.Config = map[string]any{"hidden": 128, "batch_size": 12, "lr": 0.001}
 		c.Protocol.InnerSteps = 20
-		// Heavy-ball outer momentum for digits: at these settings (3 trainers, H 20) the swarm
-		// trailed one node with the same compute by 0.19 points (mean of rounds 21–30, seeds
-		// 1–3; 0.62 with Nesterov), as plain-PyTorch DiLoCo does (0.15 and 0.55 over 20
-		// seeds; docs/diloco-cost.md). charlm too (below); the lm demo keeps Nesterov.
+		// Heavy-ball outer momentum for digits: at these settings (3 trainers, H 20) it
+		// trails one node with the same compute by less than Nesterov does
+		// (docs/design-notes.md). charlm too (below); the lm demo keeps Nesterov.
 		c.Protocol.DiLoCo = config.DiLoCo{OuterLR: 1.0, Momentum: 0.5, Nesterov: false}
 		c.Lease.MicroshardsPerTrainer = 3
 		c.Lease.MinGroup = 1

@@ -16,9 +16,8 @@ const hugeBytes = 2 << 20
 //
 // The kernel maps a file's large page-cache folios with one PMD entry (2 MiB) where it
 // can, and MADV_DONTNEED of only part of such a mapping leaves all of it resident.
-// Dropping each 64 KiB block alone therefore released nothing of a params blob mapped
-// that way (measured on Linux 6.18: an in-place export of a 256 MB model kept 140 MiB
-// resident, the part of the source it had walked; FilePmdMapped in smaps). So each drop
+// Dropping each 64 KiB block alone therefore releases nothing of a params blob mapped
+// that way (docs/design-notes.md). So each drop
 // reaches back to the 2 MiB boundary below where the previous one ended: once the walk
 // has passed a whole huge mapping, some drop covers all of it.
 type pageDropper struct {

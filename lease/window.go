@@ -44,8 +44,8 @@ func (w Window) Repeats() bool { return w.Need > w.Share }
 // it does not (a small dataset, a large fleet or long windows), the share stays
 // PerTrainer and the windows repeat their examples: raising every lease to an even split
 // of the epoch instead hands a two-trainer fleet half the data each round, and once the
-// model has converged two such updates point apart, so the cohort screen rejects both
-// (the e2e swarm tests stalled that way, see the revert f38b6d1). With anything unknown,
+// model has converged two such updates point apart, so the cohort screen rejects both and
+// the run stalls (docs/design-notes.md). With anything unknown,
 // the share is PerTrainer and Need is 0.
 //
 // The rule sizes whole shares, not the epoch's tail: where fewer microshards are left

@@ -215,10 +215,9 @@ func (s *Screening) decideNorms() {
 	}
 	s.cohort = len(s.alive) >= MinRelativeCohort
 	// A small cohort is held to the reference only once the history is warm (its calibrated
-	// bar has learnt how far honest updates turn from the momentum). With the fixed bar,
-	// honest digits updates at round 3 (cosines to the momentum −0.07 and −0.02) and a solo
-	// node's oscillating lone update were rejected at every attempt and the round stalled
-	// (TestSwarmValidatorRestart, TestSoloNodeResumesFromTheChainWithoutState). Until then a
+	// bar has learnt how far honest updates turn from the momentum): early honest updates
+	// and a solo node's oscillating lone update can point away from the momentum, and the
+	// fixed bar would reject them at every attempt (docs/design-notes.md). Until then a
 	// pair is held to each other.
 	//
 	// A cohort is held to the reference as well once the history is warm: the reference
@@ -546,15 +545,13 @@ func (s *Screening) decideTrusted() {
 	}
 	// The calibrated bar is never above half of this round's median cosine to the
 	// reference, unless that is below the floor: it learns from merged updates only, and
-	// when honest cosines fall faster than it follows (digits, 3 trainers: 0.85 at round 4,
-	// 0.35–0.45 at round 6, against a bar of 0.40) it rejects them on every retry on the
-	// base. However many attack, they can lower the bar to the floor this way, not raise it.
+	// when honest cosines fall faster than it follows it rejects them on every retry on the
+	// base (docs/design-notes.md). However many attack, they can lower the bar to the floor this way, not raise it.
 	bar := atMostHalf(s.bar(s.hist.Ref, math.Inf(1)), s.survivorsMedian(func(v *Verdict) float64 { return v.RefCosine }), floor)
 	// When no update of the round points along the reference better than noise does, the
 	// floor holds no one: honest windows and the reference (one window on a small sample)
 	// can both be mostly noise, and a floor every update fails fails on every retry on the
-	// base, so the round never closes (4 honest and 4 flippers under -race: stalled at
-	// round 7). The bar is then at most 0: what points away from the reference is still
+	// base, so the round never closes. The bar is then at most 0: what points away from the reference is still
 	// rejected, a sign flip of an honest update among it.
 	top := math.Inf(-1)
 	for _, k := range fit {

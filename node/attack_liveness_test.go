@@ -65,7 +65,7 @@ func TestDisagreeingPairIsLeasedOneAtATime(t *testing.T) {
 		c.start(n)
 	}
 	// Both trainers announce before round 1 is leased, so its first attempt is a pair.
-	time.Sleep(2500 * time.Millisecond)
+	c.waitAnnounced(c.nodes[1:])
 	c.start(c.nodes[0])
 	c.waitDone(2 * time.Minute)
 	heads := c.requireOneChain(c.nodes, rounds)

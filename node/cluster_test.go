@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ipfs/go-cid"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -150,9 +152,11 @@ func (c *cluster) start(n *clusterNode) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.n, n.stop, n.err = node, cancel, make(chan error, 1)
 	go func() { n.err <- node.Run(ctx) }()
-	// Connect only once the node runs: GossipSub attaches to connections it sees open, so
-	// peers connected before it started would stay half-attached.
-	time.Sleep(50 * time.Millisecond)
+	// Connect only once the node's GossipSub runs (its protocol handler is set): it attaches
+	// to connections it sees open, so peers connected before it started would stay
+	// half-attached.
+	require.Eventually(c.t, func() bool { return slices.Contains(n.host.Mux().Protocols(), pubsub.GossipSubID_v11) },
+		10*time.Second, 2*time.Millisecond, "%s: GossipSub never started", n.name)
 	for _, o := range c.nodes {
 		if o != n && o.n != nil {
 			_, _ = c.mn.ConnectPeers(n.host.ID(), o.host.ID())
@@ -320,6 +324,26 @@ func (c *cluster) partition(a, b []*clusterNode) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// waitAnnounced waits until every node of ns has heard every other one announce: their
+// announcers run, so a node started next hears them all within an announcement period.
+func (c *cluster) waitAnnounced(ns []*clusterNode) {
+	c.t.Helper()
+	require.Eventually(c.t, func() bool {
+		for _, a := range ns {
+			heard := map[string]bool{}
+			for _, p := range a.n.Status().Peers {
+				heard[p.Peer] = !p.LastSeen.IsZero()
+			}
+			for _, b := range ns {
+				if b != a && !heard[b.host.ID().String()] {
+					return false
+				}
+			}
+		}
+		return true
+	}, time.Minute, 20*time.Millisecond, "the nodes never heard each other announce")
 }
 
 // heal links and connects everyone again.

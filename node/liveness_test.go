@@ -185,11 +185,14 @@ func TestEveryTrainerHangingOnceDoesNotStallTheRound(t *testing.T) {
 		n.cfg.Lease.RoundTimeout = 4 * time.Second
 		n.cfg.Experiment.Quorum = 2
 	}
+	// A hung worker's train returns only once a validator has given up on its lease: the
+	// deadline passed with nothing from the trainer, which is barred from the attempt.
 	for _, n := range c.nodes[2:] {
 		var calls atomic.Int32
+		self := n.host.ID().String()
 		n.rt.Hook = func(pyruntime.TrainJob) error {
 			if calls.Add(1) == 2 {
-				time.Sleep(5 * time.Second)
+				waitUntil(t.Context(), func() bool { return barredBy(c.nodes[:2], self) })
 				return errors.New("worker hung")
 			}
 			return nil
@@ -201,6 +204,37 @@ func TestEveryTrainerHangingOnceDoesNotStallTheRound(t *testing.T) {
 	for _, v := range c.nodes[:2] {
 		for _, e := range v.n.Status().Events {
 			require.NotEqual(t, "takeover", e.Kind, "%s: %s", v.name, e.Text)
+		}
+	}
+}
+
+// barredBy says whether a validator among vs has barred peer from its open round, or has
+// reported it missing its lease's deadline.
+func barredBy(vs []*clusterNode, peer string) bool {
+	for _, v := range vs {
+		st := v.n.Status()
+		if st.Validator != nil && st.Validator.Barred[peer] != "" {
+			return true
+		}
+		for _, e := range st.Events {
+			if e.Kind == "missing" && strings.Contains(e.Text, peer) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// waitUntil returns once cond holds, or when ctx ends; for code outside the test's
+// goroutine (a runtime hook), where require.Eventually cannot stop the test.
+func waitUntil(ctx context.Context, cond func() bool) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }

@@ -220,9 +220,8 @@ func checkFactory(f string) error {
 // mallocEnv keeps glibc's malloc from handing every freed block of more than 32 MiB back
 // to the kernel: PyTorch on CPU frees and allocates tensors of the model's size many
 // times per step (AdamW's temporaries, the weight gradients), and each fresh mapping is
-// faulted in again page by page. Where a page fault costs ~15 µs (measured on these
-// machines' VMs: 64 MiB fault in 210–300 ms) that was 90 % of a 17 M-parameter step
-// (0.82 s, 0.084 s without). No mmap'd chunks, and no trimming of the heap's top below
+// faulted in again page by page, which on a VM with slow page faults can take most of a
+// step (docs/design-notes.md). No mmap'd chunks, and no trimming of the heap's top below
 // 64 GiB, so freed blocks are reused: the worker keeps its peak resident, which is what
 // sizes a machine anyway. Settings the user's environment already makes win (glibc reads
 // GLIBC_TUNABLES and the MALLOC_*_ variables).

@@ -18,7 +18,8 @@ import (
 // that their process keeps locked (flock) for as long as it uses them. The kernel drops
 // the lock when the process dies however it dies, so a later start can tell the
 // directories of dead processes (lock free) from live ones (lock held) and remove the
-// former: a kill -9 no longer leaks a model's worth of /dev/shm each time.
+// former, so that a process killed with kill -9 does not leave a model's worth of /dev/shm
+// behind.
 const (
 	scratchPrefix   = "p2pnode-"
 	scratchLockName = ".p2pnode.lock"

@@ -485,7 +485,14 @@ func TestWorkerCloseInterruptsCall(t *testing.T) {
 		_, err := w.Train(context.Background(), TrainJob{Shards: []string{"x"}, Steps: 1 << 30, Out: filepath.Join(dir, "o")})
 		errc <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
+	// Close once the call is running.
+	deadline := time.Now().Add(time.Minute)
+	for w.Status().State != StateBusy {
+		if time.Now().After(deadline) {
+			t.Fatalf("the train call never started: %+v", w.Status())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	start := time.Now()
 	if err := w.Close(); err != nil {
 		t.Fatal(err)

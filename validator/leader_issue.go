@@ -73,8 +73,8 @@ func (p *leadPhase) nextStep() issueStep {
 // joinGrace is how long a young chain's leader waits, before its round's first grant,
 // after the last trainer it heard for the first time: trainers started together are heard
 // one by one, each within an announcement period of its start, and a round leased to the
-// first one heard is trained by that one alone (the opening one attacker started first
-// took, issue 42). joinWaitMax bounds the wait of one round.
+// first one heard is trained by that one alone (an attacker started first would have the
+// opening to itself). joinWaitMax bounds the wait of one round.
 const (
 	joinGrace   = gossip.AnnounceEvery + 250*time.Millisecond
 	joinWaitMax = 2 * joinGrace

@@ -34,8 +34,8 @@ import (
 //     compete for the validators that signed neither: with an odd number of validators
 //     and a majority quorum one of two proposals always gets it, and the other proposer's
 //     wait for its quorum ends when that head becomes canonical, so the next round starts. (With
-//     an even number the signatures can split evenly and the round waits, as before this
-//     rule; stepping aside before proposing is what keeps that rare.)
+//     an even number the signatures can split evenly and the round waits; stepping aside
+//     before proposing is what keeps that rare.)
 //   - a contribution made under the lease of another validator of the experiment, for the
 //     same round and base, is rejected as foreign_lease without a strike toward
 //     quarantine: the trainer did what a validator asked, the mix-up is the validators'
