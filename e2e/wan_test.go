@@ -7,6 +7,7 @@ package e2e
 //
 //	make wan          the swarm on home uplinks, a table per trainer and round
 //	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink, both yamux frame sizes
+//	make wan-holepunch  DCUtR between two homes through a relay (holepunch_test.go)
 //
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
 // WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_WORKLOAD (digits; lm or charlm train what
@@ -70,7 +71,8 @@ func envFloat(name string, def float64) float64 {
 const helperEnv = "P2PWAN_HELPER"
 
 // TestWANHelper is not a test: the goodput test runs the test binary in a namespace with
-// P2PWAN_HELPER=holder or fetcher, and this is what it does there.
+// P2PWAN_HELPER=holder or fetcher, the hole punching test with hp-relay, hp-warmer,
+// hp-listener or hp-dialer, and this is what it does there.
 func TestWANHelper(t *testing.T) {
 	switch os.Getenv(helperEnv) {
 	case "":
@@ -79,6 +81,14 @@ func TestWANHelper(t *testing.T) {
 		wanHolder(t)
 	case "fetcher":
 		wanFetcher(t)
+	case "hp-relay":
+		hpRelay(t)
+	case "hp-listener":
+		hpListener(t)
+	case "hp-dialer":
+		hpDialer(t)
+	case "hp-warmer":
+		hpWarmer(t)
 	}
 }
 
