@@ -48,7 +48,9 @@ import (
 // trainer is not held to the momentum at all (SetSole). Deltas on
 // probation (SetProbation: senders the chain has not merged often enough recently) are
 // held to at least the floor once the history is warm, whatever the calibrated bar, where
-// honest updates clear the floor by far.
+// honest updates clear the floor by far; against a trusted reference (SetTrusted), to a
+// positive cosine always, and to half the history's mean cosine (at most the floor) where
+// some update of the round reaches it.
 //
 // Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
 // end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
@@ -527,7 +529,10 @@ func (s *Screening) decideTrusted() {
 		return
 	}
 	floor := max(s.minCosine(), NoiseBar(s.n))
-	probation := s.hist.Ref.Mean/2 >= floor
+	// A peer on probation is held to half the mean cosine the merged updates have shown to
+	// the reference, and to half the round's best (attackers can raise that, not lower
+	// it), never above the floor.
+	hold := min(floor, s.hist.Ref.Mean/2)
 	var fit []int
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
@@ -557,6 +562,7 @@ func (s *Screening) decideTrusted() {
 	for _, k := range fit {
 		top = max(top, s.verdicts[k].RefCosine)
 	}
+	hold = min(hold, top/2)
 	clear := top >= floor
 	if !clear {
 		bar = min(bar, 0)
@@ -565,15 +571,13 @@ func (s *Screening) decideTrusted() {
 		v := &s.verdicts[k]
 		v.Bar = bar
 		if s.onProbation(k) {
-			// A peer the chain has not merged often enough to trust must at least point
-			// along the validator's own window, which attackers cannot move: once honest
-			// cosines fall toward noise the calibrated bar falls below zero, where a sign
-			// flip of an honest update passes it. Where honest updates clear the floor by
-			// far, the floor.
-			v.Bar = max(v.Bar, 0)
-			if probation && clear {
-				v.Bar = max(v.Bar, floor)
-			}
+			// A peer the chain has not merged often enough to trust must point along the
+			// validator's own window, which attackers cannot move: once honest cosines fall
+			// toward noise the calibrated bar falls below zero, where a sign flip of an
+			// honest update passes it, and noise half the time. Held to at least 0 and to
+			// hold, which the round's best update clears: a round whose every update is on
+			// probation still closes.
+			v.Bar = max(v.Bar, 0, hold)
 		}
 		if !(v.RefCosine >= v.Bar) {
 			v.reject(ReasonLowCosine)

@@ -875,10 +875,12 @@ func TestCohortAfterTheCosinesFell(t *testing.T) {
 
 // TestProbationAgainstTheReferenceWantsAPositiveCosine: converged, honest windows point
 // along the validator's own window only a little (cosine about +0.1), the calibrated bar
-// has fallen far below zero and the floor stands aside (the history's mean cosine is below
-// twice the noise bar). A sign flip of an honest update (about −0.1) then passes from a
-// peer the chain trusts, but not from one on probation: half the swarm flipping from fresh
-// peer ids can no longer earn its way in through such rounds. An honest newcomer passes.
+// has fallen far below zero and the floor stands aside (the history's mean cosine, 0.05,
+// is below twice the noise bar). A sign flip of an honest update (about −0.1) and noise at
+// an honest norm (about 0 ± 0.008) then pass from a peer the chain trusts, but not from one
+// on probation, held to half the history's mean (0.025): half the swarm attacking from
+// fresh peer ids can no longer earn its way in through such rounds. An honest newcomer
+// passes.
 func TestProbationAgainstTheReferenceWantsAPositiveCosine(t *testing.T) {
 	const n = 16384
 	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
@@ -889,13 +891,15 @@ func TestProbationAgainstTheReferenceWantsAPositiveCosine(t *testing.T) {
 		deltas := make([][]float32, 8)
 		for j := range deltas {
 			d := gauss(rng, n, 1)
-			for i := range d {
-				d[i] += 0.1 * ref[i] // cosine to ref about 0.1
-			}
-			if j >= 4 {
+			switch {
+			case j < 4:
+				for i := range d {
+					d[i] += 0.1 * ref[i] // cosine to ref about 0.1
+				}
+			case j < 6:
 				d = scaled(deltas[j-4], -1) // the flip of an honest update
 			}
-			deltas[j] = d
+			deltas[j] = d // 6 and 7: noise
 		}
 		for _, tc := range []struct {
 			name      string
