@@ -80,7 +80,7 @@ func runAttackCluster(t *testing.T, attack bool) (float64, *cluster) {
 		for _, n := range c.nodes[1:] {
 			c.start(n)
 		}
-		time.Sleep(2500 * time.Millisecond)
+		c.waitAnnounced(c.nodes[1:])
 		c.start(c.nodes[0])
 		c.waitDone(3 * time.Minute)
 		_, heads := c.chainOf(c.nodes[0])
