@@ -420,7 +420,9 @@ func (p punchPair) String() string {
 // meet through a public relay, over TCP and over QUIC: both behind the same kind (cone,
 // symmetric, closed), and cone with symmetric either way round. WAN_HP_ATTEMPTS (50)
 // attempts per pair of kinds and transport, WAN_HP_PAIRS (5) pairs of homes per pair of
-// kinds at a time, every home 40 ms from the core on 20/100 Mbit/s, the relay 20 ms. Each
+// kinds at a time, every home WAN_HP_RTT_MS (40) ms from the core (± WAN_HP_JITTER_MS, 0;
+// WAN_HP_LOSS_PCT, 0, lost each way) on 20/100 Mbit/s, the relay 20 ms; WAN_HP_KINDS
+// (e.g. "cone,cone/symmetric") and WAN_HP_TRANSPORTS ("tcp,quic") pick the rows. Each
 // attempt starts fresh processes with new keys: the listener reserves a slot on the relay,
 // the dialer reaches it through the relay, and the listener's hole punching service
 // (go-libp2p's, as the node runs it) tries to turn that into a direct connection. It prints
@@ -432,11 +434,19 @@ func TestWANHolePunch(t *testing.T) {
 	pairs := envInt("WAN_HP_PAIRS", 5)
 	kinds := []punchPair{{wan.NATCone, wan.NATCone}, {wan.NATSymmetric, wan.NATSymmetric}, {wan.NATClosed, wan.NATClosed},
 		{wan.NATCone, wan.NATSymmetric}, {wan.NATSymmetric, wan.NATCone}}
+	if only := os.Getenv("WAN_HP_KINDS"); only != "" {
+		kinds = slices.DeleteFunc(kinds, func(k punchPair) bool { return !slices.Contains(strings.Split(only, ","), k.String()) })
+		if len(kinds) == 0 {
+			t.Fatalf("WAN_HP_KINDS=%q: no such pair of kinds (cone, symmetric, closed, cone/symmetric, symmetric/cone)", only)
+		}
+	}
 	transports := []string{"tcp", "quic"}
 	if tr := os.Getenv("WAN_HP_TRANSPORTS"); tr != "" {
 		transports = strings.Split(tr, ",")
 	}
-	home := wan.Link{UpMbit: 20, DownMbit: 100, RTT: 40 * time.Millisecond}
+	home := wan.Link{UpMbit: 20, DownMbit: 100, RTT: time.Duration(envFloat("WAN_HP_RTT_MS", 40) * float64(time.Millisecond)),
+		Jitter: time.Duration(envFloat("WAN_HP_JITTER_MS", 0) * float64(time.Millisecond))}
+	home.LossPct, _ = strconv.ParseFloat(os.Getenv("WAN_HP_LOSS_PCT"), 64)
 	spec := wan.LabSpec{Seed: 46, Nodes: []wan.Spec{{Name: "relay", Link: wan.Link{RTT: 20 * time.Millisecond}}, {Name: "public", Link: home}}}
 	homeName := func(k punchPair, side string, i int) string {
 		return fmt.Sprintf("%s-%s%d", strings.ReplaceAll(k.String(), "/", "-"), side, i+1)
@@ -511,7 +521,8 @@ func TestWANHolePunch(t *testing.T) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nDCUtR hole punching between two peers behind home routers (listener/dialer), through a relay, %d attempts each\n", attempts)
+	fmt.Fprintf(&b, "\nDCUtR hole punching between two peers behind home routers (listener/dialer), through a relay, %d attempts each;\n"+
+		"homes %v from the core, jitter %v, loss %g %% each way\n", attempts, home.RTT, home.Jitter, home.LossPct)
 	fmt.Fprintf(&b, "%-16s %-5s %8s %8s %8s %10s  %s\n", "nat", "tx", "reached", "direct", "rate", "median s", "initiator outcome/DCUtR rounds (libp2p metrics), setup failures")
 	var problems []string
 	for _, tr := range transports {
