@@ -213,11 +213,12 @@ func TestOneThirdAttackers(t *testing.T) {
 // clean run from round 1, so the loss is compared at the last round (the table's "final"
 // column) as well as at the last round of equal honest work where there is one.
 //
-// What it asserts is what holds on main today (docs/security.md, the half matrix): every
-// round reached, none stalled, no delta credited twice. The goals (no attacker
-// update of a detectable kind merged, the loss within 2 % of the clean run's, < 2 % of
-// honest updates rejected, no honest trainer quarantined) are measured in the table; with
-// P2PNODE_HALF_GOALS=1 they are asserted too.
+// It asserts every round reached, none stalled, no delta credited twice, no attacker
+// update of a detectable kind merged and no honest trainer quarantined. The other
+// goals, the final loss within 2 % of the clean run's and < 2 % of honest updates
+// rejected, are asserted from 24 rounds on (P2PNODE_ATTACK_ROUNDS=24), or always with
+// P2PNODE_HALF_GOALS=1: in 4 rounds the honest trainers' other leases set the final loss
+// (docs/security.md, the half matrix), and in 24 they no longer do.
 func TestHalfAttackers(t *testing.T) {
 	sel := os.Getenv("P2PNODE_HALF_MATRIX")
 	if sel == "" {
@@ -241,12 +242,13 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 	if short || full && sel != "1" {
 		only = strings.Split(list, ",")
 	}
-	goals := !shape.mixed || os.Getenv("P2PNODE_HALF_GOALS") != ""
 	rounds, parallel := 4, matrixParallel
 	if full {
 		rounds, parallel = 8, 1
 	}
 	rounds = envInt(t, "P2PNODE_ATTACK_ROUNDS", rounds)
+	// The mixed shape's goals that compare with the clean run's different leases.
+	mixedGoals := rounds >= 24 || os.Getenv("P2PNODE_HALF_GOALS") != ""
 	parallel = envInt(t, "P2PNODE_ATTACK_PARALLEL", parallel)
 	var (
 		mu     sync.Mutex
@@ -304,8 +306,12 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 				assert.Equal(t, rounds, r.rounds, "the chain reached every round")
 				assert.Zero(t, r.credited, "a delta credited more than once")
 				assert.Zero(t, r.stalled, "rounds stalled")
-				if k.subtle || !goals {
-					// Measured, not asserted: see TestHalfAttackers and docs/security.md.
+				if k.subtle {
+					// Built to pass screening: what is merged is measured, not asserted
+					// (docs/security.md); at a half, the loss goal holds for them too.
+					if shape.mixed && mixedGoals {
+						assert.LessOrEqual(t, r.mse, 1.02*clean.mse, "final held-out loss more than 2 %% worse than the clean run's")
+					}
 					return
 				}
 				if k.bus == busCopy {
@@ -321,7 +327,7 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 					assert.Zero(t, r.merged, "attacker updates merged")
 				}
 				assert.Zero(t, r.honestOut, "honest trainers quarantined")
-				if shape.mixed {
+				if shape.mixed && mixedGoals {
 					assert.Less(t, 100*float64(r.honestRej), 2*float64(r.honestRej+r.honest), "honest updates rejected: 2 %% or more")
 					assert.LessOrEqual(t, r.mse, 1.02*clean.mse, "final held-out loss more than 2 %% worse than the clean run's")
 				}
@@ -491,7 +497,7 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte, shape matrixSh
 		for _, n := range attackers {
 			c.start(n)
 		}
-		time.Sleep(2500 * time.Millisecond)
+		c.waitAnnounced(attackers)
 		c.start(v)
 		deadline := time.Now().Add(time.Minute)
 		for time.Now().Before(deadline) {
@@ -507,12 +513,14 @@ func runMatrix(t *testing.T, k attackKind, rounds int, salt byte, shape matrixSh
 	} else {
 		// Everyone announces before the validator leases round 1, so the attackers are
 		// offered leases from the start; in index order, which a mixed shape interleaves.
+		var started []*clusterNode
 		for i, n := range c.nodes[1:] {
 			if !clean || !isAttacker(i+1) {
 				c.start(n)
+				started = append(started, n)
 			}
 		}
-		time.Sleep(2500 * time.Millisecond)
+		c.waitAnnounced(started)
 		c.start(v)
 	}
 	c.waitDoneOf(slices.Concat([]*clusterNode{v}, honest, attackers), 3*time.Minute)

@@ -22,6 +22,11 @@ import (
 // compared with a clean run of the honest trainers alone on the same peer ids.
 //
 //	go test -race -tags attack -count=1 -run 'TestYoungChain' -v ./node/
+//
+// P2PNODE_YOUNG_ROUNDS (default 12) sets the rounds, P2PNODE_YOUNG_SEED (default 0) other
+// peer ids, and so other trainer seeds; with 24 rounds or more the final held-out loss is
+// also held to within 2 % of the clean run's (the goal: by then the data merged
+// in the two runs no longer sets the loss).
 func TestYoungChainOneAttackerFirst(t *testing.T) {
 	youngChain(t, 5, 1)
 }
@@ -30,15 +35,15 @@ func TestYoungChainHalfAttackersFirst(t *testing.T) {
 	youngChain(t, 4, 4)
 }
 
-const youngRounds = 12
-
 func youngChain(t *testing.T, honest, attackers int) {
 	ref := config.ReferenceAuto
 	if s := envStr("P2PNODE_YOUNG_REFERENCE"); s != "" {
 		ref = s // "off" reproduces the capture
 	}
-	clean, cleanHalf, _ := runYoungChain(t, honest, 0, ref)
-	attacked, _, c := runYoungChain(t, honest, attackers, ref)
+	youngRounds := envInt(t, "P2PNODE_YOUNG_ROUNDS", 12)
+	salt := byte(envInt(t, "P2PNODE_YOUNG_SEED", 0))
+	clean, cleanHalf, _ := runYoungChain(t, honest, 0, ref, youngRounds, salt)
+	attacked, _, c := runYoungChain(t, honest, attackers, ref, youngRounds, salt)
 	heads := c.requireOneChain(c.nodes, youngRounds)
 	bad := map[string]string{}
 	for _, n := range c.nodes[1+honest:] {
@@ -70,6 +75,9 @@ func youngChain(t *testing.T, honest, attackers int) {
 	// most a quarter of the run — it ends at least where the clean run was at round 9 (at
 	// round 6 the clean run was still at 0.715).
 	require.LessOrEqual(t, attacked, cleanHalf, "the attacked run must end where the clean run was by round %d", youngRounds*3/4)
+	if youngRounds >= 24 {
+		require.LessOrEqual(t, attacked, 1.02*clean, "final held-out loss more than 2 %% worse than the clean run's")
+	}
 }
 
 func envStr(name string) string {
@@ -78,9 +86,10 @@ func envStr(name string) string {
 }
 
 // runYoungChain runs a validator, the attackers (sign flips) and then, 3 s later, the
-// honest trainers, and returns the held-out mse of the last head and of the head of round 9 (three quarters of the run).
-func runYoungChain(t *testing.T, honest, attackers int, ref string) (final, half float64, c *cluster) {
-	c = newCluster(t, 1, honest+attackers, youngRounds, 64)
+// honest trainers, and returns the held-out mse of the last head and of the head three
+// quarters of the way.
+func runYoungChain(t *testing.T, honest, attackers int, ref string, youngRounds int, salt byte) (final, half float64, c *cluster) {
+	c = newClusterSalted(t, salt, 1, honest+attackers, youngRounds, 64, 1+honest+attackers)
 	for i, n := range c.nodes {
 		n.cfg.Merge.Screen.Reference = ref
 		n.cfg.Node.KeepHeads = youngRounds + 1 // the halfway head's parameters are evaluated
