@@ -24,8 +24,9 @@ import (
 //
 //	P2PNODE_E2E_ATTACKS=nan,scale,flip,noise,replay,nolease go test -count=1 -run 'TestSwarmOneThirdAttackersDigits$' -v ./e2e/
 //
-// (P2PNODE_E2E_ATTACKS=1 runs a representative subset). The table goes to the log and to
-// e2e/logs/attacks-digits.md.
+// (P2PNODE_E2E_ATTACKS=1 runs a representative subset). P2PNODE_E2E_SHAPE=half runs the
+// half form instead: four honest trainers and four attackers, started by turns (issue 42).
+// The table goes to the log and to e2e/logs/attacks-digits.md (attacks-digits-half.md).
 func TestSwarmOneThirdAttackersDigits(t *testing.T) {
 	env := os.Getenv("P2PNODE_E2E_ATTACKS")
 	if env == "" {
@@ -35,19 +36,27 @@ func TestSwarmOneThirdAttackersDigits(t *testing.T) {
 	if env != "1" {
 		kinds = strings.Split(env, ",")
 	}
+	shape, log := digitsShape{honest: 6, attackers: 3}, "attacks-digits.md"
+	switch s := os.Getenv("P2PNODE_E2E_SHAPE"); s {
+	case "", "third":
+	case "half":
+		shape, log = digitsShape{honest: 4, attackers: 4, mixed: true}, "attacks-digits-half.md"
+	default:
+		t.Fatalf("P2PNODE_E2E_SHAPE=%q: want third or half", s)
+	}
 	const rounds = 12
-	clean := runDigitsAttack(t, "", rounds)
+	clean := runDigitsAttack(t, "", rounds, shape)
 	t.Logf("clean: held-out loss %.4f, accuracy %.3f, %.2f s/round", clean.loss, clean.acc, clean.perRound)
 	var b strings.Builder
-	fmt.Fprintf(&b, "9 trainers (3 attacking), 1 validator, %d rounds, digits workload, real processes on loopback; clean run: 6 honest trainers alone, held-out loss %.4f, accuracy %.1f %%, %.2f s/round\n\n",
-		rounds, clean.loss, 100*clean.acc, clean.perRound)
+	fmt.Fprintf(&b, "%d trainers (%d attacking), 1 validator, %d rounds, digits workload, real processes on loopback; clean run: %d honest trainers alone, held-out loss %.4f, accuracy %.1f %%, %.2f s/round\n\n",
+		shape.honest+shape.attackers, shape.attackers, rounds, shape.honest, clean.loss, 100*clean.acc, clean.perRound)
 	b.WriteString("| --poison | attacker updates merged | rounds stalled | held-out loss vs clean | accuracy | s/round (clean) | rejections | attackers quarantined |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, k := range kinds {
 		t.Run(k, func(t *testing.T) {
-			r := runDigitsAttack(t, k, rounds)
-			fmt.Fprintf(&b, "| %s | %d | %d | %+.2f %% | %.1f %% | %.2f (%.2f) | %v | %d of 3 |\n",
-				k, r.merged, r.stalled, 100*(r.loss-clean.loss)/clean.loss, 100*r.acc, r.perRound, clean.perRound, r.rejections, r.quarantined)
+			r := runDigitsAttack(t, k, rounds, shape)
+			fmt.Fprintf(&b, "| %s | %d | %d | %+.2f %% | %.1f %% | %.2f (%.2f) | %v | %d of %d |\n",
+				k, r.merged, r.stalled, 100*(r.loss-clean.loss)/clean.loss, 100*r.acc, r.perRound, clean.perRound, r.rejections, r.quarantined, shape.attackers)
 			t.Logf("%s: merged %d, stalled %d, loss %.4f (clean %.4f), %.2f s/round, rejections %v, quarantined %d",
 				k, r.merged, r.stalled, r.loss, clean.loss, r.perRound, r.rejections, r.quarantined)
 			if r.merged != 0 {
@@ -61,7 +70,7 @@ func TestSwarmOneThirdAttackersDigits(t *testing.T) {
 	t.Log("\n" + b.String())
 	dir := filepath.Join(RepoRoot(), "e2e", "logs")
 	if err := os.MkdirAll(dir, 0o755); err == nil {
-		_ = os.WriteFile(filepath.Join(dir, "attacks-digits.md"), []byte(b.String()), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, log), []byte(b.String()), 0o644)
 	}
 }
 
@@ -74,14 +83,22 @@ type digitsAttack struct {
 	quarantined int
 }
 
-// runDigitsAttack runs the validator, six honest trainers and, with a mode, three trainers
-// poisoned with it.
-func runDigitsAttack(t *testing.T, mode string, rounds int) digitsAttack {
+// digitsShape is a process run's trainers: honest ones, attackers, and whether the two
+// start by turns (mixed) or the attackers last.
+type digitsShape struct {
+	honest, attackers int
+	mixed             bool
+}
+
+// runDigitsAttack runs the validator, the shape's honest trainers and, with a mode, its
+// attackers poisoned with it.
+func runDigitsAttack(t *testing.T, mode string, rounds int, shape digitsShape) digitsAttack {
 	t.Helper()
-	const honest, timeout = 6, 20 * time.Second
+	const timeout = 20 * time.Second
+	honest := shape.honest
 	trainers := honest
 	if mode != "" {
-		trainers += 3
+		trainers += shape.attackers
 	}
 	dir := t.TempDir()
 	procs := swarm(t, dir, trainers, rounds, func(_ string, c *config.Config) {
@@ -93,7 +110,21 @@ func runDigitsAttack(t *testing.T, mode string, rounds int) digitsAttack {
 	for _, p := range procs[1+honest:] {
 		p.Args = []string{"--poison", mode}
 	}
-	startSwarm(t, procs)
+	if shape.mixed {
+		// Honest and attacker by turns: the validator, h1, a1, h2, a2, ...
+		order := []*Proc{procs[0]}
+		for i := range max(honest, trainers-honest) {
+			if i < honest {
+				order = append(order, procs[1+i])
+			}
+			if 1+honest+i < len(procs) {
+				order = append(order, procs[1+honest+i])
+			}
+		}
+		startSwarm(t, order)
+	} else {
+		startSwarm(t, procs)
+	}
 	waitAll(t, procs, 10*time.Minute)
 	v := procs[0]
 	var out digitsAttack
