@@ -50,10 +50,12 @@ func youngChain(t *testing.T, honest, attackers int) {
 		bad[n.host.ID().String()] = n.name
 	}
 	merged, honestMerged := 0, 0
+	var at []string // the rounds an attacker update was merged in, with what screening saw
 	for _, h := range heads {
 		for _, ct := range h.Contributions {
 			if _, ok := bad[ct.Peer]; ok {
 				merged++
+				at = append(at, proposedLine(c.nodes[0].logs.String(), h.Round))
 			} else {
 				honestMerged++
 			}
@@ -62,7 +64,7 @@ func youngChain(t *testing.T, honest, attackers int) {
 	st := c.nodes[0].n.Status().Validator
 	t.Logf("%d honest + %d attackers first (reference %s): %d attacker and %d honest updates merged; rejections %v; final held-out mse %.6g, clean run %.6g (%+.1f%%; %.6g at round %d)",
 		honest, attackers, ref, merged, honestMerged, st.Rejections, attacked, clean, 100*(attacked-clean)/clean, cleanHalf, youngRounds*3/4)
-	require.Zero(t, merged, "attacker updates merged")
+	require.Zero(t, merged, "attacker updates merged, in: %s", strings.Join(at, "\n"))
 	for _, n := range c.nodes[1 : 1+honest] {
 		require.NotContains(t, st.Quarantined, n.host.ID().String(), "honest %s was quarantined", n.name)
 	}
@@ -80,6 +82,17 @@ func youngChain(t *testing.T, honest, attackers int) {
 	}
 }
 
+// proposedLine is the validator's "proposed head" log line of round r (its screening
+// summary), or what says it has none.
+func proposedLine(logs string, r uint64) string {
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "proposed head") && strings.Contains(l, fmt.Sprintf(" round=%d ", r)) {
+			return l
+		}
+	}
+	return fmt.Sprintf("round %d (no proposed head line)", r)
+}
+
 func envStr(name string) string {
 	v, _ := os.LookupEnv(name)
 	return strings.TrimSpace(v)
@@ -90,6 +103,7 @@ func envStr(name string) string {
 // quarters of the way.
 func runYoungChain(t *testing.T, honest, attackers int, ref string, youngRounds int, salt byte) (final, half float64, c *cluster) {
 	c = newClusterSalted(t, salt, 1, honest+attackers, youngRounds, 64, 1+honest+attackers)
+	c.nodes[0].logs = &syncBuffer{}
 	for i, n := range c.nodes {
 		n.cfg.Merge.Screen.Reference = ref
 		n.cfg.Node.KeepHeads = youngRounds + 1 // the halfway head's parameters are evaluated
