@@ -16,7 +16,8 @@
 # same; its HOME, working directory and PATH are not).
 #
 # Environment: WORK (default: a new temp dir, kept so the logs can be read), WAIT_S (how long
-# to wait for the volunteer's first merged contribution, default 300), NET (the /30 the two
+# to wait for the volunteer's first merged contribution, default 300), JOIN_AT_ROUND (join
+# only once the owner has proposed that round: a model the owner trained further), NET (the /30 the two
 # namespaces share, default 198.18.43.0: 198.18.0.0/15 is for benchmarking labs).
 set -euo pipefail
 
@@ -36,6 +37,7 @@ fi
 tarball=$(cd "$(dirname "$tarball")" && pwd)/$(basename "$tarball")
 
 WAIT_S=${WAIT_S:-300}
+JOIN_AT_ROUND=${JOIN_AT_ROUND:-0}
 NET=${NET:-198.18.43.0}
 base=${NET%.*}; last=${NET##*.}
 own_ip=$base.$((last + 1)); vol_ip=$base.$((last + 2))
@@ -139,6 +141,13 @@ for _ in $(seq 1200); do
 	sleep 0.1
 done
 grep -q '"msg":"proposed head"' "$WORK/owner/run.log" || { tail -20 "$WORK/owner/run.log" >&2; echo "volunteer-transcript: the owner merged no round in 120 s" >&2; exit 1; }
+if (( JOIN_AT_ROUND > 0 )); then
+	for _ in $(seq $((WAIT_S * 10))); do
+		grep -q "\"msg\":\"proposed head\",\"pkg\":\"node\",\"round\":$JOIN_AT_ROUND," "$WORK/owner/run.log" && break
+		sleep 0.1
+	done
+	say "# (the volunteer joins once the owner has proposed round $JOIN_AT_ROUND)"
+fi
 say "\$ p2pnode invite --config exp/p2pnode.yaml"
 invite=$(run_in "$own_ns" "$WORK/owner" "$WORK/owner/home" "$obin" invite --config exp/p2pnode.yaml 2>&1)
 printf '%s\n' "$invite" | tee -a "$out"
