@@ -26,8 +26,10 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS)' -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/p2pnode
 
 ## release: RELEASE_DIR (dist)/p2pnode-VERSION-linux-{amd64,arm64}.tar.gz (the static binary,
-## README, the systemd unit) and their SHA256SUMS
+## README, the systemd unit) and their SHA256SUMS; the same checkout gives the same bytes
+## (files dated SOURCE_DATE_EPOCH, the commit's time), so anyone can rebuild and compare sums
 RELEASE_DIR ?= dist
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 RELEASE_ARCHS ?= amd64 arm64
 release:
 	@test -n "$(REVISION)" || { echo "release: no git revision (not a git checkout?): set REVISION=" >&2; exit 1; }
@@ -37,7 +39,8 @@ release:
 		echo "release: $$name (revision $(REVISION))"; \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(RELEASE_DIR)/$$name/p2pnode ./cmd/p2pnode; \
 		cp README.md docker/p2pnode.service $(RELEASE_DIR)/$$name/; \
-		tar -C $(RELEASE_DIR) --owner=0 --group=0 -czf $(RELEASE_DIR)/$$name.tar.gz $$name; \
+		chmod -R u=rwX,go=rX $(RELEASE_DIR)/$$name; \
+		tar -C $(RELEASE_DIR) --sort=name --mtime=@$(SOURCE_DATE_EPOCH) --owner=0 --group=0 --numeric-owner -cf - $$name | gzip -9n > $(RELEASE_DIR)/$$name.tar.gz; \
 		rm -rf $(RELEASE_DIR)/$$name; \
 	done
 	cd $(RELEASE_DIR) && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS

@@ -115,6 +115,17 @@ func TestWriteTable(t *testing.T) {
 	require.Regexp(t, `^peerB \(this node\) +1 +64 +0 +1–1 +- +-`, lines[2])
 	require.Regexp(t, `^peerC +0 +0 +1 +1–1 +until round 6 +norm_outlier`, lines[3])
 	require.Regexp(t, `^3 peers, through round 2 +3 +192 +1 +1 quarantines +norm_outlier$`, lines[4])
+
+	// Nothing rejected: the total's reasons say so, and no line ends in padding.
+	var clean Ledger
+	clean.Add(head(1, merged("peerA", 64)), nil)
+	b.Reset()
+	require.NoError(t, WriteTable(&b, clean.Accounts(), clean.Round, ""))
+	lines = strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	require.Regexp(t, `^1 peers, through round 1 +1 +64 +0 +0 quarantines +-$`, lines[len(lines)-1])
+	for _, line := range lines {
+		require.Equal(t, strings.TrimRight(line, " "), line, "trailing spaces")
+	}
 }
 
 func TestTeller(t *testing.T) {

@@ -42,7 +42,11 @@ func WriteTable(w io.Writer, accounts []Account, round uint64, self string) erro
 			total.Rejected[r] += n
 		}
 	}
+	reasons := total.Reasons()
+	if reasons == "" {
+		reasons = "-"
+	}
 	fmt.Fprintf(tw, "%d peers, through round %d\t%d\t%d\t%d\t\t%d quarantines\t%s\n", len(accounts), round,
-		total.Merged, total.Samples, total.Rejections(), total.Quarantines, total.Reasons())
+		total.Merged, total.Samples, total.Rejections(), total.Quarantines, reasons)
 	return tw.Flush()
 }

@@ -17,8 +17,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
+	"github.com/multiformats/go-multistream"
 
 	"github.com/p2pnode/p2pnode/config"
 )
@@ -369,7 +373,8 @@ func tryBind(network, hostport string) error {
 	return l.Close()
 }
 
-// bootstrap dials each bootstrap peer's TCP addresses: can this machine reach the swarm?
+// bootstrap dials each bootstrap peer's TCP addresses: can this machine reach the swarm,
+// and is it a libp2p node that answers there?
 func bootstrap(ctx context.Context, cfg *config.Config) []Result {
 	var out []Result
 	for _, b := range cfg.Node.Bootstrap {
@@ -389,8 +394,33 @@ func bootstrap(ctx context.Context, cfg *config.Config) []Result {
 				Fix: "check this machine's outbound connections (firewall, proxy) and that the address is the one 'p2pnode invite' printed"})
 			continue
 		}
+		r := greet(c, hostport, cfg.Node.PSK != "")
 		c.Close()
-		out = append(out, Result{Name: "reach", Status: OK, Detail: fmt.Sprintf("bootstrap %s answers", hostport)})
+		out = append(out, r)
 	}
 	return out
+}
+
+// greetTimeout bounds the wait for a bootstrap peer's first libp2p message.
+const greetTimeout = 5 * time.Second
+
+// greet tells a libp2p node from anything else that accepts a TCP connection at its
+// address (a proxy or firewall that intercepts it, another service on the port): it opens
+// the connection as a libp2p dialer does, with multistream-select proposing the security
+// protocols libp2p offers, and needs a libp2p answer. Under node.psk the connection is
+// encrypted before that exchange, so only the TCP connection is checked.
+func greet(c net.Conn, hostport string, psk bool) Result {
+	if psk {
+		return Result{Name: "reach", Status: OK, Detail: fmt.Sprintf("bootstrap %s answers (TCP only: under node.psk the libp2p greeting is encrypted)", hostport)}
+	}
+	if err := c.SetDeadline(time.Now().Add(greetTimeout)); err != nil {
+		return Result{Name: "reach", Status: Warn, Detail: fmt.Sprintf("bootstrap %s: %v", hostport, err)}
+	}
+	proto, err := multistream.SelectOneOf([]protocol.ID{noise.ID, libp2ptls.ID}, c)
+	if err != nil {
+		return Result{Name: "reach", Status: Warn,
+			Detail: fmt.Sprintf("bootstrap %s accepts TCP connections but does not answer as a libp2p node (%s)", hostport, strings.Join(strings.Fields(err.Error()), " ")),
+			Fix:    "check that the address is the one 'p2pnode invite' printed and that the node runs there; a proxy or firewall between this machine and it may be intercepting the connection"}
+	}
+	return Result{Name: "reach", Status: OK, Detail: fmt.Sprintf("bootstrap %s answers as a libp2p node (%s)", hostport, proto)}
 }

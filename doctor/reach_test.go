@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/libp2p/go-libp2p"
@@ -116,4 +117,66 @@ func TestDialBackAsksARealPeer(t *testing.T) {
 	require.NoError(t, srv.Close())
 	_, err = dialBack(context.Background(), cfg, gone)
 	require.ErrorContains(t, err, "connect")
+}
+
+// TestBootstrapNeedsALibp2pAnswer: a bootstrap address counts as reached only when a libp2p
+// node answers there, not when anything accepts the TCP connection (a proxy that intercepts
+// every connection, another service on the port).
+func TestBootstrapNeedsALibp2pAnswer(t *testing.T) {
+	srv, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+
+	// Something else: answers every connection with an HTTP error and closes it.
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	go func() {
+		for {
+			c, err := other.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	// Nobody: a port that was free a moment ago.
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nobody := free.Addr().String()
+	require.NoError(t, free.Close())
+
+	tcp := func(hostport string) string {
+		host, port, err := net.SplitHostPort(hostport)
+		require.NoError(t, err)
+		return "/ip4/" + host + "/tcp/" + port
+	}
+	var libp2pAddr string
+	for _, a := range srv.Addrs() {
+		libp2pAddr = a.String() + "/p2p/" + srv.ID().String()
+	}
+	for _, tc := range []struct {
+		name, addr, psk string
+		want            Status
+		detail          string
+	}{
+		{"a libp2p node", libp2pAddr, "", OK, "answers as a libp2p node (/noise)"},
+		{"another service", tcp(other.Addr().String()), "", Warn, "accepts TCP connections but does not answer as a libp2p node"},
+		{"another service under node.psk", tcp(other.Addr().String()), "/key/swarm/psk/1.0.0/\n/base16/\n" + strings.Repeat("ab", 32), OK, "TCP only"},
+		{"nobody", tcp(nobody), "", Warn, "connection refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Node.Bootstrap = []string{tc.addr}
+			cfg.Node.PSK = tc.psk
+			rs := bootstrap(context.Background(), cfg)
+			require.Len(t, rs, 1)
+			require.Equal(t, tc.want, rs[0].Status, "%+v", rs[0])
+			require.Contains(t, rs[0].Detail, tc.detail)
+			if tc.want != OK {
+				require.NotEmpty(t, rs[0].Fix)
+			}
+		})
+	}
 }
