@@ -575,8 +575,9 @@ func (s *Screening) decideTrusted() {
 			// validator's own window, which attackers cannot move: once honest cosines fall
 			// toward noise the calibrated bar falls below zero, where a sign flip of an
 			// honest update passes it, and noise half the time. Held to at least 0 and to
-			// hold, which the round's best update clears: a round whose every update is on
-			// probation still closes.
+			// hold, which the round's best update clears when it points along the reference
+			// at all: a round whose every update is on probation closes then; where every
+			// update points away (noise-like windows), each retry brings new windows.
 			v.Bar = max(v.Bar, 0, hold)
 		}
 		if !(v.RefCosine >= v.Bar) {
