@@ -147,6 +147,15 @@ func (c *cluster) start(n *clusterNode) {
 	if n.logs != nil {
 		log = slog.New(slog.NewTextHandler(n.logs, nil)).With("node", n.name)
 	}
+	// The host outlives a node that stopped, and a stopped GossipSub leaves its protocol
+	// handlers set: the wait below would take them for the new node's and connect before
+	// its GossipSub runs (peers half-attached, announcements lost: a restarted trainer's
+	// round closed a minute late in CI).
+	for _, id := range n.host.Mux().Protocols() {
+		if strings.HasPrefix(string(id), "/meshsub/") || strings.HasPrefix(string(id), "/floodsub/") {
+			n.host.RemoveStreamHandler(id)
+		}
+	}
 	node, err := newNode(n.cfg, Options{Progress: n.out, Runtime: n.rt, Host: n.host, Logger: log, Work: n.work}, n.extra...)
 	require.NoError(c.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
