@@ -38,6 +38,20 @@ func key(t *testing.T) (crypto.PrivKey, string) {
 	return k, id.String()
 }
 
+// putSigned stores h signed by k and returns its CID.
+func putSigned(t *testing.T, st *Store, k crypto.PrivKey, h *Head) cid.Cid {
+	t.Helper()
+	b, err := h.Encode()
+	require.NoError(t, err)
+	id, err := h.ID()
+	require.NoError(t, err)
+	sig, err := Sign(k, id)
+	require.NoError(t, err)
+	_, err = st.Put(&SignedHead{Head: b, Sigs: []Signature{sig}})
+	require.NoError(t, err)
+	return id
+}
+
 func TestHeadEncodingIsCanonical(t *testing.T) {
 	h := testHead(0, nil)
 	b1, err := h.Encode()
@@ -119,12 +133,7 @@ func TestStoreWalksTheChain(t *testing.T) {
 	var parent []byte
 	var ids []string
 	for r := uint64(0); r < 4; r++ {
-		h := testHead(r, parent)
-		b, _ := h.Encode()
-		id, _ := h.ID()
-		sig, _ := Sign(k, id)
-		_, err := st.Put(&SignedHead{Head: b, Sigs: []Signature{sig}})
-		require.NoError(t, err)
+		id := putSigned(t, st, k, testHead(r, parent))
 		parent = id.Bytes()
 		ids = append(ids, id.String())
 	}
@@ -214,14 +223,7 @@ func TestStoreRecentMerges(t *testing.T) {
 		for _, p := range peers {
 			h.Contributions = append(h.Contributions, Contribution{Peer: p, Artifact: delta(r, p).Bytes(), Samples: 1, Weight: 1, Microshards: []uint32{uint32(r)}})
 		}
-		b, err := h.Encode()
-		require.NoError(t, err)
-		id, err := h.ID()
-		require.NoError(t, err)
-		sig, err := Sign(k, id)
-		require.NoError(t, err)
-		_, err = st.Put(&SignedHead{Head: b, Sigs: []Signature{sig}})
-		require.NoError(t, err)
+		id := putSigned(t, st, k, h)
 		parent, tip = id.Bytes(), id
 	}
 	for _, tc := range []struct {
