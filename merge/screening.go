@@ -529,10 +529,6 @@ func (s *Screening) decideTrusted() {
 		return
 	}
 	floor := max(s.minCosine(), NoiseBar(s.n))
-	// A peer on probation is held to half the mean cosine the merged updates have shown to
-	// the reference, and to half the round's best (attackers can raise that, not lower
-	// it), never above the floor.
-	hold := min(floor, s.hist.Ref.Mean/2)
 	var fit []int
 	for _, k := range s.alive {
 		v := &s.verdicts[k]
@@ -562,7 +558,10 @@ func (s *Screening) decideTrusted() {
 	for _, k := range fit {
 		top = max(top, s.verdicts[k].RefCosine)
 	}
-	hold = min(hold, top/2)
+	// A peer on probation is held to half the mean cosine the merged updates have shown to
+	// the reference, and to half the round's best (attackers can raise that, not lower
+	// it), never above the floor.
+	hold := min(floor, s.hist.Ref.Mean/2, top/2)
 	clear := top >= floor
 	if !clear {
 		bar = min(bar, 0)
