@@ -307,6 +307,7 @@ func (p *leadPhase) advance(ctx context.Context, in *bus.Inbox) (*next, error) {
 			}
 			v.Sink.Event("release", "round %d: all %d live trainers failed the round; readmitting them (pass %d)", r.round, st.barred, r.book.Passes()+1)
 			r.book.StartPass()
+			r.ref = v.startReference(ctx, r) // a window of the pass's own (startReference)
 			continue
 		}
 		if time.Since(p.waitingSince) > 10*time.Second {

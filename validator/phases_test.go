@@ -80,7 +80,9 @@ type phaseSwarm struct {
 	rt      *synth.Runtime
 	policy  round.Policy
 	trainer string
-	nodes   []*phaseNode
+	// reference, when set, is the validators' reference trainer (Params.Reference).
+	reference ReferenceTrainer
+	nodes     []*phaseNode
 	// published is every message a validator published, for the test to read.
 	published chan published
 }
@@ -223,6 +225,7 @@ func (s *phaseSwarm) start(quorum int, names ...string) {
 		n.v, err = New(Params{Config: &cfg, Self: self, Key: keys[self], Validators: validators, Bus: n.bus,
 			Tips: chain.NewTips(heads, validators, quorum), Heads: heads, Store: s.store,
 			Merger: &round.Merger{Store: s.store, Policy: s.policy}, Runtime: s.rt, Plan: s.plan, PlanID: s.plan.ID().String(),
+			Reference: s.reference,
 			FetchHead: func(context.Context, *chain.Head, ...peer.ID) error { return nil },
 			Sink:      n.sink, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("validator", self[len(self)-6:])})
 		require.NoError(t, err)
