@@ -98,7 +98,7 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 			v.rejectContribution(r, from, c.Delta, true, "late", "fetch delta %s: the attempt's deadline passed: %v", res.delta, res.err)
 			return
 		}
-		v.rejectContribution(r, from, c.Delta, true, "unavailable", "fetch delta %s: %v", res.delta, res.err)
+		v.rejectContribution(r, from, c.Delta, true, reasonUnavailable, "fetch delta %s: %v", res.delta, res.err)
 		return
 	}
 	steps := int(l.Steps)
@@ -115,3 +115,7 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 		vs.Received = append(slices.Clone(vs.Received), from)
 	})
 }
+
+// reasonUnavailable rejects a contribution whose update could not be fetched from its
+// trainer.
+const reasonUnavailable = "unavailable"

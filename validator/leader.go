@@ -297,6 +297,10 @@ func (p *leadPhase) advance(ctx context.Context, in *bus.Inbox) (*next, error) {
 			continue
 		case lease.NewPass:
 			why := barredReasons(r.book.Barred())
+			if p.unreachable(why) {
+				p.handOn()
+				return nil, nil
+			}
 			v.Log.Warn("every live trainer failed this round and nothing was received: readmitting them", "round", r.round,
 				"barred", st.barred, "reasons", why, "pass", r.book.Passes()+1)
 			if r.book.Passes() > 0 && why == string(merge.ReasonLowCosine) {

@@ -113,6 +113,9 @@ type netBus struct {
 	// gated counts the fetches held.
 	gate  atomic.Pointer[chan struct{}]
 	gated atomic.Int32
+	// unreachable, when set, is a peer this validator cannot dial (behind NAT, say): a
+	// fetch whose every holder hint is that peer fails.
+	unreachable atomic.Pointer[peer.ID]
 }
 
 func (b *netBus) Publish(_ context.Context, msg any) error {
@@ -133,7 +136,10 @@ func (b *netBus) Publish(_ context.Context, msg any) error {
 	return nil
 }
 
-func (b *netBus) Fetch(ctx context.Context, id cid.Cid, _ ...peer.ID) error {
+func (b *netBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
+	if u := b.unreachable.Load(); u != nil && len(hints) > 0 && !slices.ContainsFunc(hints, func(h peer.ID) bool { return h != *u }) {
+		return fmt.Errorf("fetch %s: holder unreachable: failed to dial %s: no addresses", id, *u)
+	}
 	if g := b.gate.Load(); g != nil {
 		b.gated.Add(1)
 		select {
@@ -498,3 +504,35 @@ func (noPeers) RequestHead(context.Context, peer.ID, cid.Cid) (*chain.Fetched, e
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
+
+// TestLeaderThatCannotFetchHandsTheRoundOn: two validators, a quorum of both (so the
+// other cannot pass over a leader it still hears). Round 1's leader cannot dial the
+// trainer (it is behind NAT and dialed only the other validator): the trainer's update
+// is unavailable to it. Once that pass has failed, the leader hands the round on
+// (standing_aside 1, its heartbeats stopped); the other validator takes the round over,
+// leases to the trainer, fetches its update and proposes; the first checks the proposal
+// with the update fetched from the proposer and attests it. Before, the leader readmitted
+// the trainer and leased again, pass after pass, and the round never closed.
+func TestLeaderThatCannotFetchHandsTheRoundOn(t *testing.T) {
+	s := newPhaseSwarm(t, 1)
+	s.start(2, "phase validator A", "phase validator B")
+	s.canonical(0)
+	grant := s.lease()
+	leader, other := s.nodes[0], s.nodes[1]
+	if grant.Issuer != leader.self {
+		leader, other = other, leader
+	}
+	trainer := mustPeer(t, s.trainer)
+	leader.bus.unreachable.Store(&trainer)
+	s.contribute(grant)
+	s.waitFor(leader, "standing_aside 1")
+	require.Equal(t, other.self, s.train(), "the next lease was not the other validator's")
+	h := s.canonical(1)
+	require.Len(t, h.Contributions, 1)
+	require.Equal(t, s.trainer, h.Contributions[0].Peer)
+	require.Contains(t, other.sink.walk(), "proposing 1", "the other validator proposed the round")
+	s.waitFor(leader, "awaiting_quorum 1")
+	w := leader.sink.walk()
+	i := slices.Index(w, "standing_aside 1")
+	require.Equal(t, []string{"standing_aside 1", "awaiting_quorum 1"}, w[i:], "leader's phases %v", w)
+}

@@ -166,12 +166,44 @@ func (v *validator) drainGrants(r *openRound, in *bus.Inbox) {
 // it, it hands over to leading the round again with fresh attempts.
 func (p *leadPhase) standAside() {
 	v, r := p.v, p.r
-	p.sub = PhaseStandingAside
-	p.stopBeat()
-	v.enter(PhaseStandingAside, r.round)
 	v.Log.Warn("a later validator in the order took the round over; stepping aside", "round", r.round, "rank", r.rank,
 		"new_leader", r.takenBy, "attempts", r.attempt+1, "received", len(r.received))
 	v.Sink.Event("stepaside", "round %d: %s took the round over; stepping aside (leasing and proposing nothing more)", r.round, r.takenBy)
+	p.goAside()
+}
+
+// unreachable says whether the pass that just failed failed only because this leader could
+// not get the updates: every barred trainer's update was unavailable (its fetch failed:
+// the trainer is behind NAT and never dialed this validator, say) and nothing was
+// received. Another validator may reach those trainers, and there is a later one to hand
+// the round on to.
+func (p *leadPhase) unreachable(why string) bool {
+	r := p.r
+	return why == reasonUnavailable && len(r.received) == 0 && r.rank+1 < len(r.order)
+}
+
+// handOn stands aside in a round this leader cannot gather (unreachable), before anyone
+// takes it over: it stops its heartbeats, so the next validator in the order takes the
+// round over as from a silent leader, and it checks and attests that one's proposal. It
+// has proposed nothing and signed no head of the round, so it can, whatever the quorum:
+// the pass-over of a leader that is heard but stuck (follower.go) needs a majority quorum,
+// and with two validators and a quorum of two a leader that could reach no trainer held
+// the round forever (docs/wan.md, "A second validator behind NAT"). Should no later
+// validator lead, it leads the round again (aside.retakeAt).
+func (p *leadPhase) handOn() {
+	v, r := p.v, p.r
+	v.Log.Warn("no update of this round could be fetched from its trainer; handing the round on to the next validator",
+		"round", r.round, "rank", r.rank, "next", r.order[r.rank+1], "attempts", r.attempt+1, "pass", r.book.Passes()+1)
+	v.Sink.Event("stepaside", "round %d: no update could be fetched from the trainers; handing the round on to %s", r.round, r.order[r.rank+1])
+	p.goAside()
+}
+
+// goAside enters standing aside (standAside, handOn).
+func (p *leadPhase) goAside() {
+	v, r := p.v, p.r
+	p.sub = PhaseStandingAside
+	p.stopBeat()
+	v.enter(PhaseStandingAside, r.round)
 	p.aside = &aside{later: r.order[r.rank+1:], expect: time.Now().Add(LeaseWait)}
 	p.aside.timer = time.NewTimer(time.Until(p.aside.retakeAt()))
 }
