@@ -13,7 +13,7 @@ LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION) -X 
 # misbehave on purpose (docs/security.md); the default build has no such flag.
 TAGS ?=
 
-.PHONY: all setup setup-demo build release image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-holepunch wan-lab lint clean
+.PHONY: all setup setup-demo build release image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-holepunch wan-nat-roles wan-lab lint clean
 
 all: build
 
@@ -168,6 +168,13 @@ wan-goodput:
 ## kinds and transport. WAN_HP_ATTEMPTS (50), WAN_HP_PAIRS (5), WAN_HP_TRANSPORTS (tcp,quic).
 wan-holepunch:
 	$(GO) test -tags wan -count=1 -timeout 40m -v -run '^TestWANHolePunch$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
+
+## wan-nat-roles: the NAT lab's other roles (tag wan): a late joiner behind NAT catches up
+## and is merged (TestNATLateJoiner), and a second validator behind a cone router, quorum 2,
+## follows and attests every round (TestNATSecondValidator; WAN_V2_NAT=none: public). Needs
+## root, ip, nft and /dev/net/tun.
+wan-nat-roles: setup
+	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestNATLateJoiner$$|^TestNATSecondValidator$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
 ## wan-lab: the lab itself (internal/wan, tag wan): round trips within 5 % of the spec, one
 ## TCP flow on 50 Mbit/s at 100 ms RTT (Cubic and BBR, with and without 1 % loss), the

@@ -1,0 +1,131 @@
+//go:build wan
+
+package e2e
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/demo"
+	"github.com/p2pnode/p2pnode/internal/wan"
+	"github.com/p2pnode/p2pnode/p2p"
+)
+
+var (
+	attestedLine = regexp.MustCompile(`msg="attested head" .*?round=(\d+)`)
+	proposedLine = regexp.MustCompile(`msg="proposed head" .*?round=(\d+)`)
+)
+
+// roundsOf returns the rounds of the log lines re matches, sorted and without repeats.
+func roundsOf(re *regexp.Regexp, logs string) []int {
+	var out []int
+	for _, m := range re.FindAllStringSubmatch(logs, -1) {
+		r, _ := strconv.Atoi(m[1])
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestNATSecondValidator (issue 46 item 2): TestNATSwarm's lab — a public validator, also
+// bootstrap and relay, and trainers behind cone, symmetric and closed routers — with a
+// second validator behind a cone router, and a quorum of two, so that no head stands
+// without the second validator's attestation. The second validator dials the public one;
+// nothing dials it, and no hole punching happens in the lab (its addresses are not public
+// to libp2p), so everything it verifies it must get over connections it opened. In the
+// rounds the leader order gives it, it can fetch no trainer's update (nothing dials a peer
+// behind NAT), and it hands the round on to the public validator after one pass
+// (validator/stepaside.go, handOn); before that, it held round 1 for good. It asserts that both validators end on the same chain of every round and that the second
+// one attested every head it did not propose; it logs the rounds each proposed and which
+// trainers each head merged.
+func TestNATSecondValidator(t *testing.T) {
+	if err := wan.CheckNAT(); err != nil {
+		t.Skipf("the NAT lab cannot run here: %v", err)
+	}
+	rounds := envInt("WAN_ROUNDS", 4)
+	link := wan.Link{UpMbit: 20, DownMbit: 100, RTT: 40 * time.Millisecond}
+	kinds := []wan.NAT{wan.NATCone, wan.NATSymmetric, wan.NATClosed}
+	spec := wan.LabSpec{Nodes: []wan.Spec{{Name: "validator", Link: wan.Link{RTT: 20 * time.Millisecond}}}, Seed: 46}
+	for i, k := range kinds {
+		spec.Nodes = append(spec.Nodes, wan.Spec{Name: fmt.Sprintf("trainer-%d", i+1), Link: link, NAT: k})
+	}
+	// The demo's fourth trainer, made the second validator; WAN_V2_NAT=none makes it public
+	// (the control).
+	second := fmt.Sprintf("trainer-%d", len(kinds)+1)
+	v2nat := wan.NATCone
+	if os.Getenv("WAN_V2_NAT") == "none" {
+		v2nat = wan.NATNone
+	}
+	spec.Nodes = append(spec.Nodes, wan.Spec{Name: second, Link: link, NAT: v2nat})
+	lab := newLab(t, spec)
+	dir := t.TempDir()
+	key, err := p2p.LoadIdentity(filepath.Join(dir, second, "identity.key"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := p2p.PeerID(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := labSwarm(t, lab, demo.Options{Dir: dir, Trainers: len(kinds) + 1, Rounds: rounds}, func(name string, c *config.Config) {
+		c.Experiment.Validators = append(c.Experiment.Validators, v2)
+		c.Experiment.Quorum = 2
+		if name == second {
+			c.Experiment.Roles = []string{config.RoleValidator}
+			c.Experiment.EvalEvery = 1
+		} else if name != "validator" {
+			// The trainers know both validators' addresses (the second one's is its router's
+			// behind NAT, where nothing dialed in arrives).
+			c.Node.Bootstrap = append(c.Node.Bootstrap, fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", lab.Nodes[len(lab.Nodes)-1].Public, v2))
+		}
+	})
+	requirePython(t, procs[0].Cfg.Workload.Interpreter)
+	runAll(t, procs, 8*time.Minute)
+	first, sec := procs[0], procs[len(procs)-1]
+	kindOf := map[string]string{}
+	for i, p := range procs[1 : len(procs)-1] {
+		kindOf[p.peerID(t)] = string(kinds[i])
+	}
+	heads := first.HeadChain(t)
+	for _, h := range heads[1:] {
+		var in []string
+		for _, c := range h.Contributions {
+			in = append(in, kindOf[c.Peer])
+		}
+		slices.Sort(in)
+		t.Logf("round %d merged %v", h.Round, in)
+	}
+	proposed1, proposed2 := roundsOf(proposedLine, first.Logs()), roundsOf(proposedLine, sec.Logs())
+	attested2 := roundsOf(attestedLine, sec.Logs())
+	where := "behind " + string(v2nat)
+	if v2nat == wan.NATNone {
+		where = "public"
+	}
+	t.Logf("first validator proposed rounds %v; second validator (%s) proposed %v, attested %v", proposed1, where, proposed2, attested2)
+	if len(heads) != rounds+1 {
+		t.Fatalf("the public validator's chain has %d heads, want genesis and %d rounds", len(heads), rounds)
+	}
+	if a, b := readTip(t, first), readTip(t, sec); a != b {
+		t.Fatalf("the validators ended on different heads: %s and %s", a, b)
+	}
+	var missing []string
+	for r := 1; r <= rounds; r++ {
+		if !slices.Contains(proposed2, r) && !slices.Contains(attested2, r) {
+			missing = append(missing, strconv.Itoa(r))
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("the second validator neither proposed nor attested rounds %s", strings.Join(missing, ", "))
+	}
+}
