@@ -23,6 +23,7 @@ import (
 var (
 	attestedLine = regexp.MustCompile(`msg="attested head" .*?round=(\d+)`)
 	proposedLine = regexp.MustCompile(`msg="proposed head" .*?round=(\d+)`)
+	handedOnLine = regexp.MustCompile(`msg="no update of this round could be fetched.*?round=(\d+)`)
 )
 
 // roundsOf returns the rounds of the log lines re matches, sorted and without repeats.
@@ -112,7 +113,8 @@ func TestNATSecondValidator(t *testing.T) {
 	if v2nat == wan.NATNone {
 		where = "public"
 	}
-	t.Logf("first validator proposed rounds %v; second validator (%s) proposed %v, attested %v", proposed1, where, proposed2, attested2)
+	t.Logf("first validator proposed rounds %v; second validator (%s) proposed %v, attested %v, handed on %v",
+		proposed1, where, proposed2, attested2, roundsOf(handedOnLine, sec.Logs()))
 	if len(heads) != rounds+1 {
 		t.Fatalf("the public validator's chain has %d heads, want genesis and %d rounds", len(heads), rounds)
 	}
