@@ -47,9 +47,10 @@ func roundsOf(re *regexp.Regexp, logs string) []int {
 // to libp2p), so everything it verifies it must get over connections it opened. In the
 // rounds the leader order gives it, it can fetch no trainer's update (nothing dials a peer
 // behind NAT), and it hands the round on to the public validator after one pass
-// (validator/stepaside.go, handOn); before that, it held round 1 for good. It asserts that both validators end on the same chain of every round and that the second
-// one attested every head it did not propose; it logs the rounds each proposed and which
-// trainers each head merged.
+// (validator/stepaside.go, handOn); before that, it held round 1 for good. It asserts
+// that both validators end on the same chain of every round and that the second one
+// attested every head it did not propose; it logs the rounds each proposed and handed on,
+// and which trainers each head merged.
 func TestNATSecondValidator(t *testing.T) {
 	if err := wan.CheckNAT(); err != nil {
 		t.Skipf("the NAT lab cannot run here: %v", err)
