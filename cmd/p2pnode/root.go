@@ -36,7 +36,7 @@ An experiment is one YAML file: start with 'p2pnode init', run with 'p2pnode run
 	}
 	root.SetVersionTemplate(version.String() + "\n")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "auto", "log format: auto (text on a terminal, else JSON), text or json")
-	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default: the config's node.log_level)")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default: the config's node.log_level; a terminal then shows\nwarnings and errors beside the command's own progress lines, and INFO records only when this flag asks)")
 	root.AddCommand(newRunCmd(g), newJoinCmd(g), newInviteCmd(), newDoctorCmd(), newDemoCmd(g), newInitCmd(), newDatasetCmd(g), newStatusCmd(), newAuditCmd(g), newCreditsCmd(), newExportCmd(g), newVerifyCmd(g), newVersionCmd(), newPythonPackageCmd(), newFleetConfigCmd())
 	return root
 }
@@ -71,7 +71,7 @@ func newLoggerTo(g *globalFlags, configLevel string, w io.Writer, tty bool) (*sl
 	switch format {
 	case "text":
 		if terminal {
-			return slog.New(roundDetail{slog.NewTextHandler(w, opts)}), nil
+			return slog.New(roundDetail{Handler: slog.NewTextHandler(w, opts), quiet: g.logLevel == ""}), nil
 		}
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
@@ -82,11 +82,18 @@ func newLoggerTo(g *globalFlags, configLevel string, w io.Writer, tty bool) (*sl
 
 // roundDetail demotes per-round detail to debug: INFO records with a round attribute
 // (leases issued, a window trained, a head proposed). A terminal shows the progress line of
-// each round instead; JSON logs, for machines, keep every record at its level.
-type roundDetail struct{ slog.Handler }
+// each round instead; JSON logs, for machines, keep every record at its level. quiet (a
+// terminal without --log-level) demotes every INFO record: the start-up's dozen (listening,
+// the worker and the dataset ready, the status address) say what the command's own lines
+// say (join's summary, the dashboard's address, the dataset's progress), and a volunteer's
+// terminal shows those, the round lines, warnings and errors.
+type roundDetail struct {
+	slog.Handler
+	quiet bool
+}
 
 func (h roundDetail) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level == slog.LevelInfo && hasRound(r) {
+	if r.Level == slog.LevelInfo && (h.quiet || hasRound(r)) {
 		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
 			return nil
 		}
@@ -96,10 +103,10 @@ func (h roundDetail) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h roundDetail) WithAttrs(as []slog.Attr) slog.Handler {
-	return roundDetail{h.Handler.WithAttrs(as)}
+	return roundDetail{h.Handler.WithAttrs(as), h.quiet}
 }
 func (h roundDetail) WithGroup(name string) slog.Handler {
-	return roundDetail{h.Handler.WithGroup(name)}
+	return roundDetail{h.Handler.WithGroup(name), h.quiet}
 }
 
 func hasRound(r slog.Record) bool {

@@ -200,17 +200,22 @@ func TestStopOnSignalSaysSoOnce(t *testing.T) {
 }
 
 // In a terminal, per-round INFO detail (records with a round) is debug: hidden at info,
-// shown as DEBUG at debug; warnings and lines without a round stay as they are.
+// shown as DEBUG at debug; warnings and lines without a round stay as they are. Without
+// --log-level (quiet), every INFO record is detail: the terminal shows warnings and the
+// command's own lines.
 func TestTerminalDemotesRoundDetail(t *testing.T) {
 	for _, tc := range []struct {
 		level slog.Level
+		quiet bool
 		want  []string
 	}{
-		{slog.LevelInfo, []string{`level=INFO msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
-		{slog.LevelDebug, []string{`level=DEBUG msg=trained pkg=node round=3`, `level=INFO msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
+		{slog.LevelInfo, false, []string{`level=INFO msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
+		{slog.LevelDebug, false, []string{`level=DEBUG msg=trained pkg=node round=3`, `level=INFO msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
+		{slog.LevelInfo, true, []string{`level=WARN msg="contribution rejected" pkg=node round=3`}},
+		{slog.LevelDebug, true, []string{`level=DEBUG msg=trained pkg=node round=3`, `level=DEBUG msg=listening pkg=node`, `level=WARN msg="contribution rejected" pkg=node round=3`}},
 	} {
 		var b bytes.Buffer
-		log := slog.New(roundDetail{slog.NewTextHandler(&b, &slog.HandlerOptions{Level: tc.level})}).With("pkg", "node")
+		log := slog.New(roundDetail{Handler: slog.NewTextHandler(&b, &slog.HandlerOptions{Level: tc.level}), quiet: tc.quiet}).With("pkg", "node")
 		log.Info("trained", "round", 3)
 		log.Info("listening")
 		log.Warn("contribution rejected", "round", 3)
