@@ -4,7 +4,7 @@
 # has nothing but the extracted release tarball, an empty HOME and a fresh directory, and
 # runs `p2pnode doctor` and the `p2pnode join` line that `p2pnode invite` printed. It prints
 # every command with what it printed, and the times from the start of `join` to the record
-# fetched, the Python worker ready, the first lease to the volunteer and its first merged
+# fetched, the dataset prepared, the first lease to the volunteer and its first merged
 # contribution; then `p2pnode credits` on the owner. Everything it creates (namespaces, the
 # veth pair, processes) is removed on exit, also on failure or Ctrl-C.
 #
@@ -225,7 +225,7 @@ say ""
 say "## times (join started $start_wall UTC)"
 say "record fetched and checked   $(vol_at '^ *[0-9.]+s  doctor: this machine')   (the doctor line join prints after the record)"
 say "config written               $(vol_at 'config +wrote')"
-say "python worker ready          $(vol_at 'python worker ready')"
+say "dataset prepared             $(vol_at 'preparing the dataset')   (its progress line, the last update)"
 [[ -n $lease_t ]] && say "first lease to the volunteer $(since "$t0" "$(epoch_us "$lease_t")")s   (owner: \"issued leases\" to 2 trainers)"
 [[ -n $merge_t ]] && say "first merged contribution    $(since "$t0" "$(epoch_us "$merge_t")")s   (owner: \"proposed head\" merged 2)"
 say "volunteer sees it merged     $(vol_at 'round +[0-9]+ .*merged [2-9] ')   (its first round line with merged 2)"
