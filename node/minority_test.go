@@ -190,7 +190,6 @@ func proposedAfter(logs string, round uint64) bool {
 
 var proposedRound = regexp.MustCompile(`msg="proposed head" .* round=(\d+) `)
 
-// tookOverHeard says whether n took a round over from a leader it still heard.
 // handedOn says whether n handed a round on: it could fetch no update of a pass
 // (validator/stepaside.go, handOn).
 func handedOn(n *clusterNode) bool {
@@ -202,6 +201,7 @@ func handedOn(n *clusterNode) bool {
 	return false
 }
 
+// tookOverHeard says whether n took a round over from a leader it still heard.
 func tookOverHeard(n *clusterNode) bool {
 	for _, e := range n.n.Status().Events {
 		if e.Kind == "takeover" && strings.Contains(e.Text, "was heard") {
