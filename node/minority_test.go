@@ -192,24 +192,10 @@ var proposedRound = regexp.MustCompile(`msg="proposed head" .* round=(\d+) `)
 
 // handedOn says whether n handed a round on: it could fetch no update of a pass
 // (validator/stepaside.go, handOn).
-func handedOn(n *clusterNode) bool {
-	for _, e := range n.n.Status().Events {
-		if e.Kind == "stepaside" && strings.Contains(e.Text, "handing the round on") {
-			return true
-		}
-	}
-	return false
-}
+func handedOn(n *clusterNode) bool { return hasEvent(n, "stepaside", "handing the round on") }
 
 // tookOverHeard says whether n took a round over from a leader it still heard.
-func tookOverHeard(n *clusterNode) bool {
-	for _, e := range n.n.Status().Events {
-		if e.Kind == "takeover" && strings.Contains(e.Text, "was heard") {
-			return true
-		}
-	}
-	return false
-}
+func tookOverHeard(n *clusterNode) bool { return hasEvent(n, "takeover", "was heard") }
 
 // nodeLines keeps a node's own log lines (not those of the libraries under it).
 func nodeLines(logs string) string {

@@ -36,7 +36,7 @@ func TestTakeoverFromALiveLeader(t *testing.T) {
 	c, validators, vids := takeoverCluster(t, rounds)
 	hook := &lateLeader{round: stalled, validators: vids, steppedAside: func() bool {
 		for _, v := range validators {
-			if hasEvent(v, "stepaside") {
+			if hasEvent(v, "stepaside", "") {
 				return true
 			}
 		}
@@ -51,10 +51,10 @@ func TestTakeoverFromALiveLeader(t *testing.T) {
 	var tookOver, stepped []string
 	foreign := uint64(0)
 	for _, v := range validators {
-		if hasEvent(v, "takeover") {
+		if hasEvent(v, "takeover", "") {
 			tookOver = append(tookOver, v.name)
 		}
-		if hasEvent(v, "stepaside") {
+		if hasEvent(v, "stepaside", "") {
 			stepped = append(stepped, v.name)
 		}
 		st := v.n.Status()
@@ -86,7 +86,7 @@ func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
 	c, validators, vids := takeoverCluster(t, rounds)
 	hook := &lateLeader{round: stalled, validators: vids, partition: true, steppedAside: func() bool {
 		for _, v := range validators {
-			if hasEvent(v, "stepaside") {
+			if hasEvent(v, "stepaside", "") {
 				return true
 			}
 		}
@@ -120,7 +120,7 @@ func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
 	}
 	var first, taker *clusterNode
 	for _, v := range validators {
-		if hasEvent(v, "stepaside") {
+		if hasEvent(v, "stepaside", "") {
 			require.Nil(t, first, "one validator stepped aside")
 			first = v
 		}
@@ -129,7 +129,7 @@ func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
 	require.True(t, ledAgain(first), "%s led round %d again once the validators after it fell silent", first.name, stalled)
 	require.True(t, proposed(first, stalled), "%s proposed round %d's head", first.name, stalled)
 	for _, v := range validators {
-		if v != first && hasEvent(v, "takeover") {
+		if v != first && hasEvent(v, "takeover", "") {
 			require.Nil(t, taker, "one validator took round %d over", stalled)
 			taker = v
 		}
@@ -152,9 +152,11 @@ func TestSteppedAsideLeaderLeadsAgain(t *testing.T) {
 		time.Since(start).Round(100*time.Millisecond), first.name, stalled, first.n.Status().Validator.Rejections, taker.name)
 }
 
-func hasEvent(n *clusterNode, kind string) bool {
+// hasEvent says whether n's status shows an event of kind whose text contains text ("":
+// any).
+func hasEvent(n *clusterNode, kind, text string) bool {
 	for _, e := range n.n.Status().Events {
-		if e.Kind == kind {
+		if e.Kind == kind && strings.Contains(e.Text, text) {
 			return true
 		}
 	}

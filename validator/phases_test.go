@@ -255,6 +255,15 @@ func (s *phaseSwarm) start(quorum int, names ...string) {
 	})
 }
 
+// byIssuer is the swarm's two validators: the one named issuer (a grant's), then the other.
+func (s *phaseSwarm) byIssuer(issuer string) (named, other *phaseNode) {
+	named, other = s.nodes[0], s.nodes[1]
+	if named.self != issuer {
+		named, other = other, named
+	}
+	return named, other
+}
+
 // waitFor waits until validator n has entered phase (as "name round").
 func (s *phaseSwarm) waitFor(n *phaseNode, phase string) {
 	s.t.Helper()
@@ -384,10 +393,7 @@ func TestFollowerWalksItsPhases(t *testing.T) {
 	issuer := s.train()
 	h := s.canonical(1)
 	require.Len(t, h.Contributions, 1)
-	leader, follower := maker, other
-	if issuer == other.self {
-		leader, follower = other, maker
-	}
+	leader, follower := s.byIssuer(issuer)
 	s.waitFor(leader, "awaiting_quorum 1")
 	s.waitFor(follower, "awaiting_quorum 1")
 	require.Equal(t, "waiting 0", other.sink.walk()[0], "phases %v", other.sink.walk())
@@ -412,10 +418,7 @@ func TestFollowerReadsWhileItChecks(t *testing.T) {
 	s.start(2, "phase validator A", "phase validator B")
 	s.canonical(0)
 	grant := s.lease()
-	leader, follower := s.nodes[0], s.nodes[1]
-	if grant.Issuer != leader.self {
-		leader, follower = follower, leader
-	}
+	leader, follower := s.byIssuer(grant.Issuer)
 	gate := make(chan struct{})
 	follower.bus.gate.Store(&gate)
 	s.contribute(grant)
@@ -518,10 +521,7 @@ func TestLeaderThatCannotFetchHandsTheRoundOn(t *testing.T) {
 	s.start(2, "phase validator A", "phase validator B")
 	s.canonical(0)
 	grant := s.lease()
-	leader, other := s.nodes[0], s.nodes[1]
-	if grant.Issuer != leader.self {
-		leader, other = other, leader
-	}
+	leader, other := s.byIssuer(grant.Issuer)
 	trainer := mustPeer(t, s.trainer)
 	leader.bus.unreachable.Store(&trainer)
 	s.contribute(grant)

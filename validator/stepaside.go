@@ -172,14 +172,13 @@ func (p *leadPhase) standAside() {
 	p.goAside()
 }
 
-// unreachable says whether the pass that just failed failed only because this leader could
-// not get the updates: every barred trainer's update was unavailable (its fetch failed:
-// the trainer is behind NAT and never dialed this validator, say) and nothing was
-// received. Another validator may reach those trainers, and there is a later one to hand
-// the round on to.
+// unreachable says whether the pass that just failed (lease.NewPass: nothing received)
+// failed only because this leader could not get the updates: every barred trainer's update
+// was unavailable (its fetch failed: the trainer is behind NAT and never dialed this
+// validator, say). Another validator may reach those trainers, and there is a later one
+// to hand the round on to.
 func (p *leadPhase) unreachable(why string) bool {
-	r := p.r
-	return why == reasonUnavailable && len(r.received) == 0 && r.rank+1 < len(r.order)
+	return why == reasonUnavailable && p.r.rank+1 < len(p.r.order)
 }
 
 // handOn stands aside in a round this leader cannot gather (unreachable), before anyone

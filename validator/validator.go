@@ -470,7 +470,7 @@ func (r *rateLog) allow(key string) bool {
 // A reason not listed still counts; it just appears on its first use.
 var RejectReasons = []string{
 	// Checked on arrival (leader_collect.go).
-	"wrong_base", "forged_peer", "no_lease", ReasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", "unavailable",
+	"wrong_base", "forged_peer", "no_lease", ReasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", reasonUnavailable,
 	// Screening before the merge (round/merge.go, merge/screen.go).
 	string(merge.ReasonNonFinite), string(merge.ReasonNormBound), string(merge.ReasonNormOutlier),
 	string(merge.ReasonLowCosine), "no_samples",
