@@ -536,3 +536,40 @@ func TestLeaderThatCannotFetchHandsTheRoundOn(t *testing.T) {
 	i := slices.Index(w, "standing_aside 1")
 	require.Equal(t, []string{"standing_aside 1", "awaiting_quorum 1"}, w[i:], "leader's phases %v", w)
 }
+
+// TestWindowsSlowerThanTheirPaceStillCloseTheRound: a lone validator has seen the trainer's
+// quick window in round 1, so round 2's first attempt gets a short deadline (three such
+// windows and the slack). Then the trainer slows down (a machine under load): every window
+// now takes one and a half of that deadline. An attempt that expired with nothing received
+// doubles the next one's deadline, so the second attempt of round 2 is long enough and the
+// window arrives in it. Before, a pace observed while the machine was idle set every
+// attempt's deadline (only attempts leased with no pace known were doubled), so the round
+// was leased again and again at the short deadline for as long as the load lasted.
+func TestWindowsSlowerThanTheirPaceStillCloseTheRound(t *testing.T) {
+	s := newPhaseSwarm(t, 2)
+	s.cfg.Lease.MinDeadline = time.Second
+	s.start(1, "phase validator")
+	s.train()
+	s.canonical(1)
+	var windows []time.Duration
+	var slow time.Duration
+	for attempt := 1; ; attempt++ {
+		require.LessOrEqual(t, attempt, 3, "round 2 still open after %d attempts; deadlines %v", attempt-1, windows)
+		grant := s.lease()
+		w := time.Until(time.UnixMilli(grant.Deadline))
+		windows = append(windows, w)
+		if slow == 0 {
+			slow = w * 3 / 2
+		}
+		if w < slow {
+			time.Sleep(w + 100*time.Millisecond) // the window runs past the deadline
+			continue
+		}
+		time.Sleep(slow)
+		s.contribute(grant)
+		break
+	}
+	h := s.canonical(2)
+	require.Len(t, h.Contributions, 1)
+	t.Logf("round 2's attempts' deadlines: %v", windows)
+}
