@@ -14,6 +14,7 @@ import (
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/diloco"
+	"github.com/p2pnode/p2pnode/merge"
 	"github.com/p2pnode/p2pnode/pack"
 )
 
@@ -29,6 +30,8 @@ func TestSparseTrainerKeepsResidual(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, tr.Residual)
 	require.Equal(t, ResidualTag(diloco.Sparse, 64, 2, f.gen.LayoutHash), tr.ResidualTag)
+	require.Positive(t, res.ResidualNorm)
+	require.Equal(t, merge.Norm(tr.Residual, 1), res.ResidualNorm, "the result reports the residual the trainer keeps")
 
 	b, err := f.store.ReadAll(res.Delta)
 	require.NoError(t, err)

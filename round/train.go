@@ -112,6 +112,9 @@ type Result struct {
 	Microshards  []uint32
 	OptState     string // path of the new inner-optimizer state file
 	DeltaNorm    float64
+	// ResidualNorm is the sparse codec's error-feedback residual after this window's
+	// encoding: what the trainer still owes the model (0 with the other codecs).
+	ResidualNorm float64
 }
 
 // Train runs one window of steps inner steps on base's parameters over the given
@@ -434,6 +437,7 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 	}
 	var enc diloco.Encoded
 	var err error
+	var resNorm float64
 	if t.Codec == diloco.Sparse {
 		decay := t.FeedbackDecay
 		if decay == 0 {
@@ -442,6 +446,9 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 		// The residual is written only when the encoding succeeds, so a retried round
 		// starts from the same residual.
 		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.sparseTopK(w.round), decay, t.Workers)
+		if err == nil {
+			resNorm = merge.Norm(residual, t.Workers)
+		}
 	} else {
 		enc, err = diloco.Encode(t.Codec, delta, residual, t.Int8Block, t.Workers)
 	}
@@ -453,7 +460,9 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("train round %d: %w", w.round, err)
 	}
-	return w.done(id, merge.Norm(delta, t.Workers)), nil
+	res := w.done(id, merge.Norm(delta, t.Workers))
+	res.ResidualNorm = resNorm
+	return res, nil
 }
 
 // StoreRaw stores delta, the window's pseudo-gradient from Delta, as raw fp32: no codec,

@@ -272,7 +272,8 @@ func (t *Trainer) onLeases(ctx context.Context, from string, m *gossip.Leases) (
 		TrainSeconds: res.TrainSeconds, OptState: res.OptState, Window: kind})
 	t.Log.Info("trained", "round", l.Round, "microshards", len(l.Microshards), "samples", res.Samples, "loss", res.Loss, "seconds", fmt.Sprintf("%.2f", res.Seconds),
 		"train_seconds", fmt.Sprintf("%.3f", res.TrainSeconds),
-		"fetch_params_seconds", fmt.Sprintf("%.3f", fetched.Seconds()), "fetch_shards_seconds", fmt.Sprintf("%.3f", res.FetchSeconds))
+		"fetch_params_seconds", fmt.Sprintf("%.3f", fetched.Seconds()), "fetch_shards_seconds", fmt.Sprintf("%.3f", res.FetchSeconds),
+		"steps", res.Steps, "delta_norm", fmt.Sprintf("%.4g", res.DeltaNorm), "residual_norm", fmt.Sprintf("%.4g", res.ResidualNorm))
 	if err := t.Bus.Publish(ctx, c); err != nil {
 		return err
 	}
