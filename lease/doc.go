@@ -45,9 +45,11 @@
 // long as the epoch's plan holds that many for every trainer. Where it does not, the share
 // stays as configured and windows repeat their examples: an even split of a small epoch
 // among a small fleet gives each trainer half the data a round, and their updates on a
-// converged model point apart (the cohort screen rejects them). At an epoch's tail,
-// AssignWithin leases what is left (fewer or smaller leases) and TailSteps shrinks each
-// short lease's steps against the share, so a tail window neither repeats its data nor
+// converged model point apart (the cohort screen rejects them). The epoch's last full round
+// takes a leftover of up to half a round with it (AbsorbTail raises its share, WindowSteps
+// lengthens its windows), so no round is only short windows. A larger leftover is a tail
+// round: AssignWithin leases what is left (fewer or smaller leases) and WindowSteps shrinks
+// each short lease's steps against the share, so a tail window neither repeats its data nor
 // outweighs a full one.
 //
 // # A window ahead

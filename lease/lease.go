@@ -168,9 +168,7 @@ func AssignWithin(available []uint32, trainers []Trainer, perTrainer, budget int
 	if len(available) == 0 || len(trainers) == 0 || perTrainer <= 0 || budget <= 0 {
 		return out
 	}
-	ts := slices.Clone(trainers)
-	slices.SortFunc(ts, func(a, b Trainer) int { return strings.Compare(a.Peer, b.Peer) })
-	ts = slices.CompactFunc(ts, func(a, b Trainer) bool { return a.Peer == b.Peer })
+	ts := byPeer(trainers)
 	rel := Relative(ts)
 	for i := range ts {
 		ts[i].Capacity = rel[ts[i].Peer]
@@ -179,7 +177,7 @@ func AssignWithin(available []uint32, trainers []Trainer, perTrainer, budget int
 	want := make([]int, len(ts))
 	sum := 0
 	for i, t := range ts {
-		want[i] = min(MaxLeaseMicroshards, max(1, int(math.Round(float64(perTrainer)*t.Capacity))))
+		want[i] = wantOf(perTrainer, t.Capacity)
 		sum += want[i]
 	}
 	limit := min(len(order), budget)
@@ -243,6 +241,19 @@ func AssignWithin(available []uint32, trainers []Trainer, perTrainer, budget int
 		next += n
 	}
 	return out
+}
+
+// byPeer returns trainers sorted by peer id, one entry per peer.
+func byPeer(trainers []Trainer) []Trainer {
+	ts := slices.Clone(trainers)
+	slices.SortFunc(ts, func(a, b Trainer) int { return strings.Compare(a.Peer, b.Peer) })
+	return slices.CompactFunc(ts, func(a, b Trainer) bool { return a.Peer == b.Peer })
+}
+
+// wantOf is the microshards AssignWithin asks for a trainer of relative capacity rel before
+// it meets what is left: perTrainer scaled, at least one, at most MaxLeaseMicroshards.
+func wantOf(perTrainer int, rel float64) int {
+	return min(MaxLeaseMicroshards, max(1, int(math.Round(float64(perTrainer)*rel))))
 }
 
 // shuffled returns a deterministic permutation of xs keyed by seed (each element ranked by

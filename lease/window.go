@@ -23,7 +23,7 @@ type WindowSize struct {
 // Window is WindowShare's answer.
 type Window struct {
 	// Share is the microshards a trainer of average speed is leased: Assign's and
-	// TailSteps' perTrainer.
+	// WindowSteps' perTrainer.
 	Share int
 	// Need is the microshards one window reads without repeating an example: the plan's
 	// average examples per microshard into InnerSteps × SamplesPerStep, rounded up; 0 when
@@ -48,9 +48,10 @@ func (w Window) Repeats() bool { return w.Need > w.Share }
 // the run stalls (docs/design-notes.md). With anything unknown,
 // the share is PerTrainer and Need is 0.
 //
-// The rule sizes whole shares, not the epoch's tail: where fewer microshards are left
-// than the shares ask for, AssignWithin scales them down and TailSteps shrinks those
-// trainers' steps against Share, so a tail window does not repeat its data either.
+// The rule sizes whole shares, not the epoch's tail: a leftover of up to half a round goes
+// with the last full round (AbsorbTail), and where fewer microshards are left than the
+// shares ask for, AssignWithin scales them down and WindowSteps shrinks those trainers'
+// steps against Share, so a tail window does not repeat its data either.
 // The arithmetic is on integers: every validator computes the same share from the same
 // inputs.
 func WindowShare(s WindowSize) Window {

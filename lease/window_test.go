@@ -53,7 +53,7 @@ func TestWindowShare(t *testing.T) {
 }
 
 // TestWindowShareTail: at an epoch's tail the share that WindowShare raised is what
-// TailSteps measures a short lease against, so a trainer leased part of a window runs that
+// WindowSteps measures a short lease against, so a trainer leased part of a window runs that
 // part of inner_steps, and no window reads an example twice.
 func TestWindowShareTail(t *testing.T) {
 	trainers := []Trainer{{Peer: "a"}, {Peer: "b"}, {Peer: "c"}}
@@ -74,7 +74,7 @@ func TestWindowShareTail(t *testing.T) {
 				avail[i] = uint32(i)
 			}
 			plan := AssignWithin(avail, trainers, w.Share, MaxRoundMicroshards, []byte("s"))
-			steps := TailSteps(Steps(trainers, 20), plan, trainers, w.Share)
+			steps := WindowSteps(Steps(trainers, 20), plan, trainers, w.Share)
 			got := map[string]int{}
 			for p := range plan {
 				got[p] = steps[p]

@@ -37,7 +37,7 @@ import (
 //     who gets which lease, and when, depend on timing.
 //   - TestPinnedRunHeads (below) plays the leader and the trainers by hand, in a fixed
 //     order, through the functions the loops call: mergePolicy, loadData, round.Genesis,
-//     the grant's lease plan (lease.AssignWithin, Steps, TailSteps, seeded by the base's
+//     the grant's lease plan (lease.AbsorbTail, AssignWithin, Steps, WindowSteps, seeded by the base's
 //     parameters), trainer.Seed, round.Trainer, chain.Store.RecentMerges, round.OnProbation
 //     and round.Sole, round.Merger. It needs neither the loops nor the fake clock, and
 //     names what the loops must do to make these heads.
@@ -224,8 +224,10 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 			work = append(work, lease.Trainer{Peer: p, Proven: merges[p] > 0})
 		}
 		seed := append(slices.Clone(base.Params), byte(base.Round), byte(base.Round>>8), byte(attempt), byte(attempt>>8))
-		plan := lease.AssignWithin(lease.Available(base.Ledger), work, cfg.Lease.MicroshardsPerTrainer, lease.MaxRoundMicroshards, seed)
-		steps := lease.TailSteps(lease.Steps(work, cfg.Protocol.InnerSteps), plan, work, cfg.Lease.MicroshardsPerTrainer)
+		avail := lease.Available(base.Ledger)
+		share := lease.AbsorbTail(len(avail), work, cfg.Lease.MicroshardsPerTrainer)
+		plan := lease.AssignWithin(avail, work, share, lease.MaxRoundMicroshards, seed)
+		steps := lease.WindowSteps(lease.Steps(work, cfg.Protocol.InnerSteps), plan, work, cfg.Lease.MicroshardsPerTrainer)
 
 		var cands []round.Candidate
 		for _, p := range peers {

@@ -150,10 +150,12 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, ms := range plan {
 		budget -= len(ms)
 	}
-	fresh := lease.AssignWithin(rest, others, share, budget, seed)
-	// An epoch's tail leaves some trainers short of microshards: their windows shrink with
-	// their data, so they neither repeat it nor outweigh it.
-	freshSteps := lease.TailSteps(lease.Steps(others, v.Config.Protocol.InnerSteps), fresh, others, share)
+	// The epoch's last full round takes a leftover of up to half a round with it, in
+	// longer windows, rather than leave it to a round of short ones.
+	fresh := lease.AssignWithin(rest, others, lease.AbsorbTail(len(rest), others, share), budget, seed)
+	// Windows run as many steps as their data holds against the share: fewer at an epoch's
+	// tail, so they neither repeat it nor outweigh it, more where the tail was absorbed.
+	freshSteps := lease.WindowSteps(lease.Steps(others, v.Config.Protocol.InnerSteps), fresh, others, share)
 	for p, ms := range fresh {
 		plan[p], steps[p] = ms, freshSteps[p]
 		budget -= len(ms)

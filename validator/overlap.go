@@ -95,8 +95,8 @@ func allIn(xs []uint32, set map[uint32]bool) bool {
 
 // reserve draws the next round's reservations of the peers leased now from what is left
 // of avail after plan, within budget (what the round's bound leaves after plan): the same
-// rule as a lease (lease.AssignWithin with the window share, and lease.TailSteps where the
-// pool runs short), on another seed.
+// rule as a lease (lease.AssignWithin with the window share, raised by lease.AbsorbTail where
+// the next round is the epoch's last full one, and lease.WindowSteps), on another seed.
 func reserve(avail []uint32, plan map[string][]uint32, work []lease.Trainer, share, budget, innerSteps int, seed []byte) (map[string][]uint32, map[string]int) {
 	leased := map[uint32]bool{}
 	for _, ms := range plan {
@@ -116,8 +116,8 @@ func reserve(avail []uint32, plan map[string][]uint32, work []lease.Trainer, sha
 			who = append(who, t)
 		}
 	}
-	next := lease.AssignWithin(left, who, share, budget, append(slices.Clone(seed), 'n'))
-	return next, lease.TailSteps(lease.Steps(who, innerSteps), next, who, share)
+	next := lease.AssignWithin(left, who, lease.AbsorbTail(len(left), who, share), budget, append(slices.Clone(seed), 'n'))
+	return next, lease.WindowSteps(lease.Steps(who, innerSteps), next, who, share)
 }
 
 // nextPool is what the next round's reservations are drawn from: what avail keeps past

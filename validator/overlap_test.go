@@ -45,7 +45,7 @@ func TestHonourLeasesReservationsThatAreStillAvailable(t *testing.T) {
 
 func TestReserveDrawsFromWhatTheRoundLeaves(t *testing.T) {
 	work := []lease.Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 1}, {Peer: "idle", Capacity: 1}}
-	avail := []uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	avail := []uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
 	plan := map[string][]uint32{"a": {0, 1}, "b": {2, 3}}
 	next, steps := reserve(avail, plan, work, 2, 100, 20, []byte("seed"))
 	require.Len(t, next, 2, "only the peers leased now reserve")
@@ -57,6 +57,15 @@ func TestReserveDrawsFromWhatTheRoundLeaves(t *testing.T) {
 			require.False(t, seen[s], "microshard %d reserved twice or leased now", s)
 			seen[s] = true
 		}
+	}
+
+	// The next round is the epoch's last full one, with a leftover of half a round: it
+	// takes the leftover with it, in longer windows (lease.AbsorbTail).
+	next, steps = reserve(avail[:10], plan, work, 2, 100, 20, []byte("seed"))
+	require.Len(t, next, 2)
+	for p, ms := range next {
+		require.Len(t, ms, 3, p)
+		require.Equal(t, 30, steps[p])
 	}
 
 	// Short of microshards (an epoch's tail): fewer, with fewer steps; none left: nothing.
