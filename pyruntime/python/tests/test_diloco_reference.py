@@ -62,6 +62,9 @@ class PlanTest(unittest.TestCase):
         for workers, share, h, want in [
             (3, 4, 20, [[(4, 20), (4, 20), (4, 20)], [(4, 20), (4, 20), (3, 15)]]),
             (1, 12, 60, [[(12, 60)], [(11, 55)]]),
+            # 23 in rounds of 10: the last full round takes the leftover of 3 with it
+            # (lease.AbsorbTail), its windows longer in proportion (lease.WindowSteps).
+            (2, 5, 20, [[(5, 20), (5, 20)], [(7, 28), (6, 24)]]),
         ]:
             with self.subTest(workers=workers):
                 p = ref.Plan(23, workers, share, h, seed=7)

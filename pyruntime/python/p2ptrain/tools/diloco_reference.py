@@ -28,8 +28,10 @@ microshards (seeded; the node ranks them by a hash of the epoch) and deals them 
 worker's share is the microshards an H-step window reads without repeating an example
 (``lease.WindowShare``: ceil(H·batch·23/1438) = 4 at H 20, batch 12; 12 for the single
 node's 60 steps), so a round takes 12 microshards and the epoch's second round the 11
-left, as 4, 4 and 3 with 20, 20 and 15 steps (``lease.TailSteps``: steps scaled by
-microshards/share; the single node: 60 then 55). Within a window the worker's examples are
+left, as 4, 4 and 3 with 20, 20 and 15 steps (``lease.WindowSteps``: steps scaled by
+microshards/share; the single node: 60 then 55). A leftover of at most half a round goes
+with the epoch's last full round instead, its windows longer in proportion
+(``lease.AbsorbTail``). Within a window the worker's examples are
 shuffled with torch's RNG, seeded per window, and cut into batches, reshuffled when
 exhausted (the digits workload's ``batches`` under the worker's endless iterator).
 Differences from the node: the permutations (torch/numpy seeds here, sha256 ranks and the
@@ -102,12 +104,17 @@ class Plan:
         """``[(microshard indices, steps)]`` per worker; a worker with nothing gets ``([], 0)``."""
         if not self.left:
             self.left = list(self.rng.permutation(self.n_shards))
-        take = min(len(self.left), self.share * self.workers)
+        # lease.AbsorbTail: the epoch's last full round takes a leftover of up to half a
+        # round with it, and lease.WindowSteps lengthens those windows to match.
+        n, total, share = len(self.left), self.share * self.workers, self.share
+        if total < n and 2 * (n - total) <= total:
+            share = -(-self.share * n // total)
+        take = min(n, share * self.workers)
         counts = [take // self.workers + (1 if k < take % self.workers else 0) for k in range(self.workers)]
         out = []
         for c in counts:
             got, self.left = self.left[:c], self.left[c:]
-            steps = 0 if c == 0 else self.h if c >= self.share else max(1, go_round(self.h * c / self.share))
+            steps = 0 if c == 0 else self.h if c == self.share else max(1, go_round(self.h * c / self.share))
             out.append((sorted(int(i) for i in got), steps))
         return out
 
