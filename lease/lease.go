@@ -250,10 +250,15 @@ func byPeer(trainers []Trainer) []Trainer {
 	return slices.CompactFunc(ts, func(a, b Trainer) bool { return a.Peer == b.Peer })
 }
 
+// shareOf is a trainer's share at relative capacity rel: perTrainer scaled, at least one.
+func shareOf(perTrainer int, rel float64) int {
+	return max(1, int(math.Round(float64(perTrainer)*rel)))
+}
+
 // wantOf is the microshards AssignWithin asks for a trainer of relative capacity rel before
-// it meets what is left: perTrainer scaled, at least one, at most MaxLeaseMicroshards.
+// it meets what is left: its share, at most MaxLeaseMicroshards.
 func wantOf(perTrainer int, rel float64) int {
-	return min(MaxLeaseMicroshards, max(1, int(math.Round(float64(perTrainer)*rel))))
+	return min(MaxLeaseMicroshards, shareOf(perTrainer, rel))
 }
 
 // shuffled returns a deterministic permutation of xs keyed by seed (each element ranked by

@@ -23,7 +23,7 @@ func WindowSteps(steps map[string]int, plan map[string][]uint32, trainers []Trai
 		if !ok || perTrainer <= 0 {
 			continue
 		}
-		share := max(1, int(math.Round(float64(perTrainer)*rel[p])))
+		share := shareOf(perTrainer, rel[p])
 		if len(got) != share {
 			out[p] = max(1, int(math.Round(float64(s)*float64(len(got))/float64(share))))
 		}
