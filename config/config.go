@@ -332,13 +332,12 @@ type Lease struct {
 	MinGroup       int           `yaml:"min_group"`
 	RoundTimeout   time.Duration `yaml:"round_timeout"`
 	// MinDeadline is the least time an attempt's leases get: the deadline adapts to the
-	// trainers' measured paces but never goes below this (nor above round_timeout), and
-	// doubles after each attempt of the round that expires with nothing received.
+	// trainers' measured paces but never goes below this (nor above round_timeout).
 	MinDeadline time.Duration `yaml:"min_deadline"`
 	// FirstDeadline is an attempt's deadline while no pace of any leased trainer is known:
 	// neither observed by this validator (its paces persist with its state) nor announced
 	// by the trainer (its worker's probe, then its windows) — round 1 of a fresh experiment
-	// with a workload that cannot probe. Doubled after each attempt that expires with
+	// with a workload that cannot probe. Doubled after each such attempt that expires with
 	// nothing received, and always between min_deadline and round_timeout. It replaces
 	// round_timeout there, so a trainer lost in that attempt costs seconds, not the whole
 	// timeout.

@@ -28,21 +28,18 @@ type Timing struct {
 	// of Ceiling, so that a trainer lost in that attempt costs Unknown, not the whole
 	// round timeout. 0 means Ceiling.
 	Unknown time.Duration
-	// Expired counts the round's earlier attempts that expired with no contribution: each
-	// doubles the deadline (up to Ceiling), whether it came from Unknown or from known
-	// paces. So a workload slower than the default still gets its first window through, and
-	// so does a fleet slowed down since its paces were observed (a machine under load):
-	// with the deadline of its idle paces every window would run past it, attempt after
-	// attempt, for as long as the load lasted.
-	Expired int
+	// Blind counts the round's earlier attempts that were leased with no pace known and
+	// expired with no contribution: each doubles Unknown (up to Ceiling), so a workload
+	// slower than the default still gets its first window through.
+	Blind int
 }
 
 // Deadline is how long an attempt may run: three times the slowest expected window (steps
 // × the trainer's seconds per step — observed, else announced, else the median of the
-// known paces), plus slack for fetching and merging; with no pace known for any trainer it
-// is t.Unknown. Either is doubled per expired attempt (t.Expired) and kept between t.Floor
-// and t.Ceiling. So a fleet of mixed speeds needs no hand-tuned timeout, and a dead trainer
-// holds a round up for a few windows, not for round_timeout.
+// known paces), plus slack for fetching and merging, between t.Floor and t.Ceiling. With no
+// pace known for any trainer it is t.Unknown (doubled per blind attempt). So a fleet of
+// mixed speeds needs no hand-tuned timeout, and a dead trainer holds a round up for a few
+// windows, not for round_timeout.
 func Deadline(paces []Pace, t Timing) time.Duration {
 	known := func(p Pace) float64 {
 		switch {
@@ -60,10 +57,14 @@ func Deadline(paces []Pace, t Timing) time.Duration {
 		}
 	}
 	if len(seen) == 0 {
-		if t.Unknown <= 0 {
+		d := t.Unknown
+		if d <= 0 {
 			return t.Ceiling
 		}
-		return t.stretch(t.Unknown)
+		for i := 0; i < t.Blind && d < t.Ceiling; i++ {
+			d *= 2
+		}
+		return min(t.Ceiling, max(t.Floor, d))
 	}
 	slices.Sort(seen)
 	median := seen[len(seen)/2]
@@ -79,15 +80,18 @@ func Deadline(paces []Pace, t Timing) time.Duration {
 	if secs >= t.Ceiling.Seconds() { // also keeps the conversion below from overflowing
 		return t.Ceiling
 	}
-	return t.stretch(time.Duration(secs * float64(time.Second)))
+	return max(t.Floor, time.Duration(secs*float64(time.Second)))
 }
 
-// stretch doubles d once per expired attempt and keeps it between Floor and Ceiling.
-func (t Timing) stretch(d time.Duration) time.Duration {
-	for i := 0; i < t.Expired && d < t.Ceiling; i++ {
-		d *= 2
+// PaceKnown reports whether any trainer's pace is known (observed or announced): without
+// one, Deadline falls back to Timing.Unknown.
+func PaceKnown(paces []Pace) bool {
+	for _, p := range paces {
+		if usable(p.SecondsPerStep) || usable(p.Announced) {
+			return true
+		}
 	}
-	return min(t.Ceiling, max(t.Floor, d))
+	return false
 }
 
 func usable(x float64) bool { return x > 0 && !math.IsInf(x, 0) && !math.IsNaN(x) }

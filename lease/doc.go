@@ -33,10 +33,9 @@
 // An attempt's deadline (Deadline) is three times the slowest expected window plus slack:
 // each leased trainer's steps times its seconds per step as this validator observed them,
 // else as the trainer announces them (its worker's probe or its own windows), else the
-// median of the known ones; with no pace known at all it is lease.first_deadline. Either
-// is doubled after each attempt of the round that expired with nothing received (paces
-// observed on an idle machine are stale once it is loaded), and kept between
-// lease.min_deadline and lease.round_timeout.
+// median of the known ones; between lease.min_deadline and lease.round_timeout. With no
+// pace known at all it is lease.first_deadline, doubled after each attempt of the round
+// that expired with nothing known and nothing received.
 //
 // # A window's worth of data
 //

@@ -265,7 +265,7 @@ func TestTwoRankTrainerGetsTwiceTheDataNotTwiceTheSteps(t *testing.T) {
 func TestDeadlineFollowsKnownPace(t *testing.T) {
 	floor, ceiling, unknown := 5*time.Second, 10*time.Minute, 30*time.Second
 	bounds := Timing{Floor: floor, Ceiling: ceiling, Unknown: unknown}
-	expired := func(n int) Timing { b := bounds; b.Expired = n; return b }
+	blind := func(n int) Timing { b := bounds; b.Blind = n; return b }
 	cases := []struct {
 		name   string
 		paces  []Pace
@@ -274,17 +274,14 @@ func TestDeadlineFollowsKnownPace(t *testing.T) {
 	}{
 		{"nothing known, no default: the ceiling", []Pace{{Peer: "a", Steps: 20}}, Timing{Floor: floor, Ceiling: ceiling}, ceiling},
 		{"nothing known: the default", []Pace{{Peer: "a", Steps: 20}}, bounds, unknown},
-		{"nothing known, one attempt expired: twice the default", []Pace{{Peer: "a", Steps: 20}}, expired(1), 2 * unknown},
-		{"expired attempts double up to the ceiling", []Pace{{Peer: "a", Steps: 20}}, expired(40), ceiling},
+		{"nothing known, one blind attempt expired: twice the default", []Pace{{Peer: "a", Steps: 20}}, blind(1), 2 * unknown},
+		{"blind attempts double up to the ceiling", []Pace{{Peer: "a", Steps: 20}}, blind(40), ceiling},
 		{"default below the floor", []Pace{{Peer: "a", Steps: 20}}, Timing{Floor: floor, Ceiling: ceiling, Unknown: time.Second}, floor},
 		// slowest window 20 steps × 1 s = 20 s → 3 × 20 + 2 = 62 s
 		{"observed", []Pace{{Peer: "a", SecondsPerStep: 0.5, Steps: 20}, {Peer: "b", SecondsPerStep: 1, Steps: 20}}, bounds, 62 * time.Second},
 		{"an unseen trainer runs at the median pace", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 10}, {Peer: "new", Steps: 40}}, bounds, 122 * time.Second},
 		{"announced (probed) pace, nothing observed: steps × pace", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, bounds, 32 * time.Second},
-		// A pace observed on an idle machine is stale once every window runs past it.
-		{"known pace, two attempts expired: four times its deadline", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, expired(2), 128 * time.Second},
-		{"fast, one attempt expired: twice the slack is still under the floor", []Pace{{Peer: "a", SecondsPerStep: 0.001, Steps: 10}}, expired(1), floor},
-		{"known pace, expired attempts stop at the ceiling", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 20}}, expired(40), ceiling},
+		{"blind attempts do not matter once a pace is known", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, blind(3), 32 * time.Second},
 		{"observed beats announced", []Pace{{Peer: "a", SecondsPerStep: 1, Announced: 0.01, Steps: 20}}, bounds, 62 * time.Second},
 		{"a claim of speed shortens only its own term", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 20}, {Peer: "liar", Announced: 1e-9, Steps: 20}}, bounds, 62 * time.Second},
 		{"a claim of slowness stops at the ceiling", []Pace{{Peer: "a", Announced: 1e12, Steps: 20}}, bounds, ceiling},

@@ -47,10 +47,11 @@ type openRound struct {
 	// or returned from silence, trainerSet.returns) when it was last leased: a change means
 	// its lease is lost and it may be readmitted (lease.Book.Gone and Back).
 	returns map[string]int
-	// expired counts the round's attempts that expired with nothing received: each
-	// doubles the next attempt's deadline (lease.Timing.Expired).
-	expired int
-	atGrant int // contributions received when the current attempt was leased
+	// blind counts the round's attempts leased with no trainer pace known that expired
+	// with nothing received: each doubles the next blind deadline (lease.Timing.Blind).
+	blind      int
+	blindGrant bool // the current attempt was leased with no pace known
+	atGrant    int  // contributions received when the current attempt was leased
 	// started is when the leader took the round; rejected counts the contributions it
 	// rejected and rejections names the first chain.MaxNoteEntries of them (for the round
 	// notes).
@@ -229,10 +230,8 @@ func (p *leadPhase) on(ctx context.Context, in *bus.Inbox, ev event) (*next, err
 func (p *leadPhase) expired() {
 	v, r := p.v, p.r
 	v.expire(r)
-	if len(r.received) == r.atGrant && len(r.fetches.pending) == 0 {
-		// The deadline was too short for this workload (the first-deadline guess), or for
-		// the trainers as they run now (paces observed before the machine was loaded).
-		r.expired++
+	if r.blindGrant && len(r.received) == r.atGrant && len(r.fetches.pending) == 0 {
+		r.blind++ // the first-deadline guess was too short for this workload
 	}
 	if len(r.fetches.pending) > 0 {
 		// Contributions announced in time whose updates are still on their way keep their

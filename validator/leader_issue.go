@@ -177,8 +177,8 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 		r.returns[p] = v.trainers.returns(p)
 	}
 	r.window = lease.Deadline(pace, lease.Timing{Floor: v.Config.Lease.MinDeadline, Ceiling: v.Config.Lease.RoundTimeout,
-		Unknown: v.Config.Lease.FirstDeadline, Expired: r.expired})
-	r.atGrant = len(r.received)
+		Unknown: v.Config.Lease.FirstDeadline, Blind: r.blind})
+	r.blindGrant, r.atGrant = !lease.PaceKnown(pace), len(r.received)
 	r.deadline = time.Now().Add(r.window)
 	msg := &gossip.Leases{Experiment: v.Config.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.Self,
 		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}
