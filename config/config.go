@@ -337,8 +337,9 @@ type Lease struct {
 	// FirstDeadline is an attempt's deadline while no pace of any leased trainer is known:
 	// neither observed by this validator (its paces persist with its state) nor announced
 	// by the trainer (its worker's probe, then its windows) — round 1 of a fresh experiment
-	// with a workload that cannot probe. Doubled after each such attempt that expires with
-	// nothing received, and always between min_deadline and round_timeout. It replaces
+	// with a workload that cannot probe. A trainer that stayed and let a lease expire gets
+	// twice the deadline it missed next (from here or from its pace), always between
+	// min_deadline and round_timeout. It replaces
 	// round_timeout there, so a trainer lost in that attempt costs seconds, not the whole
 	// timeout.
 	FirstDeadline    time.Duration `yaml:"first_deadline"`

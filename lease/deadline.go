@@ -18,6 +18,15 @@ type Pace struct {
 	// slowest term wins), one that claims to be slow can stretch it no further than the
 	// ceiling, and the first window it delivers replaces the claim with an observation.
 	Announced float64
+	// Missed is the longest deadline of the round's earlier attempts that this trainer —
+	// the same process, heard from all along — let pass with nothing delivered; 0 if none.
+	// The deadline is then at least twice it: the pace it was given is too short for the
+	// trainer as it runs now (a workload slower than the first-deadline guess, a machine
+	// loaded since its pace was observed idle), and at the same deadline its windows would
+	// run past it attempt after attempt. A trainer that was killed or restarted, or trained
+	// another validator's lease first, missed nothing this way: its silence says nothing of
+	// the deadline.
+	Missed time.Duration
 }
 
 // Timing bounds an attempt's deadline.
@@ -28,18 +37,16 @@ type Timing struct {
 	// of Ceiling, so that a trainer lost in that attempt costs Unknown, not the whole
 	// round timeout. 0 means Ceiling.
 	Unknown time.Duration
-	// Blind counts the round's earlier attempts that were leased with no pace known and
-	// expired with no contribution: each doubles Unknown (up to Ceiling), so a workload
-	// slower than the default still gets its first window through.
-	Blind int
 }
 
 // Deadline is how long an attempt may run: three times the slowest expected window (steps
 // × the trainer's seconds per step — observed, else announced, else the median of the
-// known paces), plus slack for fetching and merging, between t.Floor and t.Ceiling. With no
-// pace known for any trainer it is t.Unknown (doubled per blind attempt). So a fleet of
-// mixed speeds needs no hand-tuned timeout, and a dead trainer holds a round up for a few
-// windows, not for round_timeout.
+// known paces), plus slack for fetching and merging; with no pace known for any trainer it
+// is t.Unknown. It is at least twice any deadline a leased trainer missed in the round
+// (Pace.Missed), and between t.Floor and t.Ceiling. So a fleet of mixed speeds needs no
+// hand-tuned timeout, a dead trainer holds a round up for a few windows, not for
+// round_timeout, and a workload or machine slower than its pace still gets its window
+// through.
 func Deadline(paces []Pace, t Timing) time.Duration {
 	known := func(p Pace) float64 {
 		switch {
@@ -56,15 +63,20 @@ func Deadline(paces []Pace, t Timing) time.Duration {
 			seen = append(seen, s)
 		}
 	}
+	var missed time.Duration
+	for _, p := range paces {
+		missed = max(missed, p.Missed)
+	}
+	// Twice what was missed, without overflowing past the ceiling.
+	least := min(t.Ceiling, missed) * 2
+	if least > t.Ceiling || least < 0 {
+		least = t.Ceiling
+	}
 	if len(seen) == 0 {
-		d := t.Unknown
-		if d <= 0 {
+		if t.Unknown <= 0 {
 			return t.Ceiling
 		}
-		for i := 0; i < t.Blind && d < t.Ceiling; i++ {
-			d *= 2
-		}
-		return min(t.Ceiling, max(t.Floor, d))
+		return min(t.Ceiling, max(t.Floor, t.Unknown, least))
 	}
 	slices.Sort(seen)
 	median := seen[len(seen)/2]
@@ -80,18 +92,7 @@ func Deadline(paces []Pace, t Timing) time.Duration {
 	if secs >= t.Ceiling.Seconds() { // also keeps the conversion below from overflowing
 		return t.Ceiling
 	}
-	return max(t.Floor, time.Duration(secs*float64(time.Second)))
-}
-
-// PaceKnown reports whether any trainer's pace is known (observed or announced): without
-// one, Deadline falls back to Timing.Unknown.
-func PaceKnown(paces []Pace) bool {
-	for _, p := range paces {
-		if usable(p.SecondsPerStep) || usable(p.Announced) {
-			return true
-		}
-	}
-	return false
+	return max(t.Floor, least, time.Duration(secs*float64(time.Second)))
 }
 
 func usable(x float64) bool { return x > 0 && !math.IsInf(x, 0) && !math.IsNaN(x) }

@@ -33,9 +33,11 @@
 // An attempt's deadline (Deadline) is three times the slowest expected window plus slack:
 // each leased trainer's steps times its seconds per step as this validator observed them,
 // else as the trainer announces them (its worker's probe or its own windows), else the
-// median of the known ones; between lease.min_deadline and lease.round_timeout. With no
-// pace known at all it is lease.first_deadline, doubled after each attempt of the round
-// that expired with nothing known and nothing received.
+// median of the known ones; with no pace known at all it is lease.first_deadline. A trainer
+// that stayed (heard from, the same process) and let a lease of the round expire gets at
+// least twice the deadline it missed (Pace.Missed): its pace may have been observed on an
+// idle machine that is loaded now. One killed or restarted meanwhile does not: its silence
+// said nothing of the deadline. Always between lease.min_deadline and lease.round_timeout.
 //
 // # A window's worth of data
 //

@@ -265,7 +265,6 @@ func TestTwoRankTrainerGetsTwiceTheDataNotTwiceTheSteps(t *testing.T) {
 func TestDeadlineFollowsKnownPace(t *testing.T) {
 	floor, ceiling, unknown := 5*time.Second, 10*time.Minute, 30*time.Second
 	bounds := Timing{Floor: floor, Ceiling: ceiling, Unknown: unknown}
-	blind := func(n int) Timing { b := bounds; b.Blind = n; return b }
 	cases := []struct {
 		name   string
 		paces  []Pace
@@ -274,14 +273,21 @@ func TestDeadlineFollowsKnownPace(t *testing.T) {
 	}{
 		{"nothing known, no default: the ceiling", []Pace{{Peer: "a", Steps: 20}}, Timing{Floor: floor, Ceiling: ceiling}, ceiling},
 		{"nothing known: the default", []Pace{{Peer: "a", Steps: 20}}, bounds, unknown},
-		{"nothing known, one blind attempt expired: twice the default", []Pace{{Peer: "a", Steps: 20}}, blind(1), 2 * unknown},
-		{"blind attempts double up to the ceiling", []Pace{{Peer: "a", Steps: 20}}, blind(40), ceiling},
+		{"nothing known, the default missed: twice the default", []Pace{{Peer: "a", Steps: 20, Missed: unknown}}, bounds, 2 * unknown},
+		{"nothing known, twice the default missed: four times it", []Pace{{Peer: "a", Steps: 20, Missed: 2 * unknown}, {Peer: "b", Steps: 20}}, bounds, 4 * unknown},
+		{"missed deadlines double up to the ceiling", []Pace{{Peer: "a", Steps: 20, Missed: ceiling}}, bounds, ceiling},
+		{"a missed deadline past any ceiling does not overflow", []Pace{{Peer: "a", Steps: 20, Missed: math.MaxInt64}}, bounds, ceiling},
 		{"default below the floor", []Pace{{Peer: "a", Steps: 20}}, Timing{Floor: floor, Ceiling: ceiling, Unknown: time.Second}, floor},
 		// slowest window 20 steps × 1 s = 20 s → 3 × 20 + 2 = 62 s
 		{"observed", []Pace{{Peer: "a", SecondsPerStep: 0.5, Steps: 20}, {Peer: "b", SecondsPerStep: 1, Steps: 20}}, bounds, 62 * time.Second},
 		{"an unseen trainer runs at the median pace", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 10}, {Peer: "new", Steps: 40}}, bounds, 122 * time.Second},
 		{"announced (probed) pace, nothing observed: steps × pace", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, bounds, 32 * time.Second},
-		{"blind attempts do not matter once a pace is known", []Pace{{Peer: "a", Announced: 0.25, Steps: 40}}, blind(3), 32 * time.Second},
+		// Paces observed on an idle machine are stale once it is loaded: a trainer that let a
+		// deadline pass gets twice it, whatever its pace says.
+		{"known pace, its deadline missed: twice it", []Pace{{Peer: "a", Announced: 0.25, Steps: 40, Missed: 32 * time.Second}}, bounds, 64 * time.Second},
+		{"fast, the floor missed: twice the floor", []Pace{{Peer: "a", SecondsPerStep: 0.001, Steps: 10, Missed: floor}}, bounds, 2 * floor},
+		{"a missed deadline shorter than the pace's changes nothing", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 20, Missed: 10 * time.Second}, {Peer: "b", SecondsPerStep: 1, Steps: 20}}, bounds, 62 * time.Second},
+		{"known pace, missed deadlines stop at the ceiling", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 20, Missed: 8 * time.Minute}}, bounds, ceiling},
 		{"observed beats announced", []Pace{{Peer: "a", SecondsPerStep: 1, Announced: 0.01, Steps: 20}}, bounds, 62 * time.Second},
 		{"a claim of speed shortens only its own term", []Pace{{Peer: "a", SecondsPerStep: 1, Steps: 20}, {Peer: "liar", Announced: 1e-9, Steps: 20}}, bounds, 62 * time.Second},
 		{"a claim of slowness stops at the ceiling", []Pace{{Peer: "a", Announced: 1e12, Steps: 20}}, bounds, ceiling},

@@ -47,11 +47,10 @@ type openRound struct {
 	// or returned from silence, trainerSet.returns) when it was last leased: a change means
 	// its lease is lost and it may be readmitted (lease.Book.Gone and Back).
 	returns map[string]int
-	// blind counts the round's attempts leased with no trainer pace known that expired
-	// with nothing received: each doubles the next blind deadline (lease.Timing.Blind).
-	blind      int
-	blindGrant bool // the current attempt was leased with no pace known
-	atGrant    int  // contributions received when the current attempt was leased
+	// missed is, per trainer that let a lease of the round expire while it stayed (heard
+	// from, the same process), the longest deadline it missed: its next lease gets at least
+	// twice it (lease.Pace.Missed), unless it has come back since (missedBy).
+	missed map[string]missedDeadline
 	// started is when the leader took the round; rejected counts the contributions it
 	// rejected and rejections names the first chain.MaxNoteEntries of them (for the round
 	// notes).
@@ -82,7 +81,7 @@ func newOpenRound(ctx context.Context, work *sync.WaitGroup, validators []string
 	r := &openRound{round: base.Round + 1, baseID: baseID, base: base, attempt: firstAttempt,
 		received: map[string]received{}, book: lease.NewBook(base.Round+1, time.Now()), returns: map[string]int{},
 		order: lease.Leaders(validators, baseID), foreign: map[string]bool{}, held: map[heldKey]string{},
-		leases: map[cid.Cid]lease.Lease{}, fetches: newDeltaFetches(ctx, work)}
+		leases: map[cid.Cid]lease.Lease{}, missed: map[string]missedDeadline{}, fetches: newDeltaFetches(ctx, work)}
 	r.rank = slices.Index(r.order, self)
 	return r
 }
@@ -230,9 +229,6 @@ func (p *leadPhase) on(ctx context.Context, in *bus.Inbox, ev event) (*next, err
 func (p *leadPhase) expired() {
 	v, r := p.v, p.r
 	v.expire(r)
-	if r.blindGrant && len(r.received) == r.atGrant && len(r.fetches.pending) == 0 {
-		r.blind++ // the first-deadline guess was too short for this workload
-	}
 	if len(r.fetches.pending) > 0 {
 		// Contributions announced in time whose updates are still on their way keep their
 		// leases: the round waits for them (each fetch is bounded by lease.round_timeout)

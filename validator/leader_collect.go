@@ -37,8 +37,40 @@ func (v *validator) expire(r *openRound) {
 			continue
 		}
 		v.missed(p, r.round, "expired")
+		if v.trainers.isLive(p) {
+			// Still here and still silent: its window ran past the deadline.
+			r.missedDeadline(p, r.returns[p], r.window)
+		}
 	}
 	v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
+}
+
+// missedDeadline is a deadline a trainer let pass while it stayed: returns is how often it
+// had come back (trainerSet.returns) when it missed it.
+type missedDeadline struct {
+	returns int
+	window  time.Duration
+}
+
+// missedDeadline records that p, having come back returns times, let an attempt of window
+// pass with nothing delivered.
+func (r *openRound) missedDeadline(p string, returns int, window time.Duration) {
+	m := r.missed[p]
+	if m.returns != returns {
+		m = missedDeadline{returns: returns}
+	}
+	m.window = max(m.window, window)
+	r.missed[p] = m
+}
+
+// missedBy is the longest deadline of the round p missed as the process it is now (it has
+// come back returns times): 0 if it missed none, or came back since (it was killed, not
+// slow).
+func (r *openRound) missedBy(p string, returns int) time.Duration {
+	if m, ok := r.missed[p]; ok && m.returns == returns {
+		return m.window
+	}
+	return 0
 }
 
 // noticeReturns settles the lease of a trainer of the round that left — it restarted (it

@@ -173,12 +173,12 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	sort.Strings(peers)
 	var pace []lease.Pace
 	for _, p := range peers {
-		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Announced: v.trainers.stepSeconds(p), Steps: steps[p]})
+		pace = append(pace, lease.Pace{Peer: p, SecondsPerStep: v.paces.get(p), Announced: v.trainers.stepSeconds(p), Steps: steps[p],
+			Missed: r.missedBy(p, v.trainers.returns(p))})
 		r.returns[p] = v.trainers.returns(p)
 	}
 	r.window = lease.Deadline(pace, lease.Timing{Floor: v.Config.Lease.MinDeadline, Ceiling: v.Config.Lease.RoundTimeout,
-		Unknown: v.Config.Lease.FirstDeadline, Blind: r.blind})
-	r.blindGrant, r.atGrant = !lease.PaceKnown(pace), len(r.received)
+		Unknown: v.Config.Lease.FirstDeadline})
 	r.deadline = time.Now().Add(r.window)
 	msg := &gossip.Leases{Experiment: v.Config.Experiment.ID, Round: r.round, Base: r.baseID.Bytes(), Issuer: v.Self,
 		Deadline: r.deadline.UnixMilli(), Attempt: r.attempt}

@@ -80,6 +80,8 @@ type phaseSwarm struct {
 	rt      *synth.Runtime
 	policy  round.Policy
 	trainer string
+	// started is the process start the trainer announces (0: none); a change is a restart.
+	started int64
 	// reference, when set, is the validators' reference trainer (Params.Reference).
 	reference ReferenceTrainer
 	nodes     []*phaseNode
@@ -306,7 +308,7 @@ func (s *phaseSwarm) lease() *gossip.Leases {
 		case <-tick.C:
 			for _, n := range s.nodes {
 				n.bus.Deliver(s.trainer, &gossip.Announce{Experiment: s.cfg.Experiment.ID, Peer: s.trainer,
-					Roles: []string{config.RoleTrainer}, Time: time.Now().UnixMilli(), Capacity: 1})
+					Roles: []string{config.RoleTrainer}, Time: time.Now().UnixMilli(), Capacity: 1, Started: s.started})
 			}
 		case <-deadline:
 			t.Fatal("no lease granted")
@@ -535,4 +537,66 @@ func TestLeaderThatCannotFetchHandsTheRoundOn(t *testing.T) {
 	w := leader.sink.walk()
 	i := slices.Index(w, "standing_aside 1")
 	require.Equal(t, []string{"standing_aside 1", "awaiting_quorum 1"}, w[i:], "leader's phases %v", w)
+}
+
+// TestWindowsSlowerThanTheirPaceStillCloseTheRound: a lone validator has seen the trainer's
+// quick window in round 1, so round 2's first attempt gets a short deadline (three such
+// windows and the slack). Then the trainer slows down (a machine under load): every window
+// now takes one and a half of that deadline. A trainer that stayed and let its lease
+// expire gets at least twice the deadline it missed, so the second attempt of round 2 is
+// long enough and the window arrives in it. Before, a pace observed while the machine was
+// idle set every attempt's deadline (only attempts leased with no pace known were
+// doubled), so the round was leased again and again at the short deadline for as long as
+// the load lasted.
+func TestWindowsSlowerThanTheirPaceStillCloseTheRound(t *testing.T) {
+	s := newPhaseSwarm(t, 2)
+	s.cfg.Lease.MinDeadline = time.Second
+	s.start(1, "phase validator")
+	s.train()
+	s.canonical(1)
+	var windows []time.Duration
+	var slow time.Duration
+	for attempt := 1; ; attempt++ {
+		require.LessOrEqual(t, attempt, 3, "round 2 still open after %d attempts; deadlines %v", attempt-1, windows)
+		grant := s.lease()
+		w := time.Until(time.UnixMilli(grant.Deadline))
+		windows = append(windows, w)
+		if slow == 0 {
+			slow = w * 3 / 2
+		}
+		if w < slow {
+			time.Sleep(w + 100*time.Millisecond) // the window runs past the deadline
+			continue
+		}
+		time.Sleep(slow)
+		s.contribute(grant)
+		break
+	}
+	h := s.canonical(2)
+	require.Len(t, h.Contributions, 1)
+	t.Logf("round 2's attempts' deadlines: %v", windows)
+}
+
+// TestRestartedTrainerIsNotGivenALongerDeadline: the trainer lets round 2's first lease
+// expire, as a process that was killed mid-window does, and comes back as a new process.
+// Its silence said nothing of the deadline, so its next lease gets the deadline of its pace
+// again, not twice the one it missed (which, with no pace known, is twice
+// lease.first_deadline: a minute where the round should take seconds).
+func TestRestartedTrainerIsNotGivenALongerDeadline(t *testing.T) {
+	s := newPhaseSwarm(t, 2)
+	s.cfg.Lease.MinDeadline = time.Second
+	s.started = time.Now().UnixMilli()
+	s.start(1, "phase validator")
+	s.train()
+	s.canonical(1)
+	first := s.lease()
+	missed := time.Until(time.UnixMilli(first.Deadline))
+	time.Sleep(missed + 100*time.Millisecond) // killed: silent past the deadline
+	s.started++                               // and started again
+	again := s.lease()
+	require.Greater(t, again.Attempt, first.Attempt)
+	w := time.Until(time.UnixMilli(again.Deadline))
+	require.Less(t, w, missed*3/2, "the restarted trainer's lease: %v; the one it missed: %v", w, missed)
+	s.contribute(again)
+	require.Len(t, s.canonical(2).Contributions, 1)
 }
