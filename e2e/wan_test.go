@@ -6,7 +6,8 @@ package e2e
 // root, ip and tc, and take minutes, so they sit behind the wan build tag:
 //
 //	make wan          the swarm on home uplinks, a table per trainer and round
-//	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink, both yamux frame sizes
+//	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink: raw TCP (1 and 4 flows),
+//	                  the artifact protocol over TCP and over QUIC
 //	make wan-holepunch  DCUtR between two homes through a relay (holepunch_test.go)
 //
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
@@ -16,6 +17,8 @@ package e2e
 // 300 K parameters, 4096 17 M), WAN_INNER_STEPS (protocol.inner_steps; the swarm's default
 // otherwise), WAN_OVERLAP (protocol.overlap: eager to train ahead), WAN_SIZE_MB (40),
 // WAN_REPS (2), WAN_RTT_MS and WAN_LOSS_PCT (the goodput holder's distance and loss),
+// WAN_FRAMES=1 (goodput also with 65 519-byte yamux frames), WAN_CHECK=0 (goodput: print
+// the table, check nothing),
 // WAN_SPEC (a lab spec file, e.g. configs/wan/home.yaml: its nodes, the
 // validator then trainer-1, …, replace WAN_TRAINERS, WAN_UP_MBIT and WAN_DOWN_MBIT).
 
@@ -32,6 +35,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,7 +44,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/cids"
@@ -93,8 +99,10 @@ func TestWANHelper(t *testing.T) {
 }
 
 func helperHost(t *testing.T, listen []string, maxMessage uint32) host.Host {
+	// The node's transports (p2p.NewHost): TCP with Noise and yamux, and QUIC.
 	opts := []libp2p.Option{
 		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Transport(libp2pquic.NewTransport),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Muxer(yamux.ID, p2p.Yamux(maxMessage)),
 	}
@@ -116,9 +124,10 @@ func goodputData(size int) []byte {
 	return b
 }
 
-// wanHolder stores the artifact, serves it with the artifact protocol on :4001 and as a
-// raw TCP stream on :4002 (the baseline), prints READY <addr> <artifact id> and serves
-// until stdin closes.
+// wanHolder stores the artifact, serves it with the artifact protocol on :4001 (TCP) and
+// :4003 (QUIC) and as raw TCP streams on :4002 (the baselines: a connection that sends
+// "i n\n" gets the i-th of n equal parts, one flow of several), prints READY <TCP addr>
+// <artifact id> <QUIC addr> and serves until stdin closes.
 func wanHolder(t *testing.T) {
 	size := envInt("WAN_SIZE_MB", 40) * 1_000_000
 	maxMsg, _ := strconv.Atoi(os.Getenv("P2PWAN_MAXMSG"))
@@ -132,7 +141,7 @@ func wanHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := helperHost(t, []string{"/ip4/" + addr + "/tcp/4001"}, uint32(maxMsg))
+	h := helperHost(t, []string{"/ip4/" + addr + "/tcp/4001", "/ip4/" + addr + "/udp/4003/quic-v1"}, uint32(maxMsg))
 	defer h.Close()
 	x := artifact.NewExchange(h, store, artifact.ExchangeOptions{})
 	defer x.Close()
@@ -148,31 +157,52 @@ func wanHolder(t *testing.T) {
 				return
 			}
 			go func() {
-				c.Write(data)
-				c.Close()
+				defer c.Close()
+				var i, n int
+				if _, err := fmt.Fscanf(c, "%d %d\n", &i, &n); err != nil || n < 1 || i < 0 || i >= n {
+					return
+				}
+				c.Write(data[i*len(data)/n : (i+1)*len(data)/n])
 			}()
 		}
 	}()
-	fmt.Printf("READY /ip4/%s/tcp/4001/p2p/%s %s\n", addr, h.ID(), id)
+	fmt.Printf("READY /ip4/%s/tcp/4001/p2p/%s %s /ip4/%s/udp/4003/quic-v1/p2p/%s\n", addr, h.ID(), id, addr, h.ID())
 	io.Copy(io.Discard, os.Stdin)
 }
 
-// wanFetcher fetches the holder's artifact (or, with P2PWAN_RAW, reads its raw stream) and
-// prints FETCHED <bytes> <seconds>.
+// wanFetcher fetches the holder's artifact (or, with P2PWAN_RAW, reads its raw stream in
+// P2PWAN_FLOWS parallel TCP flows) and prints FETCHED <bytes> <seconds>.
 func wanFetcher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if raw := os.Getenv("P2PWAN_RAW"); raw != "" {
-		c, err := net.Dial("tcp", raw)
-		if err != nil {
-			t.Fatal(err)
+		flows := envInt("P2PWAN_FLOWS", 1)
+		conns := make([]net.Conn, flows)
+		for i := range conns {
+			c, err := net.Dial("tcp", raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			conns[i] = c
 		}
 		start := time.Now()
-		n, err := io.Copy(io.Discard, c)
-		if err != nil {
+		var total atomic.Int64
+		var g errgroup.Group
+		for i, c := range conns {
+			g.Go(func() error {
+				if _, err := fmt.Fprintf(c, "%d %d\n", i, flows); err != nil {
+					return err
+				}
+				n, err := io.Copy(io.Discard, c)
+				total.Add(n)
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Printf("FETCHED %d %.6f\n", n, time.Since(start).Seconds())
+		fmt.Printf("FETCHED %d %.6f\n", total.Load(), time.Since(start).Seconds())
 		return
 	}
 	maxMsg, _ := strconv.Atoi(os.Getenv("P2PWAN_MAXMSG"))
@@ -247,9 +277,12 @@ func expectLine(t *testing.T, sc *bufio.Scanner, prefix string) []string {
 
 // TestWANGoodput: a 40 MB artifact over the holder's 20 Mbit/s uplink. Per repetition it
 // measures a raw TCP stream of the same bytes (the same-run baseline: what the shaped link
-// gives any TCP flow), then the artifact protocol with yamux's default 64 KiB frames and
-// with 65 519-byte frames (one Noise message per frame). Reports goodput as a share of the
-// link rate and of the raw stream, and the bytes on the holder's wire per payload byte.
+// gives any TCP flow) and four raw flows of a quarter each, then the artifact protocol over
+// TCP (Noise, yamux with its default 64 KiB frames), with 65 519-byte frames (one Noise
+// message per frame; WAN_FRAMES=1), and over QUIC. Reports goodput as a share of the link
+// rate and of the one raw stream, and the bytes on the holder's wire per payload byte. The
+// protocol must reach 0.9 of the one raw stream without loss, and the raw stream itself
+// with loss (issue 46 item 3); with WAN_CHECK=0 it only prints the table.
 func TestWANGoodput(t *testing.T) {
 	up := envFloat("WAN_UP_MBIT", 20)
 	reps := envInt("WAN_REPS", 2)
@@ -261,11 +294,17 @@ func TestWANGoodput(t *testing.T) {
 		{Name: "fetcher"}}})
 	holder, fetcher := lab.Nodes[0], lab.Nodes[1]
 	type result struct{ goodput, wire []float64 }
-	ways := []struct {
+	type way struct {
 		name   string
 		maxMsg uint32
-		raw    bool
-	}{{"raw TCP stream (baseline)", 0, true}, {"protocol, yamux frames 65536 (default)", 65536, false}, {"protocol, yamux frames 65519", 65519, false}}
+		raw    int // raw TCP flows (0: the artifact protocol)
+		quic   bool
+	}
+	ways := []way{{"raw TCP stream (baseline)", 0, 1, false}, {"raw TCP, 4 flows", 0, 4, false},
+		{"protocol, TCP (yamux frames 65536)", 65536, 0, false}, {"protocol, QUIC", 0, 0, true}}
+	if envInt("WAN_FRAMES", 0) == 1 {
+		ways = append(ways, way{"protocol, TCP (yamux frames 65519)", 65519, 0, false})
+	}
 	results := make([]result, len(ways))
 	for range reps {
 		for i, w := range ways {
@@ -275,9 +314,13 @@ func TestWANGoodput(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + ready[0], "P2PWAN_ARTIFACT=" + ready[1]}
-			if w.raw {
-				env = append(env, "P2PWAN_RAW="+holder.Addr+":4002")
+			at := ready[0]
+			if w.quic {
+				at = ready[2]
+			}
+			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + at, "P2PWAN_ARTIFACT=" + ready[1]}
+			if w.raw > 0 {
+				env = append(env, "P2PWAN_RAW="+holder.Addr+":4002", fmt.Sprintf("P2PWAN_FLOWS=%d", w.raw))
 			}
 			fcmd, fsc, _ := helper(t, fetcher, "fetcher", env...)
 			got := expectLine(t, fsc, "FETCHED")
@@ -305,13 +348,18 @@ func TestWANGoodput(t *testing.T) {
 	for i, w := range ways {
 		g := med(results[i].goodput)
 		fmt.Printf("%-42s %10.2f %9.1f%% %10.3f %12.4f\n", w.name, g, 100*g/up, g/raw, med(results[i].wire))
-		if !w.raw {
+		if w.raw == 0 {
 			best = max(best, g)
 		}
 	}
-	// The artifact protocol must deliver nearly what the link gives any TCP flow.
-	if best < 0.9*raw {
-		t.Fatalf("protocol goodput %.2f Mbit/s is below 0.9 × the raw stream's %.2f Mbit/s on the same link", best, raw)
+	// The artifact protocol must deliver nearly what the link gives any TCP flow, and on a
+	// lossy link at least what one such flow gets.
+	want := 0.9
+	if loss > 0 {
+		want = 1
+	}
+	if os.Getenv("WAN_CHECK") != "0" && best < want*raw {
+		t.Fatalf("protocol goodput %.2f Mbit/s is below %.1f × the raw stream's %.2f Mbit/s on the same link", best, want, raw)
 	}
 }
 
