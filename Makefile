@@ -13,7 +13,7 @@ LDFLAGS := -X github.com/p2pnode/p2pnode/internal/version.Version=$(VERSION) -X 
 # misbehave on purpose (docs/security.md); the default build has no such flag.
 TAGS ?=
 
-.PHONY: all setup setup-demo build release image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-holepunch wan-nat-roles wan-lab lint clean
+.PHONY: all setup setup-demo build release image demo demo-local learn test test-go test-attack test-attack-matrix test-half-matrix test-half-matrix-full test-py bench bench-scale e2e wan wan-goodput wan-goodput-grid wan-holepunch wan-nat-roles wan-lab lint clean
 
 all: build
 
@@ -165,6 +165,16 @@ wan: setup
 ## WAN_FRAMES=1 (also 65 519-byte yamux frames), WAN_CHECK=0 (print only).
 wan-goodput:
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
+
+## wan-goodput-grid: wan-goodput at every RTT of WAN_RTTS (20 100 250 ms) and loss of
+## WAN_LOSSES (0 0.5 2 %) on a WAN_UP_MBIT (100) Mbit/s link, a table each (issue 46 item 3).
+WAN_RTTS ?= 20 100 250
+WAN_LOSSES ?= 0 0.5 2
+wan-goodput-grid:
+	@set -o pipefail; fail=0; for rtt in $(WAN_RTTS); do for loss in $(WAN_LOSSES); do \
+		WAN_UP_MBIT=$${WAN_UP_MBIT:-100} WAN_DOWN_MBIT=$${WAN_DOWN_MBIT:-100} WAN_RTT_MS=$$rtt WAN_LOSS_PCT=$$loss \
+			$(MAKE) --no-print-directory wan-goodput | grep -v '^go test\|^ok\|^PASS' || fail=1; \
+	done; done; exit $$fail
 
 ## wan-holepunch: DCUtR hole punching between two homes through a relay, per pair of NAT
 ## kinds and transport. WAN_HP_ATTEMPTS (50), WAN_HP_PAIRS (5), WAN_HP_TRANSPORTS (tcp,quic).

@@ -21,6 +21,7 @@ import (
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
@@ -94,6 +95,8 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Report
 		libp2p.PrometheusRegisterer(reg),
 		libp2p.UserAgent(version.Agent()),
 		libp2p.Ping(true),
+		// TCP before QUIC: on a lossy link QUIC moves updates at a fraction of TCP's rate.
+		libp2p.SwarmOpts(swarm.WithDialRanker(TCPFirst)),
 	}
 	if cfg.Node.PSK != "" {
 		psk, err := parsePSK(cfg.Node.PSK)
