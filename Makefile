@@ -160,9 +160,10 @@ wan: setup
 	$(GO) test -tags wan -count=1 -timeout 60m -v -run '^TestWANSwarm$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
 ## wan-goodput: a 40 MB artifact over a 20 Mbit/s uplink, raw TCP (one flow and four) vs the
-## artifact protocol over TCP and over QUIC. WAN_SIZE_MB (40), WAN_REPS (2), WAN_UP_MBIT (20),
+## artifact protocol over TCP, over QUIC and as the node dials (TCP first). WAN_SIZE_MB (40), WAN_REPS (2), WAN_UP_MBIT (20),
 ## WAN_DOWN_MBIT (100), WAN_RTT_MS and WAN_LOSS_PCT (the holder's distance and loss),
-## WAN_FRAMES=1 (also 65 519-byte yamux frames), WAN_CHECK=0 (print only).
+## WAN_FRAMES=1 (also yamux's default 64 KiB frames), WAN_QUIC=0 (not over QUIC alone),
+## WAN_CHECK=0 (print only).
 wan-goodput:
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
