@@ -19,6 +19,7 @@ package e2e
 // WAN_REPS (2), WAN_RTT_MS and WAN_LOSS_PCT (the goodput holder's distance and loss),
 // WAN_FRAMES=1 (goodput also with yamux's default 64 KiB frames), WAN_QUIC=0 (goodput:
 // not over QUIC alone), WAN_CHECK=0 (goodput: print the table, check nothing),
+// WAN_YAMUX_INIT_WINDOW (goodput: yamux's initial stream window in bytes, 256 KiB otherwise),
 // WAN_SPEC (a lab spec file, e.g. configs/wan/home.yaml: its nodes, the
 // validator then trainer-1, …, replace WAN_TRAINERS, WAN_UP_MBIT and WAN_DOWN_MBIT).
 
@@ -107,7 +108,7 @@ func helperHost(t *testing.T, listen []string, maxMessage uint32) host.Host {
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.Transport(libp2pquic.NewTransport),
 		libp2p.Security(noise.ID, noise.New),
-		libp2p.Muxer(yamux.ID, p2p.Yamux(maxMessage)),
+		libp2p.Muxer(yamux.ID, labYamux(maxMessage)),
 		libp2p.SwarmOpts(lpswarm.WithDialRanker(p2p.TCPFirst)),
 	}
 	if len(listen) > 0 {
@@ -546,4 +547,14 @@ func TestWANSwarm(t *testing.T) {
 			t.Errorf("%s logged no training", p.Name)
 		}
 	}
+}
+
+// labYamux is the node's yamux (p2p.Yamux) with frames of at most maxMessage bytes and,
+// with WAN_YAMUX_INIT_WINDOW, that initial stream window (bytes; yamux's is 256 KiB).
+func labYamux(maxMessage uint32) *yamux.Transport {
+	t := p2p.Yamux(maxMessage)
+	if w := envInt("WAN_YAMUX_INIT_WINDOW", 0); w > 0 {
+		t.InitialStreamWindowSize = uint32(w)
+	}
+	return t
 }
