@@ -11,7 +11,9 @@ import (
 // QUICAfterTCP is how long TCPFirst delays a peer's other addresses (QUIC, relays) after
 // its last direct TCP dial: long enough for a TCP connection and its Noise and yamux
 // upgrade to complete at 250 ms of RTT (about 4 round trips), so QUIC is dialled only
-// where TCP does not connect.
+// where TCP does not connect. A TCP dial that fails (refused, unreachable) does not wait it
+// out: with no dial left in flight, libp2p's dialler starts the next ones at once; only one
+// that hangs (a firewall dropping TCP) costs the delay.
 const QUICAfterTCP = 2 * time.Second
 
 // TCPFirst ranks a peer's addresses for dialling as libp2p's DefaultDialRanker does, but
