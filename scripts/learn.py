@@ -7,8 +7,8 @@ loss per round; for every seed it runs `p2ptrain.tools.diloco_lm_reference` with
 settings (H = the demo's inner steps, the preset's own decay, two microshards a trainer before
 lease.WindowShare raises it, the lm demo's fp32 outer step) for plain-PyTorch DiLoCo and one
 node with the same samples, and with the sparse codec among the codecs that DiLoCo again
-with every update through the sparse codec in PyTorch (outer lr 1.5, as the demo's;
-p2ptrain.tools.sparse_reference), which the sparse rows are compared with. It prints per-round held-out loss (mean over seeds) and the gaps
+with every update through the sparse codec in PyTorch (outer lr 1.5 and the top-k warm-up,
+as the demo's; p2ptrain.tools.sparse_reference), which the sparse rows are compared with. It prints per-round held-out loss (mean over seeds) and the gaps
 as Markdown tables, the mean over the last third of the rounds, the largest round-over-round
 rise after round 3 of every run, and writes every run's losses (learn.json) and a plot
 (learn.png, when matplotlib imports). The reference and the node share the model class, the

@@ -1,11 +1,12 @@
 import copy
 import unittest
+from unittest import mock
 
 import torch
 
 from p2ptrain.tools import diloco_lm_reference as ref
 from p2ptrain.tools.diloco_reference import Outer
-from p2ptrain.tools.sparse_reference import ErrorFeedback, encode_decode
+from p2ptrain.tools.sparse_reference import ErrorFeedback, encode_decode, warmup_topk
 from p2ptrain.workloads import lm
 from tests.test_diloco_lm_reference import MINI
 
@@ -38,9 +39,60 @@ class EncodeDecodeTest(unittest.TestCase):
         self.assertEqual(dec[4].item(), 5.0)
 
     def test_bad_settings(self):
-        for kw in (dict(block=0), dict(k=0), dict(decay=0), dict(decay=1.5)):
+        for kw in (dict(block=0), dict(k=0), dict(decay=0), dict(decay=1.5), dict(warmup=-1), dict(factor=0.5),
+                   dict(factor=float("nan"))):
             with self.assertRaises(ValueError):
                 ErrorFeedback(**kw)
+
+
+class WarmupTest(unittest.TestCase):
+    def test_the_nodes_warmup_topk(self):
+        # What diloco.SparseWarmupTopK gives (diloco/sparse_test.go checks the same rule).
+        cases = [
+            ((64, 4096, 4, 16, r), k) for r, k in ((1, 1024), (2, 512), (3, 256), (4, 128), (5, 64), (100, 64))
+        ] + [
+            ((64, 4096, 0, 16, 1), 64),  # no warm-up rounds
+            ((64, 4096, 4, 1, 1), 64),  # factor 1
+            ((64, 4096, 4, 16, 0), 64),  # round 0
+            ((64, 512, 4, 16, 1), 512),  # never more than the block
+            ((2, 64, 1, 3, 1), 6),  # one round
+            ((10, 4096, 2, 3, 2), 17),  # 10 × 3^0.5 = 17.3
+            ((1, 4096, 2, 6.25, 2), 3),  # 1 × 6.25^0.5 = 2.5 rounds away from zero, as Go does
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                self.assertEqual(warmup_topk(*args), want)
+
+    def test_a_warm_round_keeps_more_values(self):
+        torch.manual_seed(5)
+        g, w = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)  # 4160 values: one block of 4096 and 64
+        w.load_state_dict(g.state_dict())
+        with torch.no_grad():
+            for p in w.parameters():
+                p.add_(torch.randn_like(p))
+        kept = []
+        for r in (1, 5):
+            ef = ErrorFeedback(block=4096, k=64, decay=1.0, warmup=4, factor=16)
+            kept.append(int((ef.send(g, copy.deepcopy(w), r)[:4096] != 0).sum()))
+        self.assertEqual(kept, [1024, 64])
+
+    def test_the_reference_sends_each_window_with_its_rounds_topk(self):
+        w = lm.LM(dict(MINI))
+        w.device = "cpu"
+        blocks, _ = w.split()
+        torch.manual_seed(4)
+        init = copy.deepcopy(w.build_model().state_dict())
+        rounds = []
+        send = ErrorFeedback.send
+
+        def spy(self, global_model, model, round=0):
+            rounds.append(round)
+            return send(self, global_model, model, round)
+
+        with mock.patch.object(ErrorFeedback, "send", spy):
+            ref.run(w, blocks, init, 2, 4, Outer(1.0, 0.5, True), 5, 3, 2, "cpu",
+                    sparse=dict(block=512, k=8, decay=0.95, warmup=2, factor=16))
+        self.assertEqual(rounds, [1, 1, 2, 2, 3, 3])
 
 
 class ErrorFeedbackTest(unittest.TestCase):

@@ -81,17 +81,24 @@ def run(workload, blocks, init_state, workers, h, outer, seed, rounds, per_train
     global_model = workload.build_model().to(device)
     global_model.load_state_dict(init_state)
 
+    at = {"round": 1}  # the round being trained: the sparse codec's warm-up follows it
+
     def train(worker, got, steps, window_seed):
         data = torch.frombuffer(bytearray(b"".join(blocks[i] for i in got)), dtype=torch.uint8).long()
         samples = worker.train(global_model, data, steps, window_seed)
         if worker.feedback is not None:
-            worker.feedback.send(global_model, worker.model)
+            worker.feedback.send(global_model, worker.model, at["round"])
         return samples
+
+    def closed(r, metrics):
+        at["round"] = r + 1
+        if on_round:
+            on_round(r, metrics)
 
     ws = [Worker(workload, init_state, device, bf16) for _ in range(workers)]
     for w in ws:
         w.feedback = ErrorFeedback(**sparse) if sparse is not None else None
-    return diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_round)
+    return diloco(workload, global_model, outer, ws, plan, rounds, seed, train, closed)
 
 
 def keys(text):
@@ -125,6 +132,8 @@ def main(argv=None):
     ap.add_argument("--topk", type=int, default=64, help="sparse: values kept per block (protocol.sparse_topk)")
     ap.add_argument("--sparse-block", type=int, default=4096, help="sparse: block length (protocol.sparse_block)")
     ap.add_argument("--feedback-decay", type=float, default=0.95, help="sparse: protocol.sparse_feedback_decay")
+    ap.add_argument("--sparse-warmup-rounds", type=int, default=4, help="sparse: protocol.sparse_warmup_rounds (0: none)")
+    ap.add_argument("--sparse-warmup-factor", type=float, default=16, help="sparse: protocol.sparse_warmup_factor")
     ap.add_argument("--no-one-node", action="store_true", help="train DiLoCo only (the one-node run is the same "
                     "for every codec and outer setting: `make learn` runs it once)")
     ap.add_argument("--device", default="cpu")
@@ -136,7 +145,8 @@ def main(argv=None):
     extra, swarm_extra = keys(a.config), keys(a.swarm_config)
     sparse = None
     if a.codec == "sparse":
-        sparse = dict(block=a.sparse_block, k=a.topk, decay=a.feedback_decay)
+        sparse = dict(block=a.sparse_block, k=a.topk, decay=a.feedback_decay, warmup=a.sparse_warmup_rounds,
+                      factor=a.sparse_warmup_factor)
         try:
             ErrorFeedback(**sparse)  # bad settings fail here, before any training
         except ValueError as e:

@@ -6,11 +6,15 @@ in a last, shorter block), quantize their magnitudes to the two levels that spli
 (sorted) with the least squared error, keep their signs; everything else is zero. With
 error feedback a worker encodes ``x = delta + decay · residual`` and keeps
 ``residual = x − decode(x)`` (SparseLoCo's decayed error feedback, the node's
-``protocol.sparse_feedback_decay``).
+``protocol.sparse_feedback_decay``). Under a top-k warm-up (``warmup_topk``, the node's
+``protocol.sparse_warmup_rounds`` and ``sparse_warmup_factor``) the first rounds keep more
+values per block, as the node's trainers do.
 
 The learning it gives is the node's; the bits are not: sums here are float64 over torch's
 order, ties in the top-k fall where ``torch.topk`` puts them, and no wire bytes are made.
 """
+
+import math
 
 import torch
 
@@ -49,26 +53,40 @@ def _blocks(xb, k):
     return out
 
 
+def warmup_topk(k, block, warmup, factor, round):
+    """``diloco.SparseWarmupTopK``: the values per block a window of ``round`` (1 = the
+    first) keeps under a top-k warm-up: ``k × factor`` in round 1, falling geometrically to
+    ``k`` by round ``warmup + 1``, never more than ``block``; ``k`` from then on, and with
+    ``warmup`` 0 or ``factor`` ≤ 1."""
+    if warmup <= 0 or factor <= 1 or round <= 0 or round > warmup:
+        return k
+    kk = math.floor(k * factor ** ((warmup + 1 - round) / warmup) + 0.5)  # Go's math.Round
+    return int(min(max(kk, k), max(block, k)))
+
+
 class ErrorFeedback:
     """One worker's sparse encoder and residual."""
 
-    def __init__(self, block=4096, k=64, decay=0.95):
+    def __init__(self, block=4096, k=64, decay=0.95, warmup=0, factor=1.0):
         if block < 1 or k < 1:
             raise ValueError(f"sparse codec: block {block} and k {k} must be >= 1")
         if not 0 < decay <= 1:
             raise ValueError(f"sparse codec: feedback decay {decay} not in (0, 1]")
-        self.block, self.k, self.decay = block, k, decay
+        if warmup < 0 or not factor >= 1:
+            raise ValueError(f"sparse codec: warm-up of {warmup} rounds and factor {factor}: want >= 0 and >= 1")
+        self.block, self.k, self.decay, self.warmup, self.factor = block, k, decay, warmup, factor
         self.residual = None
 
-    def send(self, global_model, model):
-        """Encode ``global − local`` and set ``model``'s parameters to ``global − decoded``,
-        so that the outer step sees what a validator decodes. Returns the decoded update."""
+    def send(self, global_model, model, round=0):
+        """Encode ``global − local`` (with the warm-up's top-k for ``round``; 0: no warm-up)
+        and set ``model``'s parameters to ``global − decoded``, so that the outer step sees
+        what a validator decodes. Returns the decoded update."""
         names = sorted(n for n, _ in model.named_parameters())
         gp, lp = dict(global_model.named_parameters()), dict(model.named_parameters())
         with torch.no_grad():
             delta = torch.cat([(gp[n] - lp[n]).reshape(-1).float() for n in names])
             x = delta if self.residual is None else delta + self.decay * self.residual
-            dec = encode_decode(x, self.block, self.k)
+            dec = encode_decode(x, self.block, warmup_topk(self.k, self.block, self.warmup, self.factor, round))
             self.residual = x - dec
             at = 0
             for n in names:
