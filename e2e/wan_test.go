@@ -8,6 +8,7 @@ package e2e
 //	make wan          the swarm on home uplinks, a table per trainer and round
 //	make wan-goodput  a 40 MB artifact over a 20 Mbit/s uplink: raw TCP (1 and 4 flows),
 //	                  the artifact protocol over TCP and over QUIC
+//	make wan-goodput-grid  wan-goodput at RTT 20/100/250 ms × loss 0/0.5/2 %
 //	make wan-holepunch  DCUtR between two homes through a relay (holepunch_test.go)
 //
 // Settings come from the environment: WAN_CODEC (sparse), WAN_ROUNDS (4), WAN_TRAINERS (3),
@@ -301,8 +302,9 @@ func expectLine(t *testing.T, sc *bufio.Scanner, prefix string) []string {
 // TCP (Noise, yamux with the node's 65 519-byte frames), over QUIC, given both addresses
 // as the node dials, and (WAN_FRAMES=1) over TCP with yamux's default 64 KiB frames.
 // Reports goodput as a share of the link rate and of the one raw stream, the bytes on the
-// holder's wire per payload byte, and the transport used. The protocol as the node dials (given both addresses, TCP first:
-// p2p.TCPFirst) must reach 0.9 of the one raw stream; with WAN_CHECK=0 it only prints.
+// holder's wire per payload byte, and the transport used. The protocol as the node dials
+// (given both addresses, TCP first: p2p.TCPFirst) must reach 0.9 of the one raw stream;
+// with WAN_CHECK=0 it only prints.
 func TestWANGoodput(t *testing.T) {
 	up := envFloat("WAN_UP_MBIT", 20)
 	reps := envInt("WAN_REPS", 2)
