@@ -160,10 +160,11 @@ wan: setup
 	$(GO) test -tags wan -count=1 -timeout 60m -v -run '^TestWANSwarm$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
 ## wan-goodput: a 40 MB artifact over a 20 Mbit/s uplink, raw TCP (one flow and four) vs the
-## artifact protocol over TCP, over QUIC and as the node dials (TCP first). WAN_SIZE_MB (40), WAN_REPS (2), WAN_UP_MBIT (20),
-## WAN_DOWN_MBIT (100), WAN_RTT_MS and WAN_LOSS_PCT (the holder's distance and loss),
-## WAN_FRAMES=1 (also yamux's default 64 KiB frames), WAN_QUIC=0 (not over QUIC alone),
-## WAN_CHECK=0 (print only), WAN_YAMUX_INIT_WINDOW (yamux's initial stream window, bytes).
+## artifact protocol over TCP, over QUIC and as the node dials (TCP first). WAN_SIZE_MB (40),
+## WAN_REPS (2), WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_RTT_MS and WAN_LOSS_PCT (the
+## holder's distance and loss), WAN_FRAMES=1 (also yamux's default 64 KiB frames), WAN_QUIC=0
+## (not over QUIC alone), WAN_CHECK=0 (print only), WAN_YAMUX_INIT_WINDOW (yamux's initial
+## stream window, bytes), WAN_STREAMS (the fetcher's streams to the holder).
 wan-goodput:
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
