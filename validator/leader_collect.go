@@ -39,7 +39,7 @@ func (v *validator) expire(r *openRound) {
 		v.missed(p, r.round, "expired")
 		if v.trainers.isLive(p) {
 			// Still here and still silent: its window ran past the deadline.
-			r.missedDeadline(p, r.returns[p], r.window)
+			r.recordMiss(p, r.returns[p], r.window)
 		}
 	}
 	v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
@@ -52,9 +52,9 @@ type missedDeadline struct {
 	window  time.Duration
 }
 
-// missedDeadline records that p, having come back returns times, let an attempt of window
+// recordMiss records that p, having come back returns times, let an attempt of window
 // pass with nothing delivered.
-func (r *openRound) missedDeadline(p string, returns int, window time.Duration) {
+func (r *openRound) recordMiss(p string, returns int, window time.Duration) {
 	m := r.missed[p]
 	if m.returns != returns {
 		m = missedDeadline{returns: returns}

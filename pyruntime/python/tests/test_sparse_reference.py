@@ -13,6 +13,26 @@ from tests.test_diloco_lm_reference import MINI
 torch.set_num_threads(1)
 
 
+def mini_lm():
+    """The mini lm workload, its data blocks and one initial state (seed 4)."""
+    w = lm.LM(dict(MINI))
+    w.device = "cpu"
+    blocks, _ = w.split()
+    torch.manual_seed(4)
+    return w, blocks, copy.deepcopy(w.build_model().state_dict())
+
+
+def moved_pair(seed, n_in, n_out):
+    """A global Linear(n_in, n_out) and a worker's copy of it moved by unit noise."""
+    torch.manual_seed(seed)
+    g, w = torch.nn.Linear(n_in, n_out), torch.nn.Linear(n_in, n_out)
+    w.load_state_dict(g.state_dict())
+    with torch.no_grad():
+        for p in w.parameters():
+            p.add_(torch.randn_like(p))
+    return g, w
+
+
 class EncodeDecodeTest(unittest.TestCase):
     def test_two_levels_by_least_squares(self):
         # Top 3 of |x|: 3, 2, 0.5. Splitting after 2 ({3, 2} -> 2.5, {0.5} -> 0.5) has the
@@ -64,12 +84,7 @@ class WarmupTest(unittest.TestCase):
                 self.assertEqual(warmup_topk(*args), want)
 
     def test_a_warm_round_keeps_more_values(self):
-        torch.manual_seed(5)
-        g, w = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)  # 4160 values: one block of 4096 and 64
-        w.load_state_dict(g.state_dict())
-        with torch.no_grad():
-            for p in w.parameters():
-                p.add_(torch.randn_like(p))
+        g, w = moved_pair(5, 64, 64)  # 4160 values: one block of 4096 and 64
         kept = []
         for r in (1, 5):
             ef = ErrorFeedback(block=4096, k=64, decay=1.0, warmup=4, factor=16)
@@ -77,11 +92,7 @@ class WarmupTest(unittest.TestCase):
         self.assertEqual(kept, [1024, 64])
 
     def test_the_reference_sends_each_window_with_its_rounds_topk(self):
-        w = lm.LM(dict(MINI))
-        w.device = "cpu"
-        blocks, _ = w.split()
-        torch.manual_seed(4)
-        init = copy.deepcopy(w.build_model().state_dict())
+        w, blocks, init = mini_lm()
         rounds = []
         send = ErrorFeedback.send
 
@@ -97,12 +108,7 @@ class WarmupTest(unittest.TestCase):
 
 class ErrorFeedbackTest(unittest.TestCase):
     def test_nothing_is_lost_only_delayed(self):
-        torch.manual_seed(3)
-        g, w = torch.nn.Linear(50, 40), torch.nn.Linear(50, 40)
-        w.load_state_dict(g.state_dict())
-        with torch.no_grad():
-            for p in w.parameters():
-                p.add_(torch.randn_like(p))
+        g, w = moved_pair(3, 50, 40)
         names = sorted(n for n, _ in g.named_parameters())
         want = torch.cat([(dict(g.named_parameters())[n] - dict(w.named_parameters())[n]).reshape(-1) for n in names])
         ef = ErrorFeedback(block=256, k=8, decay=1.0)
@@ -114,11 +120,7 @@ class ErrorFeedbackTest(unittest.TestCase):
         self.assertLess(int((dec != 0).sum()), want.numel())
 
     def test_sparse_diloco_runs_and_differs_from_fp32(self):
-        w = lm.LM(dict(MINI))
-        w.device = "cpu"
-        blocks, _ = w.split()
-        torch.manual_seed(4)
-        init = copy.deepcopy(w.build_model().state_dict())
+        w, blocks, init = mini_lm()
         dense = ref.run(w, blocks, init, 2, 4, Outer(1.0, 0.5, True), 5, 2, 2, "cpu")
         sparse = ref.run(w, blocks, init, 2, 4, Outer(1.0, 0.5, True), 5, 2, 2, "cpu",
                          sparse=dict(block=512, k=8, decay=0.95))
