@@ -307,11 +307,11 @@ func (d *download) fetchChunks() error {
 			holders.Add(1)
 			// Counted before the sessions start so the first one to ask for work does not
 			// take the others' share.
-			d.q.addSessions(d.x.opts.StreamsPerPeer)
+			d.q.addSessions(pr.n)
 			go func() {
 				defer holders.Done()
 				pr.run()
-				d.q.addSessions(-d.x.opts.StreamsPerPeer)
+				d.q.addSessions(-pr.n)
 				exits <- pr
 			}()
 		}

@@ -46,6 +46,9 @@ type ExchangeOptions struct {
 	// StreamsPerPeer is the number of streams opened to each holder (default 2); the
 	// window is split between them.
 	StreamsPerPeer int
+	// MaxStreamsPerPeer is the most streams opened to a holder far away: one per 32 ms
+	// of its round-trip time, at least StreamsPerPeer (default 8; streams.go).
+	MaxStreamsPerPeer int
 	// RequestTimeout bounds opening a stream and each wait for data: a holder that sends
 	// nothing for this long while owing us chunks is dropped and its chunks go to others.
 	RequestTimeout time.Duration
@@ -75,6 +78,10 @@ func (o ExchangeOptions) withDefaults() ExchangeOptions {
 	if o.StreamsPerPeer <= 0 {
 		o.StreamsPerPeer = DefaultStreamsPerPeer
 	}
+	if o.MaxStreamsPerPeer <= 0 {
+		o.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
+	}
+	o.MaxStreamsPerPeer = max(o.MaxStreamsPerPeer, o.StreamsPerPeer)
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = DefaultRequestTimeout
 	}
@@ -130,7 +137,8 @@ type Exchange struct {
 	downloads map[cid.Cid]*download // running, with at least one caller
 	stopping  map[cid.Cid]*download // abandoned by every caller, still releasing files
 	serving   map[network.Stream]struct{}
-	wg        sync.WaitGroup // downloads
+	streams   map[peer.ID]int // streams our downloads hold to each holder (reserveStreams)
+	wg        sync.WaitGroup  // downloads
 }
 
 // NewExchange creates an exchange for store on h and registers the stream handler.
@@ -149,6 +157,7 @@ func NewExchange(h host.Host, store *Store, opts ExchangeOptions) *Exchange {
 		downloads: make(map[cid.Cid]*download),
 		stopping:  make(map[cid.Cid]*download),
 		serving:   make(map[network.Stream]struct{}),
+		streams:   make(map[peer.ID]int),
 	}
 	h.SetStreamHandler(ProtocolID, x.handleStream)
 	return x

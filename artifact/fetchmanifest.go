@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -94,6 +95,7 @@ func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid) (
 	defer stopOnCancel()
 	wd.arm()
 
+	asked := time.Now()
 	if _, err := s.Write(appendRequest(nil, request{kind: reqManifest, id: id})); err != nil {
 		s.Reset()
 		return nil, nil, fmt.Errorf("%w: send manifest request: %w", errPeerGone, err)
@@ -104,6 +106,7 @@ func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid) (
 		s.Reset()
 		return nil, nil, classifyReadErr(err, wd.fired())
 	}
+	x.recordRTT(p, asked)
 	switch resp.kind {
 	case respManifest:
 		b := make([]byte, resp.dataLen)

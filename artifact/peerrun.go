@@ -52,10 +52,11 @@ func classifyReadErr(err error, stalled bool) error {
 	return fmt.Errorf("%w: %w", errPeerGone, err)
 }
 
-// peerRun is one holder serving one download, over StreamsPerPeer sessions.
+// peerRun is one holder serving one download, over n sessions (reserveStreams).
 type peerRun struct {
 	d      *download
 	p      peer.ID
+	n      int // sessions, reserved with the exchange until run returns
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -69,18 +70,18 @@ type peerRun struct {
 
 func newPeerRun(d *download, p peer.ID) *peerRun {
 	ctx, cancel := context.WithCancel(d.ctx)
-	return &peerRun{d: d, p: p, ctx: ctx, cancel: cancel}
+	return &peerRun{d: d, p: p, n: d.x.reserveStreams(p), ctx: ctx, cancel: cancel}
 }
 
 func (pr *peerRun) run() {
-	n := pr.d.x.opts.StreamsPerPeer
-	window := max(1, (pr.d.window+n-1)/n)
+	defer pr.d.x.releaseStreams(pr.p, pr.n)
+	window := max(1, (pr.d.window+pr.n-1)/pr.n)
 	var wg sync.WaitGroup
-	for range n {
+	for i := range pr.n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := pr.session(window); err != nil {
+			if err := pr.session(window, i == 0); err != nil {
 				pr.fail(err)
 			}
 		}()

@@ -27,18 +27,21 @@ const hashPiece = 128 << 10
 var errIdleStream = errors.New("stream idle")
 
 // session fetches chunks from the holder, keeping up to window chunks requested, until
-// the download completes, the holder fails, or the context ends.
-func (pr *peerRun) session(window int) error {
+// the download completes, the holder fails, or the context ends. The first session of a
+// holder times its first request's answer (recordRTT).
+func (pr *peerRun) session(window int, timed bool) error {
 	for {
-		if err := pr.stream(window); err != errIdleStream {
+		if err := pr.stream(window, timed); err != errIdleStream {
 			return err
 		}
+		timed = false
 	}
 }
 
 // stream runs the session over one stream. Chunks it had requested but not received go
-// back to the queue for other holders.
-func (pr *peerRun) stream(window int) (err error) {
+// back to the queue for other holders. With timed set, the time from its first request
+// to the first answer is recorded as a round trip to the holder.
+func (pr *peerRun) stream(window int, timed bool) (err error) {
 	d := pr.d
 	s, err := d.x.openStream(pr.ctx, pr.p)
 	if err != nil {
@@ -88,7 +91,8 @@ func (pr *peerRun) stream(window int) (err error) {
 	br := bufio.NewReaderSize(s, 32<<10)
 	hs := newChunkHasher()
 	take := make([]int, 0, window)
-	var idleSince time.Time // when the stream last ran out of work; zero while busy
+	var idleSince time.Time  // when the stream last ran out of work; zero while busy
+	var firstAsked time.Time // when the timed first request went out
 	maxFrame := int(d.m.ChunkSize) + maxChunkHeader
 	for {
 		if len(inflight) <= window/2 {
@@ -109,6 +113,9 @@ func (pr *peerRun) stream(window int) (err error) {
 					wd.arm() // from idle: the countdown starts with the request
 				}
 				inflight = append(inflight, take...)
+				if timed && firstAsked.IsZero() {
+					firstAsked = time.Now()
+				}
 				reqs <- appendRequest(nil, request{kind: reqChunks, id: d.id, indices: take})
 			case len(inflight) == 0:
 				wd.stop()
@@ -141,6 +148,10 @@ func (pr *peerRun) stream(window int) (err error) {
 			return classifyReadErr(err, wd.fired())
 		}
 		wd.arm()
+		if timed {
+			d.x.recordRTT(pr.p, firstAsked)
+			timed = false
+		}
 		switch resp.kind {
 		case respChunk:
 			if len(inflight) == 0 || resp.index != inflight[0] {

@@ -21,7 +21,8 @@ package e2e
 // WAN_FRAMES=1 (goodput also with yamux's default 64 KiB frames), WAN_QUIC=0 (goodput:
 // not over QUIC alone), WAN_CHECK=0 (goodput: print the table, check nothing),
 // WAN_YAMUX_INIT_WINDOW (goodput: yamux's initial stream window in bytes, 256 KiB otherwise),
-// WAN_STREAMS (goodput: the fetcher's streams to the holder, artifact.DefaultStreamsPerPeer otherwise),
+// WAN_STREAMS (goodput: the fetcher's streams to the holder, fixed; otherwise as the node
+// opens them, more the farther the holder is, artifact/streams.go),
 // WAN_SPEC (a lab spec file, e.g. configs/wan/home.yaml: its nodes, the
 // validator then trainer-1, …, replace WAN_TRAINERS, WAN_UP_MBIT and WAN_DOWN_MBIT).
 
@@ -237,7 +238,8 @@ func wanFetcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := artifact.NewExchange(h, store, artifact.ExchangeOptions{StreamsPerPeer: envInt("WAN_STREAMS", 0)})
+	streams := envInt("WAN_STREAMS", 0)
+	x := artifact.NewExchange(h, store, artifact.ExchangeOptions{StreamsPerPeer: streams, MaxStreamsPerPeer: streams})
 	defer x.Close()
 	start := time.Now()
 	if err := x.Fetch(ctx, id, ai.ID); err != nil {

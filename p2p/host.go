@@ -36,7 +36,8 @@ import (
 
 // Streams one peer may hold open on each of our protocols. A fetcher opens
 // artifact.DefaultStreamsPerPeer streams per download and runs a few downloads at once;
-// head sync is one short request per stream.
+// to a holder far away a download opens more, its downloads together at most 12
+// (artifact/streams.go). Head sync is one short request per stream.
 const (
 	artifactStreamsPerPeer = 16
 	syncStreamsPerPeer     = 4
