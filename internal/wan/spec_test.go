@@ -95,4 +95,18 @@ func TestShippedSpecs(t *testing.T) {
 	if len(s.Nodes) != 7 || nat[NATNone] != 3 || nat[NATCone] != 2 || nat[NATSymmetric] != 1 || nat[NATClosed] != 1 {
 		t.Fatalf("home.yaml: %d nodes, NAT kinds %v; want a validator and six trainers: two public, two cone, one symmetric, one closed", len(s.Nodes), nat)
 	}
+	// home-plain.yaml is its baseline: the same nodes and rates, public, no delay or loss.
+	plain, err := LoadSpec("../../configs/wan/home-plain.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plain.Nodes) != len(s.Nodes) {
+		t.Fatalf("home-plain.yaml: %d nodes, home.yaml %d", len(plain.Nodes), len(s.Nodes))
+	}
+	for i, n := range s.Nodes {
+		want := Spec{Name: n.Name, Link: Link{UpMbit: n.UpMbit, DownMbit: n.DownMbit, Queue: n.Queue}}
+		if plain.Nodes[i] != want {
+			t.Errorf("home-plain.yaml node %d: %+v, want home.yaml's rates without delay, loss or NAT: %+v", i, plain.Nodes[i], want)
+		}
+	}
 }
