@@ -23,7 +23,7 @@ package e2e
 // WAN_YAMUX_INIT_WINDOW (goodput: yamux's initial stream window in bytes, 256 KiB otherwise),
 // WAN_STREAMS (goodput: the fetcher's streams to the holder, fixed; otherwise as the node
 // opens them, more the farther the holder is, artifact/streams.go),
-// WAN_SPEC (a lab spec file, e.g. configs/wan/home.yaml: its nodes, the
+// WAN_SPEC (a lab spec file, relative to the repository root or absolute, e.g. configs/wan/home.yaml: its nodes, the
 // validator then trainer-1, …, replace WAN_TRAINERS, WAN_UP_MBIT and WAN_DOWN_MBIT).
 
 import (
@@ -35,6 +35,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -403,8 +404,9 @@ var (
 // TestWANSwarm runs the digits swarm with each node in its own namespace: the validator
 // unshaped (a datacentre node), each trainer on a home link (20 Mbit/s up, 100 down). It
 // prints, per trainer and round, the bytes on the trainer's wire (interface counters), its
-// training seconds and the round's wall time, and the compute utilization (training seconds
-// / wall seconds) over the run.
+// training seconds and the round's wall time, the compute utilization (training seconds
+// / wall seconds) over the run, and whether the round's head merged its contribution (a
+// trainer left out of any round fails the test).
 func TestWANSwarm(t *testing.T) {
 	trainers := envInt("WAN_TRAINERS", 3)
 	rounds := envInt("WAN_ROUNDS", 4)
@@ -420,6 +422,10 @@ func TestWANSwarm(t *testing.T) {
 	spec := wan.LabSpec{Nodes: specs}
 	if path := os.Getenv("WAN_SPEC"); path != "" {
 		var err error
+		if !filepath.IsAbs(path) {
+			// Named from the repository's root, where make runs; go test runs in e2e/.
+			path = filepath.Join("..", path)
+		}
 		if spec, err = wan.LoadSpec(path); err != nil {
 			t.Fatal(err)
 		}
@@ -517,8 +523,19 @@ func TestWANSwarm(t *testing.T) {
 	}
 	fmt.Printf("\nWAN swarm: %d trainers, %s, overlap %q, %d rounds, %s, fp32 model %d bytes\n",
 		trainers, codec, os.Getenv("WAN_OVERLAP"), rounds, links, modelBytes)
-	fmt.Printf("%-10s %5s %12s %12s %9s %9s %9s %9s %6s\n", "trainer", "round", "sent B", "received B", "sent %", "recv %", "train s", "round s", "util")
+	// Whose contributions each round's head merged (issue 46 item 4: every trainer in
+	// every round after it joined; here all start together).
+	merged := map[int]map[string]bool{}
+	for _, h := range procs[0].HeadChain(t) {
+		merged[int(h.Round)] = map[string]bool{}
+		for _, c := range h.Contributions {
+			merged[int(h.Round)][c.Peer] = true
+		}
+	}
+	fmt.Printf("%-10s %5s %12s %12s %9s %9s %9s %9s %6s %7s\n", "trainer", "round", "sent B", "received B", "sent %", "recv %", "train s", "round s", "util", "merged")
 	for ti, p := range procs[1:] {
+		id := p.peerID(t)
+		nMerged := 0
 		train := map[int]float64{}
 		for _, m := range trainedLine.FindAllStringSubmatch(p.Logs(), -1) {
 			r, _ := strconv.Atoi(m[1])
@@ -532,14 +549,20 @@ func TestWANSwarm(t *testing.T) {
 			wall := heads[r].at.Sub(heads[r-1].at).Seconds()
 			sumTrain += train[r]
 			sumSent += d.TxBytes
-			fmt.Printf("%-10s %5d %12d %12d %8.1f%% %8.1f%% %9.2f %9.2f %5.0f%%\n", p.Name, r, d.TxBytes, d.RxBytes,
-				100*float64(d.TxBytes)/float64(modelBytes), 100*float64(d.RxBytes)/float64(modelBytes), train[r], wall, 100*train[r]/wall)
+			in := "no"
+			if merged[r][id] {
+				in = "yes"
+				nMerged++
+			}
+			fmt.Printf("%-10s %5d %12d %12d %8.1f%% %8.1f%% %9.2f %9.2f %5.0f%% %7s\n", p.Name, r, d.TxBytes, d.RxBytes,
+				100*float64(d.TxBytes)/float64(modelBytes), 100*float64(d.RxBytes)/float64(modelBytes), train[r], wall, 100*train[r]/wall, in)
 			if d.TxBytes == 0 || d.RxBytes == 0 {
 				t.Errorf("%s round %d: no bytes on its wire", p.Name, r)
 			}
 		}
 		wall := heads[rounds].at.Sub(heads[0].at).Seconds()
-		fmt.Printf("%-10s %5s %12d %12s %9s %9s %9.2f %9.2f %5.0f%%\n", p.Name, "all", sumSent, "", "", "", sumTrain, wall, 100*sumTrain/wall)
+		fmt.Printf("%-10s %5s %12d %12s %9s %9s %9.2f %9.2f %5.0f%% %7s\n", p.Name, "all", sumSent, "", "", "", sumTrain, wall, 100*sumTrain/wall,
+			fmt.Sprintf("%d/%d", nMerged, rounds))
 		// After joining: round 1 holds the first dense download and, with overlap, the only
 		// window nobody trained ahead. A window trained ahead counts in the round it was
 		// leased for, though it started during the round before.
@@ -550,6 +573,9 @@ func TestWANSwarm(t *testing.T) {
 		}
 		if sumTrain == 0 {
 			t.Errorf("%s logged no training", p.Name)
+		}
+		if nMerged < rounds {
+			t.Errorf("%s was merged in %d of %d rounds", p.Name, nMerged, rounds)
 		}
 	}
 }
