@@ -75,17 +75,17 @@ func TestFarStreamsShareABudget(t *testing.T) {
 }
 
 // A download times its holder on the way (the manifest's round trip) and opens more
-// streams to one far away; when it ends it holds none.
+// streams to one far away; when it ends it holds none. The bounds allow for a loaded
+// machine, where every round trip, also on a link without latency, measures longer.
 func TestDownloadOpensMoreStreamsToAFarHolder(t *testing.T) {
 	tests := []struct {
 		name       string
 		latency    time.Duration // one way
 		atLeast    int           // sessions
-		atMost     int
 		rttAtLeast time.Duration
 	}{
-		{"near", 0, 2, 2, 0},
-		{"50 ms each way", 50 * time.Millisecond, 3, 5, 100 * time.Millisecond},
+		{"near", 0, 2, 0},
+		{"50 ms each way", 50 * time.Millisecond, 3, 100 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,7 +105,12 @@ func TestDownloadOpensMoreStreamsToAFarHolder(t *testing.T) {
 			require.GreaterOrEqual(t, rtt, tt.rttAtLeast, "the holder's round trip is recorded")
 			sessions := int(opened.Load()) - 1 // one stream asked for the manifest
 			require.GreaterOrEqual(t, sessions, tt.atLeast, "streams opened for chunks (rtt %v)", rtt)
-			require.LessOrEqual(t, sessions, tt.atMost, "streams opened for chunks (rtt %v)", rtt)
+			require.LessOrEqual(t, sessions, DefaultMaxStreamsPerPeer, "streams opened for chunks (rtt %v)", rtt)
+			// The average after the fetch is 0.9 × the manifest's round trip, which set the
+			// count, + 0.1 × the first chunk's: below 50 ms the manifest's was below 64 ms.
+			if rtt < 50*time.Millisecond {
+				require.Equal(t, DefaultStreamsPerPeer, sessions, "streams opened to a near holder (rtt %v)", rtt)
+			}
 			fetcher.x.mu.Lock()
 			defer fetcher.x.mu.Unlock()
 			require.Empty(t, fetcher.x.streams, "the download gave its streams back")
