@@ -81,7 +81,6 @@ func (o ExchangeOptions) withDefaults() ExchangeOptions {
 	if o.MaxStreamsPerPeer <= 0 {
 		o.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
 	}
-	o.MaxStreamsPerPeer = max(o.MaxStreamsPerPeer, o.StreamsPerPeer)
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = DefaultRequestTimeout
 	}
