@@ -35,6 +35,11 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 		fx.Invoke(func(bw *metrics.BandwidthCounter, reg prometheus.Registerer) {
 			reg.MustRegister(p2p.NewBandwidthCollector(bw))
 		}),
+		fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) {
+			// Connections a peer behind NAT abandoned when its public address changed.
+			ctx, cancel := context.WithCancel(context.Background())
+			lc.Append(fx.StartStopHook(func() { p2p.WatchStaleConns(ctx, h, log.With("pkg", "host")) }, cancel))
+		}),
 		fx.Invoke(func(h host.Host, log *slog.Logger) {
 			addrs := make([]string, 0, len(h.Addrs()))
 			for _, a := range h.Addrs() {

@@ -1,0 +1,145 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+	ma "github.com/multiformats/go-multiaddr"
+	msmux "github.com/multiformats/go-multistream"
+)
+
+// A home router that reboots, or a NAT whose mapping expires, gives a volunteer's flows
+// a new public address under connections both ends still hold. The volunteer notices (its
+// next packet on the old connection is refused) and dials again; the other end does not:
+// what it sends to the old address vanishes, and its swarm keeps opening streams on the
+// old connection, which holds more streams than the new one (the swarm prefers that),
+// until yamux's keepalive gives up on it. In the WAN lab a trainer behind a symmetric NAT
+// whose router forgot its mappings reconnected within 4 s, and the validator went on
+// sending heads and fetching its updates over the dead connection: not merged again in the
+// 41 s the test waited (docs/wan.md, faults).
+//
+// So when a peer opens a connection while older ones to it are open, each older one is
+// pinged over itself. A peer dials again only when it holds no connection to us (or both
+// dialled at once, and then the older connection answers and stays). When one does not
+// answer within StaleProbeTimeout, every connection to the peer is closed, the new one
+// too, and the peer (which keeps its validators and bootstrap peers connected) dials
+// again: closing the stale one alone ends pubsub's stream on it, and pubsub then forgets
+// the peer's subscriptions while keeping the peer, whose own stream (with the
+// subscriptions, sent once) lives on the new connection, so it would never send the peer
+// a head again (measured in the WAN lab: the trainer heard nothing for 1.5 minutes after
+// its stale connection was closed). On a connection made afresh every protocol starts over.
+
+// StaleProbeTimeout is how long an older connection has to answer a ping once its peer
+// has connected anew: a few retransmissions at a 250 ms round trip. yamux's own keepalive
+// gives a ping 10 s (its write timeout), after 30 s of waiting.
+const StaleProbeTimeout = 5 * time.Second
+
+// staleWatch probes the older connections of peers that connect anew (network.Notifiee).
+type staleWatch struct {
+	network.NoopNotifiee
+	net     network.Network
+	ctx     context.Context
+	timeout time.Duration
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	probing map[network.Conn]bool
+}
+
+// WatchStaleConns closes the connections of h that their peer has abandoned (see above)
+// until ctx ends.
+func WatchStaleConns(ctx context.Context, h host.Host, log *slog.Logger) {
+	watchStaleConns(ctx, h, StaleProbeTimeout, log)
+}
+
+func watchStaleConns(ctx context.Context, h host.Host, timeout time.Duration, log *slog.Logger) {
+	w := &staleWatch{net: h.Network(), ctx: ctx, timeout: timeout, log: log, probing: map[network.Conn]bool{}}
+	h.Network().Notify(w)
+	context.AfterFunc(ctx, func() { h.Network().StopNotify(w) })
+}
+
+// Connected is called for every new connection.
+func (w *staleWatch) Connected(n network.Network, c network.Conn) {
+	if w.ctx.Err() != nil {
+		return
+	}
+	opened := c.Stat().Opened
+	for _, old := range n.ConnsToPeer(c.RemotePeer()) {
+		if old == c || old.IsClosed() || !old.Stat().Opened.Before(opened) || old.Stat().Limited {
+			continue // not older, or relayed: a relay's limits end it anyway
+		}
+		w.mu.Lock()
+		busy := w.probing[old]
+		w.probing[old] = true
+		w.mu.Unlock()
+		if !busy {
+			go w.probe(old)
+		}
+	}
+}
+
+func (w *staleWatch) probe(c network.Conn) {
+	defer func() {
+		w.mu.Lock()
+		delete(w.probing, c)
+		w.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(w.ctx, w.timeout)
+	defer cancel()
+	err := pingOver(ctx, c)
+	if err == nil || w.ctx.Err() != nil || c.IsClosed() {
+		return
+	}
+	w.log.Info("closed the connections of a peer that connected again: an older one no longer answers",
+		"peer", c.RemotePeer().String(), "remote", addrString(c.RemoteMultiaddr()), "opened", c.Stat().Opened.Format(time.RFC3339), "err", err)
+	_ = c.Close()
+	_ = w.net.ClosePeer(c.RemotePeer())
+}
+
+// pingOver sends one libp2p ping over c itself (not over the peer's best connection, as
+// the ping service does) and waits for its echo until ctx ends.
+func pingOver(ctx context.Context, c network.Conn) error {
+	s, err := c.NewStream(ctx)
+	if err != nil {
+		return fmt.Errorf("open a stream: %w", err)
+	}
+	defer s.Reset()
+	if d, ok := ctx.Deadline(); ok {
+		_ = s.SetDeadline(d)
+	}
+	if err := s.SetProtocol(ping.ID); err != nil {
+		return err
+	}
+	if err := msmux.SelectProtoOrFail(ping.ID, s); err != nil {
+		return fmt.Errorf("negotiate ping: %w", err)
+	}
+	out := make([]byte, ping.PingSize)
+	_, _ = rand.Read(out)
+	if _, err := s.Write(out); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	in := make([]byte, len(out))
+	if _, err := io.ReadFull(s, in); err != nil {
+		return fmt.Errorf("ping: no answer: %w", err)
+	}
+	if !bytes.Equal(in, out) {
+		return fmt.Errorf("ping: wrong answer")
+	}
+	return nil
+}
+
+func addrString(a ma.Multiaddr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
