@@ -12,10 +12,11 @@ PY=${P2P_PYTHON:-/usr/bin/python3}
 # python3-venv, -setuptools and -wheel: `pip install ./pyruntime/python` into a venv, offline.
 # chromium: the dashboard's test renders the page in headless Chromium.
 # python3-matplotlib: `make learn` plots its losses.
+# conntrack: the WAN lab's router reboot fault (make wan-lab, make wan-faults) flushes it.
 PKGS=(python3 python3-torch python3-numpy python3-sklearn libopenblas0-pthread)
 IMPORTS="torch, numpy, sklearn"
 if [ "${1:-}" != demo ]; then
-  PKGS+=(python3-venv python3-setuptools python3-wheel chromium python3-matplotlib)
+  PKGS+=(python3-venv python3-setuptools python3-wheel chromium python3-matplotlib conntrack)
   IMPORTS="torch, numpy, sklearn, setuptools, wheel, venv"
 fi
 
