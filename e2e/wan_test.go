@@ -421,20 +421,7 @@ func TestWANSwarm(t *testing.T) {
 	}
 	spec := wan.LabSpec{Nodes: specs}
 	if path := os.Getenv("WAN_SPEC"); path != "" {
-		var err error
-		if !filepath.IsAbs(path) {
-			// Named from the repository's root, where make runs; go test runs in e2e/.
-			path = filepath.Join("..", path)
-		}
-		if spec, err = wan.LoadSpec(path); err != nil {
-			t.Fatal(err)
-		}
-		trainers = len(spec.Nodes) - 1
-		for i, n := range spec.Nodes {
-			if want := demo.Names(trainers)[i]; n.Name != want {
-				t.Fatalf("WAN_SPEC %s: node %d is %q, want %q (the validator, then trainer-1, …)", path, i, n.Name, want)
-			}
-		}
+		spec, trainers = swarmSpec(t, path)
 	}
 	lab := newLab(t, spec)
 	dir := t.TempDir()
@@ -578,6 +565,28 @@ func TestWANSwarm(t *testing.T) {
 			t.Errorf("%s was merged in %d of %d rounds", p.Name, nMerged, rounds)
 		}
 	}
+}
+
+// swarmSpec loads the lab spec at path (relative to the repository root, where make runs,
+// or absolute) for a swarm: its nodes must be the validator, then trainer-1, …; it
+// returns the spec and the number of trainers.
+func swarmSpec(t *testing.T, path string) (wan.LabSpec, int) {
+	t.Helper()
+	if !filepath.IsAbs(path) {
+		// go test runs in e2e/.
+		path = filepath.Join("..", path)
+	}
+	spec, err := wan.LoadSpec(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trainers := len(spec.Nodes) - 1
+	for i, n := range spec.Nodes {
+		if want := demo.Names(trainers)[i]; n.Name != want {
+			t.Fatalf("WAN_SPEC %s: node %d is %q, want %q (the validator, then trainer-1, …)", path, i, n.Name, want)
+		}
+	}
+	return spec, trainers
 }
 
 // labYamux is the node's yamux (p2p.Yamux) with frames of at most maxMessage bytes and,
