@@ -18,14 +18,13 @@ import (
 
 // TestWANFaults (issue 46 item 5): item 4's swarm (WAN_SPEC, configs/wan/home.yaml by
 // default; WAN_WORKLOAD lm, WAN_PRESET tiny, sparse, WAN_OVERLAP eager) meets faults on the
-// way.
-// Once round 3 has closed, one trainer behind NAT (WAN_CUT, trainer-4: cone, 150 ms, 1 %
-// loss) loses its link for WAN_CUT_S seconds (30; every packet dropped both ways). Three
-// rounds after it is back, the router of another (WAN_FORGET, trainer-5: symmetric,
-// 250 ms) forgets its mappings, as a home router's reboot does: its public port changes
-// under its open connections. Each trainer's next contribution must be merged within the 2
-// rounds after the round that was open when its fault ended, and the validator's audit, after a kill -9, finds nothing
-// lost or merged twice. WAN_DIR keeps the nodes' stores and logs there.
+// way. Once round 3 has closed, one trainer behind NAT (WAN_CUT, trainer-4: cone, 150 ms,
+// 1 % loss) loses its link for WAN_CUT_S seconds (30; every packet dropped both ways). Three
+// rounds after it is back, the router of another (WAN_FORGET, trainer-5: symmetric, 250 ms)
+// forgets its mappings, as a home router's reboot does: its public port changes under its
+// open connections. Each trainer's next contribution must be merged within the 2 rounds
+// after the round that was open when its fault ended, and the validator's audit, after a
+// kill -9, finds nothing lost or merged twice. WAN_DIR keeps the nodes' stores there.
 //
 // The relay is not faulted: in this spec the validator is the relay, and every trainer
 // dials the validator directly; none of them holds a reservation or a relayed connection
@@ -64,7 +63,6 @@ func TestWANFaults(t *testing.T) {
 	}
 	cutFor := time.Duration(envInt("WAN_CUT_S", 30)) * time.Second
 
-	// The validator runs far more rounds than the test needs; the test kills the swarm.
 	workload, preset, overlap := os.Getenv("WAN_WORKLOAD"), os.Getenv("WAN_PRESET"), os.Getenv("WAN_OVERLAP")
 	if workload == "" {
 		workload = demo.WorkloadLM
@@ -75,11 +73,12 @@ func TestWANFaults(t *testing.T) {
 	if _, set := os.LookupEnv("WAN_OVERLAP"); !set {
 		overlap = "eager"
 	}
-	// The demo's own settings for the workload with the sparse codec (outer lr and momentum).
-	dir := os.Getenv("WAN_DIR") // to keep the nodes' logs and stores
+	dir := os.Getenv("WAN_DIR") // to keep the nodes' stores
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	// The demo's own settings for the workload with the sparse codec (outer lr, momentum).
+	// The validator runs far more rounds than the test needs; the test kills the swarm.
 	o := demo.Options{Dir: dir, Trainers: trainers, Rounds: 1000, Workload: workload, Preset: preset,
 		Codec: string(diloco.Sparse), Overlap: overlap}
 	procs := labSwarm(t, lab, o, nil)
