@@ -78,6 +78,14 @@ const maxPending = 256
 
 const catchUpEvery = 5 * time.Second
 
+// catchUpTips is how many tips one catch-up takes on: when fetching a tip fails and the
+// peer has a newer one by then, the catch-up moves on to it at once. A far or slow node's
+// download of a tip can outlast the round: the tip's outer state is then pruned at its
+// holders (a validator keeps its tip's alone) and the fetch fails; waiting catchUpEvery for
+// the next try cost a trainer behind a 250 ms link 5 s of its way back (docs/wan.md,
+// faults).
+const catchUpTips = 3
+
 // Run accepts heads and attestations from the bus, and catches up from peers that announce
 // newer rounds, until ctx ends.
 func (s *Sync) Run(ctx context.Context) error {
@@ -267,39 +275,53 @@ func (s *Sync) catchUp(ctx context.Context, p peer.ID, round uint64) {
 		return
 	}
 	s.asked[p] = time.Now()
-	f, err := s.Peers.RequestTip(ctx, p)
-	if err != nil {
-		s.Log.Debug("catch-up: no tip from peer", "peer", p.String(), "err", err)
-		return
+	var failed error // the last tip's failure
+	var failedRound uint64
+	for range catchUpTips {
+		f, err := s.Peers.RequestTip(ctx, p)
+		if err != nil {
+			s.Log.Debug("catch-up: no tip from peer", "peer", p.String(), "err", err)
+			break
+		}
+		if _, cur := s.Tips.Current(); cur != nil && f.Head.Round <= cur.Round || failed != nil && f.Head.Round <= failedRound {
+			break // nothing newer than what we hold, or than what just failed
+		}
+		if failed, failedRound = s.catchUpTo(ctx, p, f), f.Head.Round; failed == nil {
+			return
+		}
 	}
+	if failed != nil {
+		s.catchUpFailed(ctx, p, failedRound, failed)
+	}
+}
+
+// catchUpTo fetches f, p's tip, with its ancestors and artifacts, and offers it.
+func (s *Sync) catchUpTo(ctx context.Context, p peer.ID, f *chain.Fetched) error {
 	sh, h := f.Signed, f.Head
-	if cur != nil && h.Round <= cur.Round {
-		return
-	}
 	fetched, err := s.fetchAncestors(ctx, p, h)
 	if err != nil {
-		s.catchUpFailed(ctx, p, h.Round, err)
-		return
+		return err
 	}
 	if parent, err := h.ParentID(); err == nil && parent.Defined() && fetched == 0 {
 		// A head that comes by catch-up carries no earlier heads' notes (gossip.Head.Earlier).
 		s.refreshNotes(ctx, p, parent)
 	}
 	if err := s.FetchArtifacts(ctx, h, p); err != nil {
-		s.catchUpFailed(ctx, p, h.Round, err)
-		return
+		return err
 	}
 	if err := s.Tips.SetNotes(sh.ID(), h.Round, f.Notes); err != nil {
 		s.Log.Warn("store round notes", "round", h.Round, "err", err)
 	}
 	ok, err := s.Tips.Offer(sh)
 	if err != nil {
+		// Refused, not missing: a newer tip would not fare better.
 		s.Log.Warn("catch-up: head refused", "peer", p.String(), "round", h.Round, "err", err)
-		return
+		return nil
 	}
 	if ok {
 		s.Log.Info("caught up", "peer", p.String(), "round", h.Round, "head", sh.ID().String())
 	}
+	return nil
 }
 
 // fetchAncestors gets the heads between h and the newest ancestor this node holds from p

@@ -129,8 +129,9 @@ type harness struct {
 	tips             *chain.Tips
 	heads            *chain.Store
 	peers            *testPeers
-	fetchedArtifacts chan uint64        // rounds whose artifacts were fetched
-	work             *progress.Recorder // the progress shown
+	fetchedArtifacts chan uint64             // rounds whose artifacts were fetched
+	fetchFails       func(*chain.Head) error // when set, decides whether fetching a head's artifacts fails (under peers.mu)
+	work             *progress.Recorder      // the progress shown
 	genesis          *chain.SignedHead
 	genesisID        cid.Cid
 }
@@ -159,6 +160,14 @@ func newHarness(t *testing.T, selfIsValidator bool) *harness {
 	s := New(Params{Experiment: "exp", Self: self, IsValidator: func(p string) bool { return p == vals[0] || p == vals[1] },
 		Bus: h.bus, Tips: h.tips, Heads: h.heads, Peers: h.peers,
 		FetchArtifacts: func(_ context.Context, hd *chain.Head, _ ...peer.ID) error {
+			h.peers.mu.Lock()
+			fails := h.fetchFails
+			h.peers.mu.Unlock()
+			if fails != nil {
+				if err := fails(hd); err != nil {
+					return err
+				}
+			}
 			h.fetchedArtifacts <- hd.Round
 			return nil
 		},
@@ -275,6 +284,66 @@ func TestCatchUpFromAPeerAhead(t *testing.T) {
 	}
 	// The two heads between genesis and the tip were shown as fetched.
 	require.Equal(t, []progress.Recorded{{Name: "catching up on the chain to round 3", Unit: "heads", Total: 2, Done: 2, Finished: true}}, h.work.Tasks())
+}
+
+// TestCatchUpMovesOnToANewerTip: while a catch-up downloads its tip's artifacts the peer
+// closes another round and prunes them (a validator keeps its tip's outer state alone), so
+// the download fails; the catch-up asks the peer again at once and takes the newer tip,
+// without another announcement. A tip that fails and stays the peer's tip is asked for a
+// bounded number of times.
+func TestCatchUpMovesOnToANewerTip(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		moves     bool // the peer closes round 3 while round 2's artifacts download
+		wantRound uint64
+	}{
+		{"the tip moves on", true, 3},
+		{"the tip stays", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, false)
+			require.Eventually(t, func() bool {
+				h.peers.mu.Lock()
+				defer h.peers.mu.Unlock()
+				return len(h.peers.askedTip) == 1
+			}, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
+			h1 := signed(t, head(1, h.genesisID), h.v1, h.v2)
+			h2 := signed(t, head(2, h1.ID()), h.v1, h.v2)
+			h3 := signed(t, head(3, h2.ID()), h.v1, h.v2)
+			h.peers.mu.Lock()
+			for _, sh := range []*chain.SignedHead{h1, h2} {
+				h.peers.heads[sh.ID()] = sh
+			}
+			h.peers.tip = h2
+			h.fetchFails = func(hd *chain.Head) error { // called under peers.mu
+				if hd.Round != 2 {
+					return nil
+				}
+				if tc.moves {
+					h.peers.heads[h3.ID()] = h3
+					h.peers.tip = h3
+				}
+				return errors.New("no peer holds the artifact")
+			}
+			h.peers.mu.Unlock()
+			h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: 2, Head: h2.ID().Bytes()})
+			asked := func() int {
+				h.peers.mu.Lock()
+				defer h.peers.mu.Unlock()
+				return len(h.peers.askedTip)
+			}
+			if tc.moves {
+				require.Equal(t, h3.ID(), h.waitRound(t, 3))
+				require.Equal(t, 3, asked(), "asked at start, for round 2, then again for round 3")
+				return
+			}
+			require.Eventually(t, func() bool { return asked() == 3 }, 5*time.Second, time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // nothing more should come
+			require.Equal(t, 3, asked(), "asked at start, for round 2, and once more: the same tip is not fetched again")
+			_, cur := h.tips.Current()
+			require.Equal(t, tc.wantRound, cur.Round)
+		})
+	}
 }
 
 // mustParent walks up n parents from id.
