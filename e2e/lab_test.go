@@ -39,11 +39,7 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 	t.Helper()
 	vaddr := lab.Nodes[0].Public
 	procs := swarmOf(t, o, func(name string, c *config.Config) {
-		i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == name })
-		if i < 0 {
-			t.Fatalf("the lab has no node %s", name)
-		}
-		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", lab.Nodes[i].Addr)}
+		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", labNode(t, lab, name).Addr)}
 		c.Node.MDNS = false
 		for j, b := range c.Node.Bootstrap {
 			_, id, _ := strings.Cut(b, "/p2p/")
@@ -54,8 +50,17 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 		}
 	})
 	for _, p := range procs {
-		i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == p.Name })
-		p.Wrap = []string{"ip", "netns", "exec", lab.Nodes[i].NS}
+		p.Wrap = []string{"ip", "netns", "exec", labNode(t, lab, p.Name).NS}
 	}
 	return procs
+}
+
+// labNode is the lab's node of that name.
+func labNode(t *testing.T, lab *wan.Lab, name string) *wan.Node {
+	t.Helper()
+	i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == name })
+	if i < 0 {
+		t.Fatalf("the lab has no node %s", name)
+	}
+	return lab.Nodes[i]
 }

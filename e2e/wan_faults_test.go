@@ -43,13 +43,6 @@ func TestWANFaults(t *testing.T) {
 	}
 	spec, trainers := swarmSpec(t, path)
 	lab := newLab(t, spec)
-	labNode := func(name string) *wan.Node {
-		i := slices.IndexFunc(lab.Nodes, func(n *wan.Node) bool { return n.Name == name })
-		if i < 0 {
-			t.Fatalf("the lab has no node %s", name)
-		}
-		return lab.Nodes[i]
-	}
 	cutName, forgetName := os.Getenv("WAN_CUT"), os.Getenv("WAN_FORGET")
 	if cutName == "" {
 		cutName = "trainer-4"
@@ -57,7 +50,7 @@ func TestWANFaults(t *testing.T) {
 	if forgetName == "" {
 		forgetName = "trainer-5"
 	}
-	cut, forget := labNode(cutName), labNode(forgetName)
+	cut, forget := labNode(t, lab, cutName), labNode(t, lab, forgetName)
 	if forget.Router == "" {
 		t.Fatalf("WAN_FORGET %s is not behind NAT in %s", forgetName, path)
 	}

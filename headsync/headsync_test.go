@@ -94,6 +94,13 @@ type testPeers struct {
 
 func (p *testPeers) Connected() []peer.ID { return []peer.ID{p.connected} }
 
+// timesAsked is how many times a tip was asked for.
+func (p *testPeers) timesAsked() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.askedTip)
+}
+
 func (p *testPeers) fetched(sh *chain.SignedHead) (*chain.Fetched, error) {
 	h, err := sh.Decode()
 	if err != nil {
@@ -161,12 +168,13 @@ func newHarness(t *testing.T, selfIsValidator bool) *harness {
 		Bus: h.bus, Tips: h.tips, Heads: h.heads, Peers: h.peers,
 		FetchArtifacts: func(_ context.Context, hd *chain.Head, _ ...peer.ID) error {
 			h.peers.mu.Lock()
-			fails := h.fetchFails
+			var err error
+			if h.fetchFails != nil {
+				err = h.fetchFails(hd)
+			}
 			h.peers.mu.Unlock()
-			if fails != nil {
-				if err := fails(hd); err != nil {
-					return err
-				}
+			if err != nil {
+				return err
 			}
 			h.fetchedArtifacts <- hd.Round
 			return nil
@@ -257,11 +265,7 @@ func TestAttestationBeforeItsHead(t *testing.T) {
 // fetched from it and stored, and the tip becomes canonical.
 func TestCatchUpFromAPeerAhead(t *testing.T) {
 	h := newHarness(t, false)
-	require.Eventually(t, func() bool {
-		h.peers.mu.Lock()
-		defer h.peers.mu.Unlock()
-		return len(h.peers.askedTip) == 1
-	}, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
+	require.Eventually(t, func() bool { return h.peers.timesAsked() == 1 }, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
 	parent := h.genesisID
 	var tip *chain.SignedHead
 	for r := uint64(1); r <= 3; r++ {
@@ -302,11 +306,7 @@ func TestCatchUpMovesOnToANewerTip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, false)
-			require.Eventually(t, func() bool {
-				h.peers.mu.Lock()
-				defer h.peers.mu.Unlock()
-				return len(h.peers.askedTip) == 1
-			}, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
+			require.Eventually(t, func() bool { return h.peers.timesAsked() == 1 }, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
 			h1 := signed(t, head(1, h.genesisID), h.v1, h.v2)
 			h2 := signed(t, head(2, h1.ID()), h.v1, h.v2)
 			h3 := signed(t, head(3, h2.ID()), h.v1, h.v2)
@@ -327,19 +327,14 @@ func TestCatchUpMovesOnToANewerTip(t *testing.T) {
 			}
 			h.peers.mu.Unlock()
 			h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: 2, Head: h2.ID().Bytes()})
-			asked := func() int {
-				h.peers.mu.Lock()
-				defer h.peers.mu.Unlock()
-				return len(h.peers.askedTip)
-			}
 			if tc.moves {
 				require.Equal(t, h3.ID(), h.waitRound(t, 3))
-				require.Equal(t, 3, asked(), "asked at start, for round 2, then again for round 3")
+				require.Equal(t, 3, h.peers.timesAsked(), "asked at start, for round 2, then again for round 3")
 				return
 			}
-			require.Eventually(t, func() bool { return asked() == 3 }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return h.peers.timesAsked() == 3 }, 5*time.Second, time.Millisecond)
 			time.Sleep(100 * time.Millisecond) // nothing more should come
-			require.Equal(t, 3, asked(), "asked at start, for round 2, and once more: the same tip is not fetched again")
+			require.Equal(t, 3, h.peers.timesAsked(), "asked at start, for round 2, and once more: the same tip is not fetched again")
 			_, cur := h.tips.Current()
 			require.Equal(t, tc.wantRound, cur.Round)
 		})

@@ -13,7 +13,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
-	ma "github.com/multiformats/go-multiaddr"
 	msmux "github.com/multiformats/go-multistream"
 )
 
@@ -100,7 +99,7 @@ func (w *staleWatch) probe(c network.Conn) {
 		return
 	}
 	w.log.Info("closed the connections of a peer that connected again: an older one no longer answers",
-		"peer", c.RemotePeer().String(), "remote", addrString(c.RemoteMultiaddr()), "opened", c.Stat().Opened.Format(time.RFC3339), "err", err)
+		"peer", c.RemotePeer().String(), "remote", c.RemoteMultiaddr().String(), "opened", c.Stat().Opened.Format(time.RFC3339), "err", err)
 	_ = c.Close()
 	_ = w.net.ClosePeer(c.RemotePeer())
 }
@@ -135,11 +134,4 @@ func pingOver(ctx context.Context, c network.Conn) error {
 		return fmt.Errorf("ping: wrong answer")
 	}
 	return nil
-}
-
-func addrString(a ma.Multiaddr) string {
-	if a == nil {
-		return ""
-	}
-	return a.String()
 }
