@@ -34,6 +34,10 @@ type Head struct {
 	Policy        Policy         `cbor:"10,keyasint"`
 	Metrics       Metrics        `cbor:"11,keyasint"`
 	Ledger        Ledger         `cbor:"12,keyasint"`
+	// Reference is the artifact id of the trusted reference update the round was screened
+	// with (a validator's own window on the base; empty when there was none). The next
+	// round's screening compares its reference with this one (merge.Screening.SetPrevious).
+	Reference []byte `cbor:"13,keyasint,omitempty"`
 }
 
 // Contribution is one merged trainer result.
@@ -83,6 +87,9 @@ type ScreenStats struct {
 	RefN       uint64  `cbor:"6,keyasint,omitempty"`
 	RefMean    float64 `cbor:"7,keyasint,omitempty"`
 	RefVar     float64 `cbor:"8,keyasint,omitempty"`
+	SelfN      uint64  `cbor:"9,keyasint,omitempty"`
+	SelfMean   float64 `cbor:"10,keyasint,omitempty"`
+	SelfVar    float64 `cbor:"11,keyasint,omitempty"`
 }
 
 // Ledger records which microshards of the dataset plan were consumed in the current epoch.
@@ -151,6 +158,10 @@ func (h *Head) ParamsID() (cid.Cid, error) { return castOptional(h.Params, "para
 // OuterStateID returns the outer optimizer state's artifact id (cid.Undef if none).
 func (h *Head) OuterStateID() (cid.Cid, error) { return castOptional(h.OuterState, "outer_state") }
 
+// ReferenceID returns the artifact id of the reference update the round was screened with
+// (cid.Undef if none).
+func (h *Head) ReferenceID() (cid.Cid, error) { return castOptional(h.Reference, "reference") }
+
 func castOptional(b []byte, field string) (cid.Cid, error) {
 	if len(b) == 0 {
 		return cid.Undef, nil
@@ -195,6 +206,11 @@ func (h *Head) Validate() error {
 		}
 		if err := cids.Check(c, cids.CodecCBOR); err != nil {
 			return bad("outer_state: %v", err)
+		}
+	}
+	if len(h.Reference) > 0 {
+		if _, err := cid.Cast(h.Reference); err != nil {
+			return bad("reference: %v", err)
 		}
 	}
 	if len(h.LayoutHash) != 64 {

@@ -42,6 +42,9 @@ const (
 	// MaxNoiseBar caps the noise bar for small models (below 400 values NoiseZ/√n would
 	// exceed it).
 	MaxNoiseBar = 0.2
+	// SelfZ sets the least bar against a trusted reference (Screening.SetPrevious): the
+	// cosine between consecutive references, less SelfZ spreads of it (History.Self).
+	SelfZ = 4
 )
 
 // Moments are running statistics of one screening cosine over the accepted deltas of
@@ -61,6 +64,11 @@ type History struct {
 	Norm   float64 // running mean of each round's median accepted norm
 	Cohort Moments // cosine to the other survivors (cohorts of ≥ MinRelativeCohort)
 	Ref    Moments // cosine to the reference vector
+	// Self: the cosine of each round's trusted reference to the reference its base was
+	// screened with (two validator windows on consecutive bases, which no trainer trains).
+	// Merged updates do not move it: it is what keeps the bar against the reference from
+	// following updates that drift away from it round by round (Screening.SetPrevious).
+	Self Moments
 }
 
 func (h History) warm() bool { return h.Rounds >= HistoryWarmup }
@@ -89,6 +97,36 @@ func (h History) Next(verdicts []Verdict) History {
 	next.Cohort = h.Cohort.fold(cohort)
 	next.Ref = h.Ref.fold(ref)
 	return next
+}
+
+// WithSelf folds one round's cosine between consecutive references (Screening.SelfCosine)
+// into the history, at most one spread above the history's mean; NaN (no such cosine this
+// round) leaves it unchanged. Two references that drew the same microshard agree far
+// better than windows on different data do (0.95–0.99 among 0.25–0.41 in the drift row
+// of docs/security.md); folded whole, such a round made the spread, and so the margin
+// under the mean, three times as wide, and the limit fell below anything drift reaches.
+// A low cosine is folded whole: it lowers the limit, which can only let more through.
+func (h History) WithSelf(c float64) History {
+	if math.IsNaN(c) || math.IsInf(c, 0) {
+		return h
+	}
+	if h.Self.N > 0 {
+		c = min(c, h.Self.Mean+h.Self.calSpread())
+	}
+	h.Self = h.Self.fold([]float64{c})
+	return h
+}
+
+// selfLimit is the least bar against the trusted reference: what two honest windows of
+// consecutive bases have shown, less SelfZ spreads — the history's mean or this round's
+// cosine c, whichever is lower, so one odd round of the references lowers it at once.
+// −Inf (no limit) while fewer than HistoryWarmup rounds are known or without c.
+func (h History) selfLimit(c float64) float64 {
+	if h.Self.N < HistoryWarmup || math.IsNaN(c) || math.IsInf(c, 0) {
+		return math.Inf(-1)
+	}
+	tol := float64(SelfZ * h.Self.calSpread())
+	return min(h.Self.Mean, c) - tol
 }
 
 func appendIf(xs []float64, x float64, ok bool) []float64 {

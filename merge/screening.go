@@ -50,7 +50,10 @@ import (
 // held to at least the floor once the history is warm, whatever the calibrated bar, where
 // honest updates clear the floor by far; against a trusted reference (SetTrusted), to a
 // positive cosine always, and to half the history's mean cosine (at most the floor) where
-// some update of the round reaches it.
+// some update of the round reaches it. Against a trusted reference every delta is held,
+// in rounds where some update clears the floor, to at least the lower of the floor and
+// the limit the references themselves set (SetPrevious: the cosine between this round's
+// reference and the base's, less SelfZ spreads), which no trainer's update moves.
 //
 // Blocks must come in order, start at a multiple of parallel.ChunkLen (except past the
 // end) and cover [0, n) exactly once per pass. Reductions add one float64 partial per
@@ -76,12 +79,14 @@ type Screening struct {
 	probation []bool // deltas held to the floor once the history is warm (SetProbation)
 	sole      []bool // deltas of the only peer the recent chain merged (SetSole)
 	trusted   bool   // the reference is the validator's own update (SetTrusted)
+	previous  bool   // the base's reference comes beside the round's (SetPrevious)
 
 	inv      []float32 // 1/‖d_k‖ of the survivors
 	unit     []float32 // U for the current block
 	dotU     []float64
 	dotR     []float64
 	uu, rr   float64
+	dotP, pp float64 // the base's reference: its dot with the round's, its squared norm
 	finished bool
 }
 
@@ -305,6 +310,33 @@ func (s *Screening) SetTrusted() error {
 
 // minCosine is *MinCosine, or 0 when the cosine check is off (a trusted reference judges
 // direction even so).
+// SetPrevious says that the cosine pass brings, beside this round's trusted reference, the
+// reference the base was screened with (AddCosinesWithPrevious); call it after SetTrusted.
+// Their cosine, two validator windows on consecutive bases, shows how far apart honest
+// windows are that no trainer trained (History.Self), and sets the least bar against the
+// reference once it is known (History.selfLimit): while some update of the round clears
+// the floor, the bar is never below the lower of that limit and the floor. The calibrated
+// bar learns from merged updates, so updates that turn away from the reference a little
+// further each round lower it round by round — half a cohort did, to a bar of −0.5,
+// while the references' own cosine stayed between 0.26 and 0.41 (docs/security.md); the
+// limit does not follow them.
+func (s *Screening) SetPrevious() error {
+	if !s.trusted {
+		return fmt.Errorf("screen: %w: the base's reference without a trusted reference", ErrBadOption)
+	}
+	s.previous = true
+	return nil
+}
+
+// SelfCosine is the cosine of this round's reference to the base's (SetPrevious), once
+// the cosine pass is complete; NaN without it.
+func (s *Screening) SelfCosine() float64 {
+	if !s.previous || !s.finished || s.pp == 0 || s.rr == 0 {
+		return math.NaN()
+	}
+	return cosineOf(s.dotP, s.pp, s.rr)
+}
+
 func (s *Screening) minCosine() float64 {
 	if s.cfg.MinCosine == nil {
 		return 0
@@ -337,6 +369,12 @@ func (s *Screening) Active() []int { return slices.Clone(s.alive) }
 // AddCosines feeds values [lo, lo+m) to the second pass: blocks[k] for every k in Active
 // (others may be nil) and ref[lo:lo+m] of the reference vector (nil if there is none).
 func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error {
+	return s.AddCosinesWithPrevious(lo, blocks, ref, nil)
+}
+
+// AddCosinesWithPrevious is AddCosines with prev[lo:lo+m] of the base's reference, which
+// SetPrevious asks for (nil otherwise).
+func (s *Screening) AddCosinesWithPrevious(lo int, blocks [][]float32, ref, prev []float32) error {
 	if !s.NeedsCosines() {
 		return fmt.Errorf("screen cosines: %w: no second pass needed", ErrBadOption)
 	}
@@ -354,6 +392,9 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 	if s.hasRef && len(ref) != m {
 		return fmt.Errorf("screen cosines: %w: reference block has %d values, deltas %d", ErrLengthMismatch, len(ref), m)
 	}
+	if s.previous && len(prev) != m {
+		return fmt.Errorf("screen cosines: %w: the base's reference block has %d values, deltas %d", ErrLengthMismatch, len(prev), m)
+	}
 	sumU := s.cohort || s.pair
 	if sumU {
 		if cap(s.unit) < m {
@@ -363,7 +404,7 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 	}
 	chunks := parallel.NumChunks(m, parallel.ChunkLen)
 	const slots = 2 // per delta: dot with U, dot with ref
-	per := slots*s.k + 2
+	per := slots*s.k + 4
 	partials := make([]float64, chunks*per)
 	parallel.ForChunks(m, parallel.ChunkLen, s.workers, func(c, a, b int) {
 		p := partials[c*per : (c+1)*per]
@@ -394,6 +435,11 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 				p[slots*k+1] = dotLanes(blocks[k][a:b], r)
 			}
 			p[slots*s.k+1] = sumSquares(r)
+			if s.previous {
+				q := prev[a:b]
+				p[slots*s.k+2] = dotLanes(q, r)
+				p[slots*s.k+3] = sumSquares(q)
+			}
 		}
 	})
 	for c := range chunks {
@@ -404,6 +450,8 @@ func (s *Screening) AddCosines(lo int, blocks [][]float32, ref []float32) error 
 		}
 		s.uu += p[slots*s.k]
 		s.rr += p[slots*s.k+1]
+		s.dotP += p[slots*s.k+2]
+		s.pp += p[slots*s.k+3]
 	}
 	s.pos += m
 	if s.pos == s.n {
@@ -565,6 +613,10 @@ func (s *Screening) decideTrusted() {
 	clear := top >= floor
 	if !clear {
 		bar = min(bar, 0)
+	} else {
+		// Never below what honest windows no trainer trained have shown (SetPrevious), up
+		// to the floor, which the round's best update clears.
+		bar = max(bar, min(s.hist.selfLimit(s.SelfCosine()), floor))
 	}
 	for _, k := range fit {
 		v := &s.verdicts[k]

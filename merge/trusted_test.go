@@ -2,6 +2,7 @@ package merge
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -164,5 +165,143 @@ func TestVolunteerPairIsNotANormOutlier(t *testing.T) {
 	}
 	if vs[1].Accepted || vs[1].Reason != ReasonNormOutlier {
 		t.Fatalf("×1000 against the reference: %+v", vs[1])
+	}
+}
+
+// screenWithPrevious screens deltas against the trusted reference ref with prev, the
+// base's reference (Screening.SetPrevious), in one block.
+func screenWithPrevious(t *testing.T, deltas [][]float32, ref, prev []float32, hist History, cfg ScreenConfig, workers int) ([]Verdict, float64) {
+	t.Helper()
+	s, err := NewScreening(cfg, hist, len(deltas), len(ref), true, workers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTrusted(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPrevious(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNorms(0, deltas); err != nil {
+		t.Fatal(err)
+	}
+	if !s.NeedsCosines() {
+		t.Fatal("no cosine pass")
+	}
+	blocks := make([][]float32, len(deltas))
+	for _, k := range s.Active() {
+		blocks[k] = deltas[k]
+	}
+	if err := s.AddCosinesWithPrevious(0, blocks, ref, prev); err != nil {
+		t.Fatal(err)
+	}
+	vs, err := s.Verdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vs, s.SelfCosine()
+}
+
+// TestBaseReferenceHoldsTheBar: half a cohort whose updates turned away from the reference
+// round by round has pulled the history of merged cosines to the reference down (mean
+// −0.15), so the calibrated bar (about −0.39) passes them. The cosine between consecutive
+// references, which no trainer trains, says what honest windows show (about 0.2 here):
+// once that is known the bar stays at its mean less SelfZ spreads, and the drifted half is
+// rejected while every honest update is merged. Where this round's references disagree, the
+// limit falls with them, and where their history is young it does not hold.
+func TestBaseReferenceHoldsTheBar(t *testing.T) {
+	const n = 4096
+	rng := rand.New(rand.NewPCG(9, 3))
+	g := gauss(rng, n, 1)
+	honest := noisyCohort(rng, g, 4, 2) // cosine to ref about 0.2
+	ref := noisyCohort(rng, g, 1, 2)[0]
+	prev := noisyCohort(rng, g, 1, 2)[0] // the base's reference: cosine to ref about 0.2
+	var drifted [][]float32                // cosine to ref about −0.13
+	for range 4 {
+		d := gauss(rng, n, 1)
+		for i := range d {
+			d[i] -= 0.3 * g[i]
+		}
+		drifted = append(drifted, d)
+	}
+	for _, d := range drifted {
+		scale := float32(Norm(honest[0], 1) / Norm(d, 1))
+		for i := range d {
+			d[i] *= scale
+		}
+	}
+	deltas := append(clones(honest), drifted...)
+	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	drift := History{Rounds: 9, Norm: 140, Ref: Moments{N: 9, Mean: -0.15, Var: 0.0004}}
+	warmSelf := drift
+	warmSelf.Self = Moments{N: 9, Mean: 0.2, Var: 0.0001}
+	youngSelf := drift
+	youngSelf.Self = Moments{N: HistoryWarmup - 1, Mean: 0.2, Var: 0.0001}
+	all := []bool{true, true, true, true, true, true, true, true}
+	cases := []struct {
+		name   string
+		prev   []float32
+		hist   History
+		wantOK []bool
+	}{
+		{"the references agree as before: the drifted half is rejected", prev, warmSelf, []bool{true, true, true, true, false, false, false, false}},
+		{"without a history of the references' cosines the calibrated bar stands", prev, drift, all},
+		{"a young history of the references' cosines does not hold", prev, youngSelf, all},
+		{"the references disagree this round: the limit falls with them", gauss(rng, n, 1), warmSelf, all},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			vs, self := screenWithPrevious(t, deltas, ref, tc.prev, tc.hist, cfg, 2)
+			dot, err := Dot(tc.prev, ref, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := dot / (Norm(tc.prev, 1) * Norm(ref, 1)); math.Abs(self-want) > 1e-9 {
+				t.Errorf("SelfCosine %v, want %v", self, want)
+			}
+			for k, v := range vs {
+				if v.Accepted != tc.wantOK[k] {
+					t.Errorf("delta %d: accepted %v, want %v (cosine to reference %.3f, bar %.3f, references' cosine %.3f)", k, v.Accepted, tc.wantOK[k], v.RefCosine, v.Bar, self)
+				}
+			}
+		})
+	}
+	// Followers recompute it with another worker count.
+	a, sa := screenWithPrevious(t, deltas, ref, prev, warmSelf, cfg, 1)
+	b, sb := screenWithPrevious(t, deltas, ref, prev, warmSelf, cfg, 4)
+	if sa != sb {
+		t.Fatalf("references' cosine %v with 1 worker, %v with 4", sa, sb)
+	}
+	for k := range a {
+		if a[k].Bar != b[k].Bar || a[k].Accepted != b[k].Accepted {
+			t.Fatalf("delta %d: %+v with 1 worker, %+v with 4", k, a[k], b[k])
+		}
+	}
+}
+
+func TestPreviousNeedsATrustedReference(t *testing.T) {
+	s, err := NewScreening(ScreenConfig{}, History{}, 1, 2, true, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPrevious(); !errors.Is(err, ErrBadOption) {
+		t.Fatalf("SetPrevious without SetTrusted: %v, want ErrBadOption", err)
+	}
+	if c := s.SelfCosine(); !math.IsNaN(c) {
+		t.Fatalf("SelfCosine without SetPrevious: %v, want NaN", c)
+	}
+}
+
+// TestHistoryWithSelf: a round without the references' cosine leaves the history as it
+// was; one with it folds it in.
+func TestHistoryWithSelf(t *testing.T) {
+	h := History{Rounds: 3, Self: Moments{N: 2, Mean: 0.3, Var: 0.01}}
+	for _, c := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		if got := h.WithSelf(c); got != h {
+			t.Errorf("WithSelf(%v) = %+v, want it unchanged", c, got)
+		}
+	}
+	if got := h.WithSelf(0.6); got.Self.N != 3 || !(got.Self.Mean > 0.3) || got.Rounds != 3 {
+		t.Errorf("WithSelf(0.6) = %+v", got)
 	}
 }

@@ -63,6 +63,7 @@ func (b *NetBus) learnHolders(from peer.ID, msg any) {
 		if h, err := m.Signed.Decode(); err == nil {
 			add(h.Params)
 			add(h.OuterState)
+			add(h.Reference)
 		}
 	case *gossip.Announce:
 		for _, a := range m.Artifacts {

@@ -217,7 +217,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	// The reference for small cohorts is the outer momentum: the recent merged updates every
 	// validator holds for the base head (none for ema heads and before the first step). A
 	// trusted reference, the validator's own update, replaces it and judges every cohort.
-	var refR interface {
+	var refR, prevR interface {
 		ReadValues(lo int64, dst []float32) error
 	}
 	trusted := refID.Defined()
@@ -228,6 +228,22 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		}
 		defer rs.Close()
 		refR = refValues{rs}
+		// The base's reference, when it was screened against one: the cosine between
+		// the two sets the least bar (merge.Screening.SetPrevious). Every validator
+		// verifying the round holds it (validator.verifyProposal fetches it); one that
+		// cannot read it cannot merge the round as the others do.
+		prevID, err := base.ReferenceID()
+		if err != nil {
+			return nil, err
+		}
+		if prevID.Defined() {
+			ps, err := openDelta(m.Store, prevID, layoutHash, n, m.Workers, nil)
+			if err != nil {
+				return nil, fmt.Errorf("the base's reference update %s: %w", prevID, err)
+			}
+			defer ps.Close()
+			prevR = refValues{ps}
+		}
 	} else if momR != nil {
 		refR = momR
 	}
@@ -241,6 +257,11 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if trusted {
 		if err := screen.SetTrusted(); err != nil {
 			return nil, err
+		}
+		if prevR != nil {
+			if err := screen.SetPrevious(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	probation, sole := make([]bool, len(kept)), make([]bool, len(kept))
@@ -276,9 +297,12 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	}
 	if screen.NeedsCosines() {
 		active := screen.Active()
-		var ref []float32
+		var ref, prev []float32
 		if hasRef {
 			ref = make([]float32, min(B, n))
+		}
+		if prevR != nil {
+			prev = make([]float32, min(B, n))
 		}
 		for lo := 0; lo < n; lo += B {
 			if err := ctx.Err(); err != nil {
@@ -289,14 +313,20 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 			if err != nil {
 				return nil, err
 			}
-			var r []float32
+			var r, p []float32
 			if hasRef {
 				r = ref[:hi-lo]
 				if err := refR.ReadValues(int64(lo), r); err != nil {
 					return nil, err
 				}
 			}
-			if err := screen.AddCosines(lo, blocks, r); err != nil {
+			if prevR != nil {
+				p = prev[:hi-lo]
+				if err := prevR.ReadValues(int64(lo), p); err != nil {
+					return nil, err
+				}
+			}
+			if err := screen.AddCosinesWithPrevious(lo, blocks, r, p); err != nil {
 				return nil, err
 			}
 		}
@@ -337,6 +367,9 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		return out, fmt.Errorf("%w (%d candidates)", ErrNothingMerged, len(cands))
 	}
 	out.Screened = screenedSummary(mergedVerdicts)
+	if c := screen.SelfCosine(); !math.IsNaN(c) {
+		out.Screened += fmt.Sprintf(", reference to the base's %.3f", c)
+	}
 
 	paramsOut, outerOut, err := m.step(ctx, B, layout, baseR, momR, n, accepted, weights, norms, in)
 	if err != nil {
@@ -346,7 +379,10 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	if err != nil {
 		return nil, err
 	}
-	head.Metrics.Screen = screenStats(hist.Next(mergedVerdicts))
+	head.Metrics.Screen = screenStats(hist.Next(mergedVerdicts).WithSelf(screen.SelfCosine()))
+	if trusted {
+		head.Reference = refID.Bytes()
+	}
 	out.Head = head
 	if out.ID, err = head.ID(); err != nil {
 		return nil, err
@@ -693,13 +729,15 @@ func HistoryOf(h *chain.Head) merge.History {
 	}
 	return merge.History{Rounds: s.Rounds, Norm: s.Norm,
 		Cohort: merge.Moments{N: s.CohortN, Mean: s.CohortMean, Var: s.CohortVar},
-		Ref:    merge.Moments{N: s.RefN, Mean: s.RefMean, Var: s.RefVar}}
+		Ref:    merge.Moments{N: s.RefN, Mean: s.RefMean, Var: s.RefVar},
+		Self:   merge.Moments{N: s.SelfN, Mean: s.SelfMean, Var: s.SelfVar}}
 }
 
 func screenStats(h merge.History) *chain.ScreenStats {
 	return &chain.ScreenStats{Rounds: h.Rounds, Norm: h.Norm,
 		CohortN: h.Cohort.N, CohortMean: h.Cohort.Mean, CohortVar: h.Cohort.Var,
-		RefN: h.Ref.N, RefMean: h.Ref.Mean, RefVar: h.Ref.Var}
+		RefN: h.Ref.N, RefMean: h.Ref.Mean, RefVar: h.Ref.Var,
+		SelfN: h.Self.N, SelfMean: h.Self.Mean, SelfVar: h.Self.Var}
 }
 
 func (m *Merger) storePack(layout pack.Layout, values []float32, meta map[string]string) (cid.Cid, error) {

@@ -36,6 +36,8 @@ const RetentionFile = "retention.json"
 //
 //   - the parameters of the newest K heads of the canonical chain (the tip, its parent,
 //     ...), K = node.keep_heads: export and peers one head behind use them;
+//   - the reference update the tip was screened with: the next round's screening
+//     compares its own with it;
 //   - the tip's outer state: the next merge starts from it. The outer state of an older
 //     head is kept only while the newest checkpoint generation is not yet at the tip (a
 //     snapshot of it may be waiting for the writer);
@@ -306,6 +308,10 @@ func (p *Pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 			}
 		}
 		if n == 0 {
+			// The next round's screening compares its reference with the tip's.
+			if a, err := h.ReferenceID(); err == nil && a.Defined() {
+				live[a] = true
+			}
 			// Without rebuilding trainers only a validator still verifying the tip's
 			// proposal reads its contributions: they stay until every validator has
 			// signed the tip (as seen here), then go at once.

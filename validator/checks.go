@@ -392,6 +392,7 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			}
 			return nil
 		})
+		fetch.Go(func() error { return v.fetchBaseReference(fctx, base, proposer...) })
 	}
 	if err := fetch.Wait(); err != nil {
 		return err

@@ -44,6 +44,11 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	if err != nil {
 		return nil, err
 	}
+	if refID.Defined() {
+		if err := v.fetchBaseReference(ctx, r.base, v.otherValidators()...); err != nil {
+			return nil, err
+		}
+	}
 	mergeStart := time.Now()
 	out, err := v.Merger.MergeWith(ctx, r.baseID, r.base, cands, refID)
 	v.mergeTook = time.Since(mergeStart)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/round"
@@ -149,4 +150,21 @@ func (v *validator) reference(ctx context.Context, r *openRound) (cid.Cid, error
 	}
 	v.Log.Debug("reference window", "round", r.round, "pass", j.pass, "microshards", j.shards, "norm", j.norm, "seconds", j.took.Seconds())
 	return j.id, nil
+}
+
+// fetchBaseReference brings the reference update base was screened with (if any) into the
+// store: a round screened against a reference is also screened against the cosine
+// between it and the base's (merge.Screening.SetPrevious), so every validator merging or
+// verifying the round must hold both. The proposer of the round holds it (it merged
+// with it), as do the validators that attested base (they verified with it); hints name
+// where to ask first, then whoever is known to hold it.
+func (v *validator) fetchBaseReference(ctx context.Context, base *chain.Head, hints ...peer.ID) error {
+	id, err := base.ReferenceID()
+	if err != nil || !id.Defined() {
+		return err
+	}
+	if err := v.Bus.Fetch(ctx, id, hints...); err != nil {
+		return fmt.Errorf("fetch the reference update of round %d, %s: %w", base.Round, id, err)
+	}
+	return nil
 }

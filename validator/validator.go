@@ -182,6 +182,18 @@ func newValidator(p Params) *validator {
 
 func (v *validator) isValidator(p string) bool { return slices.Contains(v.Validators, p) }
 
+// otherValidators are the configured validators but this one, as peer ids (those that do
+// not decode are left out).
+func (v *validator) otherValidators() []peer.ID {
+	var out []peer.ID
+	for _, s := range v.Validators {
+		if p, err := peer.Decode(s); err == nil && s != v.Self {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // done reports whether the experiment's round limit is reached.
 func (v *validator) done() bool {
 	_, h := v.Tips.Current()
