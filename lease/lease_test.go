@@ -328,6 +328,22 @@ func TestQuarantine(t *testing.T) {
 	require.False(t, q.Reject("rare", 10, true))
 }
 
+// TestQuarantineStruck: a peer rejected or missing a lease within the window is struck
+// (not served first at an epoch's tail) until the strike leaves the window.
+func TestQuarantineStruck(t *testing.T) {
+	q := NewQuarantine(2, 5, 3)
+	require.False(t, q.Struck("clean", 1))
+	q.Reject("odd", 2, true)
+	require.True(t, q.Struck("odd", 2))
+	require.True(t, q.Struck("odd", 6))
+	require.False(t, q.Struck("odd", 7), "the strike has left the window")
+	q.Miss("slow", 3)
+	require.True(t, q.Struck("slow", 4))
+	q.Reject("bad", 1, false)
+	q.Reject("bad", 2, false)
+	require.False(t, q.Struck("bad", 3), "quarantined, its strikes are spent")
+}
+
 func TestQuarantineNeverStallsTheRound(t *testing.T) {
 	q := NewQuarantine(1, 5, 10)
 	q.Reject("a", 1, false)

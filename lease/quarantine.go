@@ -56,6 +56,18 @@ func (q *Quarantine) Reject(peer string, round uint64, soft bool) bool {
 	return false
 }
 
+// Struck reports whether peer has a rejection or a miss within Window rounds before round
+// that has not yet put it into quarantine: such a peer is not served first at an epoch's
+// tail (Trainer.Proven), whatever the chain merged of it before.
+func (q *Quarantine) Struck(peer string, round uint64) bool {
+	for _, s := range q.rejected[peer] {
+		if s.round+q.Window > round {
+			return true
+		}
+	}
+	return false
+}
+
 // Miss records that peer's lease of round came to nothing (it expired, or the trainer
 // released it because its worker failed) and reports whether that put the peer into
 // quarantine. A miss counts like a soft rejection (honest machines crash now and then): a

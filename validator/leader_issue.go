@@ -43,7 +43,11 @@ func (p *leadPhase) nextStep() issueStep {
 	live := v.trainers.live()
 	barred := r.book.Barred()
 	for i, t := range live {
-		live[i].Proven = r.merges[t.Peer] > 0
+		// Proven: merged recently, with no rejection or missed lease in the quarantine's
+		// window. A drifting attacker is merged until the bar catches it; its rejected
+		// microshards return to the pool, and served first it took five of the six an
+		// epoch's tail had (docs/security.md).
+		live[i].Proven = r.merges[t.Peer] > 0 && !v.quarantine.Struck(t.Peer, r.round)
 		if barred[t.Peer] != "" {
 			st.barred++
 		}
