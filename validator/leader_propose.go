@@ -46,7 +46,13 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 	}
 	if refID.Defined() {
 		if err := v.fetchBaseReference(ctx, r.base, v.otherValidators()...); err != nil {
-			return nil, err
+			if v.RequireReference || ctx.Err() != nil {
+				return nil, err
+			}
+			// A lone validator whose store lost the tip's reference would never merge
+			// again: the round goes without a reference, as when the window fails.
+			v.Log.Warn("the base's reference update cannot be fetched: this round is screened without a reference", "round", r.round, "err", err)
+			refID = cid.Undef
 		}
 	}
 	mergeStart := time.Now()

@@ -114,3 +114,24 @@ func TestANewPassJudgesWithANewReference(t *testing.T) {
 	require.Equal(t, s.trainer, h.Contributions[0].Peer)
 	require.Equal(t, 2, ref.passes(), "one reference window per pass")
 }
+
+// TestLostBaseReference: a round screened against a reference names it in its head, and
+// the next round compares its reference with it. A lone validator whose store lost the
+// tip's reference (nobody else holds it) screens the next round without a reference, as
+// when its window fails, instead of failing the round for good.
+func TestLostBaseReference(t *testing.T) {
+	s := newPhaseSwarm(t, 2)
+	s.reference = &round.Trainer{Runtime: s.rt, Store: s.store, Shards: dataset.PlanFiles{Plan: s.plan, Shards: s.shards},
+		Codec: diloco.FP32, Prefix: "reference-", Fresh: true}
+	s.start(1, "lone validator")
+	s.train()
+	h1 := s.canonical(1)
+	ref, err := h1.ReferenceID()
+	require.NoError(t, err)
+	require.True(t, ref.Defined(), "round 1 was screened against a reference and names it")
+	require.NoError(t, s.store.Remove(ref))
+	s.train()
+	h2 := s.canonical(2)
+	require.Empty(t, h2.Reference, "round 2 is screened without a reference")
+	require.Len(t, h2.Contributions, 1)
+}
