@@ -112,14 +112,16 @@ func BenchmarkScreenTrusted(b *testing.B) {
 	g := gauss(rng, block, 1)
 	xs := noisyCohort(rng, g, k, 2)
 	ref := noisyCohort(rng, g, 1, 2)[0]
-	hist := History{Rounds: 9, Norm: 2000, Cohort: Moments{N: 9, Mean: 0.2, Var: 0.01}, Ref: Moments{N: 9, Mean: 0.2, Var: 0.01}}
+	prev := noisyCohort(rng, g, 1, 2)[0]
+	hist := History{Rounds: 9, Norm: 2000, Cohort: Moments{N: 9, Mean: 0.2, Var: 0.01}, Ref: Moments{N: 9, Mean: 0.2, Var: 0.01},
+		Self: Moments{N: 9, Mean: 0.2, Var: 0.01}}
 	cfg := ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}
+	// cohort: against the cohort and momentum; trusted: against the reference; previous:
+	// against the reference with the base's beside it (Screening.SetPrevious).
 	for _, n := range []int{10_000_000, 100_000_000} {
-		for _, trusted := range []bool{false, true} {
-			name := fmt.Sprintf("n=%dM/cohort", n/1_000_000)
-			if trusted {
-				name = fmt.Sprintf("n=%dM/trusted", n/1_000_000)
-			}
+		for _, mode := range []string{"cohort", "trusted", "previous"} {
+			trusted, previous := mode != "cohort", mode == "previous"
+			name := fmt.Sprintf("n=%dM/%s", n/1_000_000, mode)
 			b.Run(name, func(b *testing.B) {
 				b.SetBytes(int64(k) * int64(n) * 4)
 				for b.Loop() {
@@ -129,6 +131,11 @@ func BenchmarkScreenTrusted(b *testing.B) {
 					}
 					if trusted {
 						if err := s.SetTrusted(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if previous {
+						if err := s.SetPrevious(); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -148,7 +155,11 @@ func BenchmarkScreenTrusted(b *testing.B) {
 							for j := range blocks {
 								blocks[j] = xs[j][:m]
 							}
-							if err := s.AddCosines(lo, blocks, ref[:m]); err != nil {
+							var p []float32
+							if previous {
+								p = prev[:m]
+							}
+							if err := s.AddCosinesWithPrevious(lo, blocks, ref[:m], p); err != nil {
 								b.Fatal(err)
 							}
 						}
