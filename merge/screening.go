@@ -308,8 +308,6 @@ func (s *Screening) SetTrusted() error {
 	return nil
 }
 
-// minCosine is *MinCosine, or 0 when the cosine check is off (a trusted reference judges
-// direction even so).
 // SetPrevious says that the cosine pass brings, beside this round's trusted reference, the
 // reference the base was screened with (AddCosinesWithPrevious); call it after SetTrusted.
 // Their cosine, two validator windows on consecutive bases, shows how far apart honest
@@ -318,7 +316,7 @@ func (s *Screening) SetTrusted() error {
 // the floor, the bar is never below the lower of that limit and the floor. The calibrated
 // bar learns from merged updates, so updates that turn away from the reference a little
 // further each round lower it round by round — half a cohort did, to a bar of −0.5,
-// while the references' own cosine stayed between 0.26 and 0.41 (docs/security.md); the
+// while the references' own cosine stayed between 0.25 and 0.41 (docs/security.md); the
 // limit does not follow them.
 func (s *Screening) SetPrevious() error {
 	if !s.trusted {
@@ -337,6 +335,8 @@ func (s *Screening) SelfCosine() float64 {
 	return cosineOf(s.dotP, s.pp, s.rr)
 }
 
+// minCosine is *MinCosine, or 0 when the cosine check is off (a trusted reference judges
+// direction even so).
 func (s *Screening) minCosine() float64 {
 	if s.cfg.MinCosine == nil {
 		return 0
