@@ -217,29 +217,29 @@ func runPinnedLoops(t *testing.T, policyKind, codec string) pinnedRun {
 // pinnedLoopHeads are the heads the node's loops make for pinnedRuns. Their params are the
 // direct run's (the same contributions merged the same way), but not their heads: a young
 // chain's leader waits for joining trainers before its first grant (the lease times differ)
-// and proposes against its own reference window (validator/reference.go), which the direct
-// run has neither of.
+// and proposes against its own reference window (validator/reference.go), which its heads
+// name (chain.Head.Reference): the direct run has neither.
 var pinnedLoopHeads = map[string][]string{
 	"diloco-fp32": {
 		"bafireidfek3tmdbs7jgi5s4v4ehmma4r725xr3huxl7zxh7xmhznm33fz4",
-		"bafireibj63xbid4ulrdhvx2ib4haacjrpbl2o774o65dgeolceyttkp35y",
-		"bafireicz33vly2hfzykcrcfmd47c5pscas67k7wm6n2lbnkakb77ux6ana",
-		"bafireiaogbvjx7nimtacifl6rmzdokfy2b4b5xv3z7iv6jjaa6fpliz7je",
-		"bafireidvqty33h2a3zj2onatuork6yjxvphvjjfqmezrdivqtnr537qbuq",
+		"bafireie43mszd66eoskgdm5pd7qpu26rmzdqevlfhfi3htrbcb6hitwzl4",
+		"bafireifchpqhmk5avhwedrx3beq4dtgqcze6fqg2wic7xqqivvnepz7pra",
+		"bafireif4q45qyzhwgrz2xxnfs2tojjet3hgmd3akpidzsqk73ljmkbws6a",
+		"bafireig2zp4xlzq4kf2yb3ddwrw7izpwfmpismbzb3hgugdtvz6zbugasu",
 	},
 	"ema-int8": {
 		"bafireih6qdvplzexxegw3aflmsvjkcni3pqg72ubajlprqk4mwj4d6omy4",
-		"bafireif3kvpde7rvr7dvrgrrqdr5nkq5shtrby46molx2inwlfrz3m7kzm",
-		"bafireihx3cevhscnytrjwtzjry6l2kf6ujllkdoye6cyno7ftrfkmhi4pq",
-		"bafireiez7yitbg53oc64ym5wkzp3bjofjiarrkdfvyxrqjeyjuughprxbq",
-		"bafireihxtwty3xsxgepyrqjkbbzp7ppf32fk3lu5izb7k5ufx66lvpvi7m",
+		"bafireiekgizueuqez5kuxpg6t4wkvodhicyvwtvpu3ac74mwiramzby7we",
+		"bafireiba7os47eurk5ipl7rgavxa6zglcmcpqzsa5ettckzfsvbhtc6kme",
+		"bafireie5yb22cuyk55gkeljq36ru2imdrwx3fku2f3bnppo57qaghjtfj4",
+		"bafireigi47yuaba5tiezm7xmfbv3ljchpjjr66prpnu4xqeb4654ijsavu",
 	},
 	"diloco-sparse": {
 		"bafireibyhbk43rfsim74j6ew7rhk4hh6atosma3fgrkhlofsjl5474xhq4",
-		"bafireibndciqrempeczzgpccpnmkcak2w37tr5t4c3mohqvtjv5ykz3tpu",
-		"bafireif3gaiy6od3fwhburwb4qq3flzlhwmv2fbiaw5t7o4njjdqulodiu",
-		"bafireifngove5qcd5jvml67q6musa74paddyenuacd2lemyjtiwzdo5wke",
-		"bafireibwrn7rdyjr3pk4pjmk3lckdmcy7tv3adeazdckzrijtd3p5f4rcy",
+		"bafireiejelcf7nbnf24ig4vlckcolqwo3ijfsygggwrn2dcigdr42m6huy",
+		"bafireidbrz5getfuwxecgwgecfqpkq56oiw2ilvan7jhelabfjeubsz5bu",
+		"bafireidtebis4o4k5rdwxhhnqjjwrbqwqxbead72u3rklige46dkt7p36m",
+		"bafireifb5ma52lfkznmlhapfoiuuqbvjpx2may5gnsnsddgroo5vbfiexi",
 	},
 }
 
