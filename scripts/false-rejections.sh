@@ -50,6 +50,7 @@ if [ "$analyse_only" = 0 ]; then
 	args=(demo --dir "$dir" --workload "$workload" --rounds "$rounds" --trainers "$trainers")
 	[ -n "$preset" ] && args+=(--preset "$preset")
 	echo "false-rejections: $bin ${args[*]} (time limit: ${seconds} s, 0 for none)" >&2
+	mkdir -p "$(dirname "$dir")" # the demo makes $dir; its output file sits beside it
 	start=$(date +%s)
 	rc=0
 	if [ "$seconds" -gt 0 ]; then
