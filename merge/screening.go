@@ -335,6 +335,17 @@ func (s *Screening) SelfCosine() float64 {
 	return cosineOf(s.dotP, s.pp, s.rr)
 }
 
+// SelfLimit is the least bar the references set this round (SetPrevious, before the
+// floor caps it), once the cosine pass is complete; NaN while their history is young or
+// without the base's reference.
+func (s *Screening) SelfLimit() float64 {
+	l := s.hist.selfLimit(s.SelfCosine())
+	if math.IsInf(l, -1) {
+		return math.NaN()
+	}
+	return l
+}
+
 // minCosine is *MinCosine, or 0 when the cosine check is off (a trusted reference judges
 // direction even so).
 func (s *Screening) minCosine() float64 {

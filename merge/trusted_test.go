@@ -216,11 +216,11 @@ func TestBaseReferenceHoldsTheBar(t *testing.T) {
 	honest := noisyCohort(rng, g, 4, 2) // cosine to ref about 0.2
 	ref := noisyCohort(rng, g, 1, 2)[0]
 	prev := noisyCohort(rng, g, 1, 2)[0] // the base's reference: cosine to ref about 0.2
-	var drifted [][]float32              // cosine to ref about −0.13
+	var drifted [][]float32              // cosine to ref about −0.28
 	for range 4 {
 		d := gauss(rng, n, 1)
 		for i := range d {
-			d[i] -= 0.3 * g[i]
+			d[i] -= 0.8 * g[i]
 		}
 		drifted = append(drifted, d)
 	}

@@ -345,6 +345,9 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		c := kept[k]
 		if !v.Accepted {
 			d := rejectionDetail(v)
+			if l := screen.SelfLimit(); !math.IsNaN(l) {
+				d += fmt.Sprintf(" (the references' limit %.3f)", l)
+			}
 			if c.Probation {
 				d += ", on probation"
 			}
@@ -369,6 +372,9 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	out.Screened = screenedSummary(mergedVerdicts)
 	if c := screen.SelfCosine(); !math.IsNaN(c) {
 		out.Screened += fmt.Sprintf(", reference to the base's %.3f", c)
+		if l := screen.SelfLimit(); !math.IsNaN(l) {
+			out.Screened += fmt.Sprintf(", the references' limit %.3f", l)
+		}
 	}
 
 	paramsOut, outerOut, err := m.step(ctx, B, layout, baseR, momR, n, accepted, weights, norms, in)
