@@ -1,6 +1,9 @@
 package lease
 
-import "sort"
+import (
+	"slices"
+	"sort"
+)
 
 // Quarantine keeps repeat offenders out of leases: a peer with Threshold rejected
 // contributions within Window rounds gets no leases for Rounds rounds. A soft rejection (a
@@ -36,7 +39,7 @@ func (q *Quarantine) Reject(peer string, round uint64, soft bool) bool {
 	recent := q.rejected[peer][:0]
 	points := 0
 	for _, s := range q.rejected[peer] {
-		if s.round+q.Window > round {
+		if q.recent(s, round) {
 			recent = append(recent, s)
 			points += s.points
 		}
@@ -60,13 +63,11 @@ func (q *Quarantine) Reject(peer string, round uint64, soft bool) bool {
 // that has not yet put it into quarantine: such a peer is not served first at an epoch's
 // tail (Trainer.Proven), whatever the chain merged of it before.
 func (q *Quarantine) Struck(peer string, round uint64) bool {
-	for _, s := range q.rejected[peer] {
-		if s.round+q.Window > round {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(q.rejected[peer], func(s strike) bool { return q.recent(s, round) })
 }
+
+// recent reports whether strike s still counts at round (within Window rounds of it).
+func (q *Quarantine) recent(s strike, round uint64) bool { return s.round+q.Window > round }
 
 // Miss records that peer's lease of round came to nothing (it expired, or the trainer
 // released it because its worker failed) and reports whether that put the peer into

@@ -217,9 +217,7 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	// The reference for small cohorts is the outer momentum: the recent merged updates every
 	// validator holds for the base head (none for ema heads and before the first step). A
 	// trusted reference, the validator's own update, replaces it and judges every cohort.
-	var refR, prevR interface {
-		ReadValues(lo int64, dst []float32) error
-	}
+	var refR, prevR valueReader
 	trusted := refID.Defined()
 	if trusted {
 		rs, err := openDelta(m.Store, refID, layoutHash, n, m.Workers, nil)
@@ -297,12 +295,12 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	}
 	if screen.NeedsCosines() {
 		active := screen.Active()
-		var ref, prev []float32
+		var ref, prev blockReader
 		if hasRef {
-			ref = make([]float32, min(B, n))
+			ref = newBlockReader(refR, B, n)
 		}
 		if prevR != nil {
-			prev = make([]float32, min(B, n))
+			prev = newBlockReader(prevR, B, n)
 		}
 		for lo := 0; lo < n; lo += B {
 			if err := ctx.Err(); err != nil {
@@ -313,18 +311,13 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 			if err != nil {
 				return nil, err
 			}
-			var r, p []float32
-			if hasRef {
-				r = ref[:hi-lo]
-				if err := refR.ReadValues(int64(lo), r); err != nil {
-					return nil, err
-				}
+			r, err := ref.read(lo, hi)
+			if err != nil {
+				return nil, err
 			}
-			if prevR != nil {
-				p = prev[:hi-lo]
-				if err := prevR.ReadValues(int64(lo), p); err != nil {
-					return nil, err
-				}
+			p, err := prev.read(lo, hi)
+			if err != nil {
+				return nil, err
 			}
 			if err := screen.AddCosinesWithPrevious(lo, blocks, r, p); err != nil {
 				return nil, err
@@ -395,6 +388,30 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 	}
 	m.observe("step", stageStart)
 	return out, nil
+}
+
+// valueReader reads values [lo, lo+len(dst)) of a stored vector (a delta, a pack).
+type valueReader interface {
+	ReadValues(lo int64, dst []float32) error
+}
+
+// blockReader reads one vector block by block into a buffer of its own; its zero value
+// reads nothing (nil blocks).
+type blockReader struct {
+	src valueReader
+	buf []float32
+}
+
+func newBlockReader(src valueReader, B, n int) blockReader {
+	return blockReader{src: src, buf: make([]float32, min(B, n))}
+}
+
+func (b blockReader) read(lo, hi int) ([]float32, error) {
+	if b.src == nil {
+		return nil, nil
+	}
+	v := b.buf[:hi-lo]
+	return v, b.src.ReadValues(int64(lo), v)
 }
 
 func rejectionDetail(v merge.Verdict) string {
