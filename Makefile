@@ -164,7 +164,8 @@ wan: setup
 ## WAN_REPS (2), WAN_UP_MBIT (20), WAN_DOWN_MBIT (100), WAN_RTT_MS and WAN_LOSS_PCT (the
 ## holder's distance and loss), WAN_FRAMES=1 (also yamux's default 64 KiB frames), WAN_QUIC=0
 ## (not over QUIC alone), WAN_CHECK=0 (print only), WAN_YAMUX_INIT_WINDOW (yamux's initial
-## stream window, bytes), WAN_STREAMS (the fetcher's streams to the holder).
+## stream window, bytes), WAN_STREAMS (the fetcher's streams to the holder), WAN_HOLDERS=2 (a
+## second holder on a like link: one raw flow from each, and the protocol from both).
 wan-goodput:
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANGoodput$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 

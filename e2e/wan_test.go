@@ -180,17 +180,19 @@ func wanHolder(t *testing.T) {
 }
 
 // wanFetcher fetches the holder's artifact (or, with P2PWAN_RAW, reads its raw stream in
-// P2PWAN_FLOWS parallel TCP flows) and prints FETCHED <bytes> <seconds> <transport>. The
-// holder's addresses are P2PWAN_HOLDER, comma-separated: with several, the host's dial
-// ranker picks.
+// P2PWAN_FLOWS parallel TCP flows, flow i from the i-th of P2PWAN_RAW's comma-separated
+// holders, round robin) and prints FETCHED <bytes> <seconds> <transport>. The holders'
+// addresses are P2PWAN_HOLDER, comma-separated: with several of one holder, the host's
+// dial ranker picks; with several holders, the download uses them all.
 func wanFetcher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if raw := os.Getenv("P2PWAN_RAW"); raw != "" {
 		flows := envInt("P2PWAN_FLOWS", 1)
+		holders := strings.Split(raw, ",")
 		conns := make([]net.Conn, flows)
 		for i := range conns {
-			c, err := net.Dial("tcp", raw)
+			c, err := net.Dial("tcp", holders[i%len(holders)])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -222,18 +224,21 @@ func wanFetcher(t *testing.T) {
 		addrs = append(addrs, ma.StringCast(a))
 	}
 	infos, err := peer.AddrInfosFromP2pAddrs(addrs...)
-	if err != nil || len(infos) != 1 {
+	if err != nil || len(infos) == 0 {
 		t.Fatalf("P2PWAN_HOLDER %q: %v", os.Getenv("P2PWAN_HOLDER"), err)
 	}
-	ai := &infos[0]
 	id, err := cids.Parse(os.Getenv("P2PWAN_ARTIFACT"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := helperHost(t, nil, uint32(maxMsg))
 	defer h.Close()
-	if err := h.Connect(ctx, *ai); err != nil {
-		t.Fatal(err)
+	var holders []peer.ID
+	for _, ai := range infos {
+		if err := h.Connect(ctx, ai); err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, ai.ID)
 	}
 	store, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
 	if err != nil {
@@ -243,7 +248,7 @@ func wanFetcher(t *testing.T) {
 	x := artifact.NewExchange(h, store, artifact.ExchangeOptions{StreamsPerPeer: streams, MaxStreamsPerPeer: streams})
 	defer x.Close()
 	start := time.Now()
-	if err := x.Fetch(ctx, id, ai.ID); err != nil {
+	if err := x.Fetch(ctx, id, holders...); err != nil {
 		t.Fatal(err)
 	}
 	secs := time.Since(start).Seconds()
@@ -252,7 +257,7 @@ func wanFetcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	transport := "?"
-	if cs := h.Network().ConnsToPeer(ai.ID); len(cs) > 0 {
+	if cs := h.Network().ConnsToPeer(holders[0]); len(cs) > 0 {
 		transport = "tcp"
 		if _, err := cs[0].RemoteMultiaddr().ValueForProtocol(ma.P_QUIC_V1); err == nil {
 			transport = "quic"
@@ -307,64 +312,102 @@ func expectLine(t *testing.T, sc *bufio.Scanner, prefix string) []string {
 // Reports goodput as a share of the link rate and of the one raw stream, the bytes on the
 // holder's wire per payload byte, and the transport used. The protocol as the node dials
 // (given both addresses, TCP first: p2p.TCPFirst) must reach 0.9 of the one raw stream;
-// with WAN_CHECK=0 it only prints.
+// with WAN_CHECK=0 it only prints. WAN_HOLDERS=2 adds a second holder on a link like the
+// first's, one raw flow from each, and the protocol fetching from both as the node does.
 func TestWANGoodput(t *testing.T) {
 	up := envFloat("WAN_UP_MBIT", 20)
 	reps := envInt("WAN_REPS", 2)
 	// WAN_RTT_MS and WAN_LOSS_PCT put the holder at a distance, on a lossy link.
 	rtt := time.Duration(envFloat("WAN_RTT_MS", 0) * float64(time.Millisecond))
 	loss, _ := strconv.ParseFloat(os.Getenv("WAN_LOSS_PCT"), 64)
-	lab := newLab(t, wan.LabSpec{Seed: 46, Nodes: []wan.Spec{
-		{Name: "holder", Link: wan.Link{UpMbit: up, DownMbit: envFloat("WAN_DOWN_MBIT", 100), RTT: rtt, LossPct: loss}},
-		{Name: "fetcher"}}})
-	holder, fetcher := lab.Nodes[0], lab.Nodes[1]
+	// WAN_HOLDERS=2 adds a second holder of the same bytes on a link like the first's:
+	// the ways that fetch from both (a round's heads and updates usually have several
+	// holders) against one raw flow from one holder and one from each.
+	nHolders := envInt("WAN_HOLDERS", 1)
+	if nHolders > 2 {
+		t.Fatalf("WAN_HOLDERS=%d: 1 or 2", nHolders)
+	}
+	link := wan.Link{UpMbit: up, DownMbit: envFloat("WAN_DOWN_MBIT", 100), RTT: rtt, LossPct: loss}
+	specs := []wan.Spec{{Name: "holder", Link: link}, {Name: "fetcher"}}
+	if nHolders == 2 {
+		specs = append(specs, wan.Spec{Name: "holder-2", Link: link})
+	}
+	lab := newLab(t, wan.LabSpec{Seed: 46, Nodes: specs})
+	fetcher := lab.Nodes[1]
+	holderNodes := []*wan.Node{lab.Nodes[0]}
+	if nHolders == 2 {
+		holderNodes = append(holderNodes, lab.Nodes[2])
+	}
 	type result struct {
 		goodput, wire []float64
 		transport     string
 	}
 	type way struct {
-		name   string
-		maxMsg uint32
-		raw    int    // raw TCP flows (0: the artifact protocol)
-		dial   string // the holder's addresses the fetcher gets: tcp, quic or both
+		name    string
+		maxMsg  uint32
+		raw     int    // raw TCP flows (0: the artifact protocol)
+		dial    string // the holder's addresses the fetcher gets: tcp, quic or both
+		holders int    // how many holders serve it (1 unless WAN_HOLDERS=2)
 	}
 	const frames = p2p.YamuxMaxMessageSize
-	ways := []way{{"raw TCP stream (baseline)", 0, 1, "tcp"}, {"raw TCP, 4 flows", 0, 4, "tcp"},
-		{"protocol, TCP", frames, 0, "tcp"}, {"protocol, QUIC", frames, 0, "quic"},
-		{"protocol, as the node dials (both)", frames, 0, "both"}}
+	ways := []way{{"raw TCP stream (baseline)", 0, 1, "tcp", 1}, {"raw TCP, 4 flows", 0, 4, "tcp", 1},
+		{"protocol, TCP", frames, 0, "tcp", 1}, {"protocol, QUIC", frames, 0, "quic", 1},
+		{"protocol, as the node dials (both)", frames, 0, "both", 1}}
 	if envInt("WAN_FRAMES", 0) == 1 {
-		ways = append(ways, way{"protocol, TCP, yamux frames 65536", 65536, 0, "tcp"})
+		ways = append(ways, way{"protocol, TCP, yamux frames 65536", 65536, 0, "tcp", 1})
+	}
+	if nHolders == 2 {
+		ways = append(ways, way{"raw TCP, 1 flow from each of 2 holders", 0, 2, "tcp", 2},
+			way{"protocol, 2 holders, as the node dials", frames, 0, "both", 2})
 	}
 	if os.Getenv("WAN_QUIC") == "0" {
 		// QUIC alone on a lossy, distant link takes many minutes for 40 MB (Cubic).
 		ways = slices.DeleteFunc(ways, func(w way) bool { return w.dial == "quic" })
 	}
 	results := make([]result, len(ways))
-	for range reps {
-		for i, w := range ways {
-			_, hsc, hin := helper(t, holder, "holder", fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg))
-			ready := expectLine(t, hsc, "READY")
-			before, err := holder.Counters()
+	sent := func(nodes []*wan.Node) uint64 {
+		var n uint64
+		for _, h := range nodes {
+			c, err := h.Counters()
 			if err != nil {
 				t.Fatal(err)
 			}
-			at := map[string]string{"tcp": ready[0], "quic": ready[2], "both": ready[0] + "," + ready[2]}[w.dial]
-			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + at, "P2PWAN_ARTIFACT=" + ready[1]}
+			n += c.TxBytes
+		}
+		return n
+	}
+	for range reps {
+		for i, w := range ways {
+			var at, raw []string
+			var ids []string
+			var stdins []io.WriteCloser
+			for j, hn := range holderNodes[:w.holders] {
+				_, hsc, hin := helper(t, hn, "holder", fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg))
+				ready := expectLine(t, hsc, "READY")
+				at = append(at, map[string]string{"tcp": ready[0], "quic": ready[2], "both": ready[0] + "," + ready[2]}[w.dial])
+				raw = append(raw, hn.Addr+":4002")
+				ids = append(ids, ready[1])
+				stdins = append(stdins, hin)
+				if ids[j] != ids[0] {
+					t.Fatalf("the holders' artifacts differ: %s and %s", ids[0], ids[j])
+				}
+			}
+			before := sent(holderNodes[:w.holders])
+			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + strings.Join(at, ","), "P2PWAN_ARTIFACT=" + ids[0]}
 			if w.raw > 0 {
-				env = append(env, "P2PWAN_RAW="+holder.Addr+":4002", fmt.Sprintf("P2PWAN_FLOWS=%d", w.raw))
+				env = append(env, "P2PWAN_RAW="+strings.Join(raw, ","), fmt.Sprintf("P2PWAN_FLOWS=%d", w.raw))
 			}
 			fcmd, fsc, _ := helper(t, fetcher, "fetcher", env...)
 			got := expectLine(t, fsc, "FETCHED")
 			fcmd.Wait()
-			after, err := holder.Counters()
-			if err != nil {
-				t.Fatal(err)
+			after := sent(holderNodes[:w.holders])
+			for _, hin := range stdins {
+				hin.Close()
 			}
-			hin.Close()
 			bytes, _ := strconv.ParseFloat(got[0], 64)
 			secs, _ := strconv.ParseFloat(got[1], 64)
 			results[i].goodput = append(results[i].goodput, bytes*8/secs/1e6)
-			results[i].wire = append(results[i].wire, float64(after.Sub(before).TxBytes)/bytes)
+			results[i].wire = append(results[i].wire, float64(after-before)/bytes)
 			results[i].transport = got[2]
 		}
 	}
@@ -380,7 +423,7 @@ func TestWANGoodput(t *testing.T) {
 	for i, w := range ways {
 		g := med(results[i].goodput)
 		fmt.Printf("%-42s %10.2f %9.1f%% %10.3f %12.4f %10s\n", w.name, g, 100*g/up, g/raw, med(results[i].wire), results[i].transport)
-		if w.dial == "both" {
+		if w.dial == "both" && w.holders == 1 {
 			node = g
 		}
 	}
@@ -390,7 +433,7 @@ func TestWANGoodput(t *testing.T) {
 	// and the table says how close it came.
 	if os.Getenv("WAN_CHECK") != "0" && node < 0.9*raw {
 		t.Fatalf("the node's goodput %.2f Mbit/s (over %s) is below 0.9 × the raw stream's %.2f Mbit/s on the same link",
-			node, results[slices.IndexFunc(ways, func(w way) bool { return w.dial == "both" })].transport, raw)
+			node, results[slices.IndexFunc(ways, func(w way) bool { return w.dial == "both" && w.holders == 1 })].transport, raw)
 	}
 }
 
