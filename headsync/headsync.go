@@ -49,7 +49,8 @@ type Params struct {
 	Heads       *chain.Store
 	Peers       Peers
 	// FetchArtifacts makes sure the artifacts this node needs of h are stored (or rebuilt),
-	// asking hints first.
+	// asking hints first: the peer the head came from, then every validator whose
+	// signature on it verifies (holders).
 	FetchArtifacts func(ctx context.Context, h *chain.Head, hints ...peer.ID) error
 	// Seen, when set, is told of every announce (the node's table of peers' rounds).
 	Seen func(from string, a *gossip.Announce)
@@ -146,7 +147,7 @@ func (s *Sync) offer(ctx context.Context, from string, m *gossip.Head) error {
 	if err != nil {
 		return s.supersededErr(h.Round, err)
 	}
-	if err := s.FetchArtifacts(ctx, h, p); err != nil {
+	if err := s.FetchArtifacts(ctx, h, s.holders(p, id, m.Signed.Sigs, s.pending[id])...); err != nil {
 		return s.supersededErr(h.Round, err)
 	}
 	if err := s.Tips.SetNotes(id, h.Round, m.Notes); err != nil {
@@ -306,7 +307,7 @@ func (s *Sync) catchUpTo(ctx context.Context, p peer.ID, f *chain.Fetched) error
 		// A head that comes by catch-up carries no earlier heads' notes (gossip.Head.Earlier).
 		s.refreshNotes(ctx, p, parent)
 	}
-	if err := s.FetchArtifacts(ctx, h, p); err != nil {
+	if err := s.FetchArtifacts(ctx, h, s.holders(p, sh.ID(), sh.Sigs)...); err != nil {
 		return err
 	}
 	if err := s.Tips.SetNotes(sh.ID(), h.Round, f.Notes); err != nil {
@@ -322,6 +323,24 @@ func (s *Sync) catchUpTo(ctx context.Context, p peer.ID, f *chain.Fetched) error
 		s.Log.Info("caught up", "peer", p.String(), "round", h.Round, "head", sh.ID().String())
 	}
 	return nil
+}
+
+// holders are the peers asked for a head's artifacts: from, the peer it came from, then
+// each configured validator whose signature on head id verifies. A validator signs a head
+// only once it holds its parameters and outer state (it made or recomputed them), so a
+// node that cannot reach the head's proposer — a validator behind NAT, whose proposal
+// reached it through another peer — fetches them from the validators that attested it
+// (docs/wan.md); a download with several holders also takes its chunks from all of them.
+func (s *Sync) holders(from peer.ID, id cid.Cid, sigs ...[]chain.Signature) []peer.ID {
+	out := []peer.ID{from}
+	for _, sig := range slices.Concat(sigs...) {
+		p, err := peer.Decode(sig.Peer)
+		if err != nil || slices.Contains(out, p) || sig.Peer == s.Self || !s.IsValidator(sig.Peer) || chain.VerifySignature(id, sig) != nil {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // fetchAncestors gets the heads between h and the newest ancestor this node holds from p

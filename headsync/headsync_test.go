@@ -138,6 +138,7 @@ type harness struct {
 	peers            *testPeers
 	fetchedArtifacts chan uint64             // rounds whose artifacts were fetched
 	fetchFails       func(*chain.Head) error // when set, decides whether fetching a head's artifacts fails (under peers.mu)
+	hints            map[uint64][]peer.ID    // the holders asked for each round's artifacts (under peers.mu)
 	work             *progress.Recorder      // the progress shown
 	genesis          *chain.SignedHead
 	genesisID        cid.Cid
@@ -148,7 +149,8 @@ type harness struct {
 func newHarness(t *testing.T, selfIsValidator bool) *harness {
 	t.Helper()
 	h := &harness{v1: newSigner(t), v2: newSigner(t), stranger: newSigner(t),
-		bus: &testBus{published: make(chan any, 16), subscribed: make(chan struct{}, 1)}, fetchedArtifacts: make(chan uint64, 16), work: &progress.Recorder{}}
+		bus: &testBus{published: make(chan any, 16), subscribed: make(chan struct{}, 1)}, fetchedArtifacts: make(chan uint64, 16), work: &progress.Recorder{},
+		hints: map[uint64][]peer.ID{}}
 	var err error
 	h.heads, err = chain.OpenStore(filepath.Join(t.TempDir(), "heads"))
 	require.NoError(t, err)
@@ -166,8 +168,9 @@ func newHarness(t *testing.T, selfIsValidator bool) *harness {
 	}
 	s := New(Params{Experiment: "exp", Self: self, IsValidator: func(p string) bool { return p == vals[0] || p == vals[1] },
 		Bus: h.bus, Tips: h.tips, Heads: h.heads, Peers: h.peers,
-		FetchArtifacts: func(_ context.Context, hd *chain.Head, _ ...peer.ID) error {
+		FetchArtifacts: func(_ context.Context, hd *chain.Head, hints ...peer.ID) error {
 			h.peers.mu.Lock()
+			h.hints[hd.Round] = hints
 			var err error
 			if h.fetchFails != nil {
 				err = h.fetchFails(hd)
@@ -211,6 +214,58 @@ func TestHeadWithQuorumBecomesCanonical(t *testing.T) {
 	h.bus.Deliver(h.v2.id.String(), &gossip.Head{Experiment: "exp", Signed: *r1})
 	require.Equal(t, r1.ID(), h.waitRound(t, 1))
 	require.Equal(t, uint64(1), <-h.fetchedArtifacts, "the head's artifacts are fetched before it becomes canonical")
+}
+
+// A head's artifacts are asked of the peer it came from and then of every validator whose
+// signature on it verifies (they made or recomputed them): a node that cannot reach the
+// proposer gets them from the validators that attested. Signatures that do not verify,
+// a stranger's, and this node's own are no holders; by catch-up the same.
+func TestArtifactsAskedOfTheValidatorsThatSigned(t *testing.T) {
+	for _, self := range []bool{false, true} {
+		t.Run(fmt.Sprintf("self is validator %v", self), func(t *testing.T) {
+			h := newHarness(t, self)
+			// A signature in v2's name made with another key names no holder.
+			r0 := head(1, h.genesisID)
+			r0.Params = cids.Record([]byte("forged")).Bytes()
+			id0, err := r0.ID()
+			require.NoError(t, err)
+			forged, err := chain.Sign(h.stranger.key, id0)
+			require.NoError(t, err)
+			forged.Peer = h.v2.id.String()
+			require.Equal(t, []peer.ID{h.v1.id}, (&Sync{Params: Params{IsValidator: func(string) bool { return true }}}).holders(h.v1.id, id0, []chain.Signature{forged}),
+				"a signature that does not verify names no holder")
+			r1 := signed(t, head(1, h.genesisID), h.v1, h.v2, h.stranger)
+			h.bus.Deliver(h.v2.id.String(), &gossip.Head{Experiment: "exp", Signed: *r1})
+			require.Equal(t, r1.ID(), h.waitRound(t, 1))
+			want := []peer.ID{h.v2.id, h.v1.id}
+			if self {
+				want = []peer.ID{h.v2.id} // this node's own signature names no holder
+			}
+			h.peers.mu.Lock()
+			require.Equal(t, want, h.hints[1], "the sender, then the other validators that signed; never a stranger")
+			h.peers.mu.Unlock()
+
+			// By catch-up from a peer that is no validator (a trainer ahead): that peer,
+			// then the validators that signed.
+			r2 := signed(t, head(2, r1.ID()), h.v1, h.v2)
+			h.peers.mu.Lock()
+			h.peers.heads[r2.ID()], h.peers.tip = r2, r2
+			h.peers.mu.Unlock()
+			trainer := newSigner(t)
+			h.bus.Deliver(trainer.id.String(), &gossip.Announce{Experiment: "exp", Peer: trainer.id.String(), Round: 2, Head: r2.ID().Bytes()})
+			require.Equal(t, r2.ID(), h.waitRound(t, 2))
+			want = []peer.ID{trainer.id, h.v1.id, h.v2.id}
+			if self {
+				want = []peer.ID{trainer.id, h.v2.id}
+			}
+			if h.v2.id.String() < h.v1.id.String() { // a signed head's signatures are sorted by peer
+				want[1], want[len(want)-1] = want[len(want)-1], want[1]
+			}
+			h.peers.mu.Lock()
+			require.Equal(t, want, h.hints[2])
+			h.peers.mu.Unlock()
+		})
+	}
 }
 
 // TestHeadsThatMustNotCount: a head from a peer that is not a validator, and one without
