@@ -113,8 +113,8 @@ func TestLMLearningCheck(t *testing.T) {
 			c.Protocol.InnerSteps = h
 			c.Lease.MicroshardsPerTrainer = 2
 			c.Lease.MinGroup = 3
-			// P2PNODE_LM_CHECK_OUTER="lr,momentum,nesterov" replaces the demo's outer step (1.0,0.5 with
-			// Nesterov for lm, without for digits and charlm).
+			// P2PNODE_LM_CHECK_OUTER="lr,momentum,nesterov" replaces the demo's outer step (1.0,0.5
+			// without Nesterov, but with it for lm on a codec other than fp32).
 			if o := strings.Split(os.Getenv("P2PNODE_LM_CHECK_OUTER"), ","); len(o) == 3 {
 				lr, _ := strconv.ParseFloat(o[0], 64)
 				mom, _ := strconv.ParseFloat(o[1], 64)

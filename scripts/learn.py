@@ -36,7 +36,8 @@ DEMO_OUTER_SPARSE = "1.5:0.5:nesterov"
 # The lm demo's settings that the reference must share (demo.WriteConfigs).
 DEMO_H = 20
 DEMO_PER_TRAINER = 2
-DEMO_OUTER = "1.0:0.5:nesterov"
+# The lm demo's outer step with fp32: heavy ball (demo.WriteConfigs).
+DEMO_OUTER = "1.0:0.5:plain"
 
 
 def csv(text):
