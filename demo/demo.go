@@ -301,7 +301,7 @@ func WriteConfigs(o Options) ([]*config.Config, error) {
 			// sparse's larger outer step is lm's: the other workloads keep 1.0
 			// (docs/wan.md).
 			c.Protocol.DiLoCo.OuterLR = config.OuterLRFor(c.Protocol)
-			// Heavy ball with fp32: 2.8-3.5 % lower held-out loss than Nesterov over
+			// Heavy ball with fp32: 2.7-3.5 % lower held-out loss than Nesterov over
 			// rounds 17-24 of lm tiny on three seeds; with sparse it lost 2.0-3.0 % at
 			// lr 1.5, 2.2-3.0 % at 1.0, and sparse keeps Nesterov; fp16 and int8 were not
 			// measured and keep it too (docs/diloco-cost.md).
