@@ -379,21 +379,22 @@ func TestWANGoodput(t *testing.T) {
 	for range reps {
 		for i, w := range ways {
 			var at, raw []string
-			var ids []string
+			var id string
 			var stdins []io.WriteCloser
-			for j, hn := range holderNodes[:w.holders] {
+			for _, hn := range holderNodes[:w.holders] {
 				_, hsc, hin := helper(t, hn, "holder", fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg))
 				ready := expectLine(t, hsc, "READY")
 				at = append(at, map[string]string{"tcp": ready[0], "quic": ready[2], "both": ready[0] + "," + ready[2]}[w.dial])
 				raw = append(raw, hn.Addr+":4002")
-				ids = append(ids, ready[1])
 				stdins = append(stdins, hin)
-				if ids[j] != ids[0] {
-					t.Fatalf("the holders' artifacts differ: %s and %s", ids[0], ids[j])
+				if id == "" {
+					id = ready[1]
+				} else if ready[1] != id {
+					t.Fatalf("the holders' artifacts differ: %s and %s", id, ready[1])
 				}
 			}
 			before := sent(holderNodes[:w.holders])
-			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + strings.Join(at, ","), "P2PWAN_ARTIFACT=" + ids[0]}
+			env := []string{fmt.Sprintf("P2PWAN_MAXMSG=%d", w.maxMsg), "P2PWAN_HOLDER=" + strings.Join(at, ","), "P2PWAN_ARTIFACT=" + id}
 			if w.raw > 0 {
 				env = append(env, "P2PWAN_RAW="+strings.Join(raw, ","), fmt.Sprintf("P2PWAN_FLOWS=%d", w.raw))
 			}
