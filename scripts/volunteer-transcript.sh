@@ -17,8 +17,11 @@
 #
 # Environment: WORK (default: a new temp dir, kept so the logs can be read), WAIT_S (how long
 # to wait for the volunteer's first merged contribution, default 300), JOIN_AT_ROUND (join
-# only once the owner has proposed that round: a model the owner trained further), NET (the /30 the two
-# namespaces share, default 198.18.43.0: 198.18.0.0/15 is for benchmarking labs).
+# only once the owner has proposed that round: a model the owner trained further), STAY_ROUNDS
+# (keep the volunteer that many rounds after its first merged contribution, then report the
+# honest rejections over them: issue 42's "no honest volunteer turned away"; default 0, Ctrl-C
+# three seconds after it), NET (the /30 the two namespaces share, default 198.18.43.0:
+# 198.18.0.0/15 is for benchmarking labs).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -38,6 +41,7 @@ tarball=$(cd "$(dirname "$tarball")" && pwd)/$(basename "$tarball")
 
 WAIT_S=${WAIT_S:-300}
 JOIN_AT_ROUND=${JOIN_AT_ROUND:-0}
+STAY_ROUNDS=${STAY_ROUNDS:-0}
 NET=${NET:-198.18.43.0}
 base=${NET%.*}; last=${NET##*.}
 own_ip=$base.$((last + 1)); vol_ip=$base.$((last + 2))
@@ -100,6 +104,45 @@ run_in() {
 	local ns=$1 dir=$2 home=$3; shift 3
 	ip netns exec "$ns" env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin TERM=xterm \
 		bash -c 'cd "$1" && shift && exec "$@"' _ "$dir" "$@"
+}
+# honest_rejections ROUND: from the owner's JSON log, the updates offered in the owner's
+# proposed heads from ROUND on (merged + rejected, the last head of each round), the
+# rejections by reason and peer (the owner and the volunteer are both honest), and the
+# quarantines. A round without a proposed head yet (the one open at Ctrl-C) is left out.
+honest_rejections() {
+	python3 - "$WORK/owner/run.log" "$1" <<'PY'
+import json, sys
+from collections import Counter
+path, first = sys.argv[1], int(sys.argv[2])
+heads, rej, quar = {}, [], []
+with open(path, errors="replace") as f:
+    for line in f:
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        r = m.get("round")
+        if m.get("msg") == "proposed head" and r is not None and r >= first:
+            heads[r] = m
+        elif m.get("msg") == "contribution rejected" and r is not None and r >= first:
+            rej.append(m)
+        elif str(m.get("msg", "")).startswith("peer quarantined"):
+            quar.append(m)
+if not heads:
+    sys.exit("volunteer-transcript: no proposed head from round %d on" % first)
+last = max(heads)
+rej = [m for m in rej if m["round"] <= last]
+merged = sum(h.get("merged", 0) for h in heads.values())
+offered = merged + len(rej)
+pct = 100.0 * len(rej) / offered if offered else 0.0
+print(f"rounds {first}-{last}: {len(heads)} heads, honest updates offered {offered} = merged {merged} + rejected {len(rej)} ({pct:.2f} %)")
+by = Counter((m.get("reason"), m.get("peer", "")[-6:]) for m in rej)
+for (reason, peer), n in sorted(by.items()):
+    print(f"  {reason} x{n} (peer ...{peer})")
+for m in rej:
+    print(f"  round {m['round']} {m.get('reason')}: {str(m.get('detail', ''))[:160]}")
+print(f"honest quarantines: {len(quar)}")
+PY
 }
 # trim keeps transcripts readable: a long line is cut at 220 characters.
 trim() { cut -c1-220; }
@@ -194,8 +237,25 @@ for _ in $(seq $((WAIT_S * 10))); do
 	if grep -q '"msg":"proposed head".*"merged":[2-9]' "$WORK/owner/run.log"; then merged_at=$(now_us); break; fi
 	sleep 0.1
 done
-sleep 3 # a few more rounds for the transcript
-say "^C   (the script presses Ctrl-C three seconds after the owner merged a contribution of the volunteer)"
+first_round=
+if [[ -n $merged_at ]]; then
+	first_round=$(grep -m1 '"msg":"proposed head".*"merged":[2-9]' "$WORK/owner/run.log" | sed -E 's/.*"round":([0-9]+).*/\1/')
+fi
+if (( STAY_ROUNDS > 0 )) && [[ -n $first_round ]]; then
+	# Stay until the owner has proposed the round STAY_ROUNDS after the volunteer's first
+	# merged one (an hour at most), showing the round reached every 30 s.
+	want=$((first_round + STAY_ROUNDS))
+	for i in $(seq 36000); do
+		grep -q "\"msg\":\"proposed head\",\"pkg\":\"node\",\"round\":$want," "$WORK/owner/run.log" && break
+		(( i % 300 == 0 )) && echo "volunteer-transcript: staying until round $want; the owner proposed round $(grep '"msg":"proposed head"' "$WORK/owner/run.log" | tail -1 | sed -E 's/.*"round":([0-9]+).*/\1/')" >&2
+		kill -0 "$vol_pid" 2>/dev/null || { echo "volunteer-transcript: the volunteer exited before round $want" >&2; break; }
+		sleep 0.1
+	done
+	say "^C   (the script presses Ctrl-C once the owner has proposed round $want, $STAY_ROUNDS rounds after the volunteer's first merged one)"
+else
+	sleep 3 # a few more rounds for the transcript
+	say "^C   (the script presses Ctrl-C three seconds after the owner merged a contribution of the volunteer)"
+fi
 # Ctrl-C reaches the node itself (under script, the pty's foreground process).
 node_pid=$(descendant "$vol_pid" p2pnode)
 [[ -n $node_pid ]] && kill -INT "$node_pid" 2>/dev/null || true
@@ -229,6 +289,12 @@ say "dataset prepared             $(vol_at 'preparing the dataset')   (its progr
 [[ -n $lease_t ]] && say "first lease to the volunteer $(since "$t0" "$(epoch_us "$lease_t")")s   (owner: \"issued leases\" to 2 trainers)"
 [[ -n $merge_t ]] && say "first merged contribution    $(since "$t0" "$(epoch_us "$merge_t")")s   (owner: \"proposed head\" merged 2)"
 say "volunteer sees it merged     $(vol_at 'round +[0-9]+ .*merged [2-9] ')   (its first round line with merged 2)"
+
+if (( STAY_ROUNDS > 0 )) && [[ -n $first_round ]]; then
+	say ""
+	say "## honest rejections from round $first_round (the volunteer's first merged) on"
+	honest_rejections "$first_round" | tee -a "$out"
+fi
 
 say ""
 say "## owner"
