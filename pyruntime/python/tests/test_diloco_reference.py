@@ -130,8 +130,23 @@ class RunTest(unittest.TestCase):
         self.assertIn("| outer lr 1, momentum 0.5, Nesterov | mean |", text)
         self.assertIn("| outer lr 0.7, momentum 0.9, Nesterov | mean |", text)
 
+    def test_outer_lr_warm_up(self):
+        o = ref.Outer.parse("1.2:0.5:plain:w4")
+        self.assertEqual((o.lr, o.momentum, o.nesterov, o.warmup), (1.2, 0.5, False, 4))
+        self.assertEqual([round(o.lr_at(r), 9) for r in range(1, 7)], [0.3, 0.6, 0.9, 1.2, 1.2, 1.2])
+        self.assertEqual(ref.Outer.parse("1.0:0.5:nesterov").lr_at(1), 1.0)
+        self.assertIn("lr warm-up 4 rounds", str(o))
+        # Round 1 of a 2-round warm-up is the outer step at half the lr: the same model as
+        # a one-round run at lr / 2 without a warm-up.
+        w = digits.Digits({"hidden": 16, "batch_size": 8, "lr": 0.01})
+        warm = ref.run(w, self.x, self.y, self.init, 2, 5, ref.Outer(1.0, 0.5, True, 2), 2, 1, 3, 64)
+        half = ref.run(w, self.x, self.y, self.init, 2, 5, ref.Outer(0.5, 0.5, True), 2, 1, 3, 64)
+        full = ref.run(w, self.x, self.y, self.init, 2, 5, ref.Outer(1.0, 0.5, True), 2, 1, 3, 64)
+        self.assertEqual(warm, half)
+        self.assertNotEqual(warm, full)
+
     def test_bad_outer_is_refused(self):
-        for s in ["1.0", "1.0:1.0", "0:0.5", "1.0:0.5:sideways", "x:0.5"]:
+        for s in ["1.0", "1.0:1.0", "0:0.5", "1.0:0.5:sideways", "x:0.5", "1.0:0.5:plain:wx", "1.0:0.5:plain:4"]:
             with self.subTest(s), self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
                 ref.main(["--outer", s])
 

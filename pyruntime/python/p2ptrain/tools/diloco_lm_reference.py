@@ -122,7 +122,7 @@ def main(argv=None):
     ap.add_argument("--h", type=int, default=100, help="inner steps per worker per round")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--outer", type=Outer.parse, action="append",
-                    help="lr:momentum[:nesterov|plain], repeatable (default 1.0:0.5:plain)")
+                    help="lr:momentum[:nesterov|plain][:wROUNDS] (wROUNDS: the lr warmed up linearly over that many rounds), repeatable (default 1.0:0.5:plain)")
     ap.add_argument("--per-trainer", type=int, default=2, help="lease.microshards_per_trainer before WindowShare raises it")
     ap.add_argument("--decay", choices=("fit", "preset"), default="fit",
                     help="fit: each run's cosine ends at its last step; preset: the preset's decay_steps")

@@ -52,26 +52,37 @@ from ..workloads import digits
 
 
 class Outer:
-    """One outer optimizer setting: SGD lr, momentum, Nesterov."""
+    """One outer optimizer setting: SGD lr, momentum, Nesterov, and an optional linear
+    warm-up of the lr over the first ``warmup`` rounds (round r of W steps at lr·r/W)."""
 
-    def __init__(self, lr, momentum=0.0, nesterov=False):
-        if not lr > 0 or not 0 <= momentum < 1 or (nesterov and momentum == 0):
-            raise ValueError(f"bad outer setting lr {lr} momentum {momentum} nesterov {nesterov}")
-        self.lr, self.momentum, self.nesterov = float(lr), float(momentum), bool(nesterov)
+    def __init__(self, lr, momentum=0.0, nesterov=False, warmup=0):
+        if not lr > 0 or not 0 <= momentum < 1 or (nesterov and momentum == 0) or warmup < 0:
+            raise ValueError(f"bad outer setting lr {lr} momentum {momentum} nesterov {nesterov} warm-up {warmup}")
+        self.lr, self.momentum, self.nesterov, self.warmup = float(lr), float(momentum), bool(nesterov), int(warmup)
+
+    def lr_at(self, r):
+        """The outer lr of round r (1-based)."""
+        return self.lr * min(1.0, r / self.warmup) if self.warmup else self.lr
 
     @classmethod
     def parse(cls, s):
-        """``lr:momentum[:nesterov]``, e.g. ``1.0:0.5:nesterov`` or ``0.7:0.9:nesterov``."""
+        """``lr:momentum[:nesterov|plain][:wN]``, e.g. ``1.0:0.5:nesterov``, ``0.7:0.9:nesterov`` or
+        ``1.0:0.5:plain:w4`` (the lr warmed up linearly over the first 4 rounds)."""
         parts = s.split(":")
+        warmup = 0
+        if len(parts) == 4 and parts[3].startswith("w") and parts[3][1:].isdigit():
+            warmup = int(parts[3][1:])
+            parts = parts[:3]
         if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("nesterov", "plain")):
-            raise argparse.ArgumentTypeError(f"--outer {s!r}: want lr:momentum[:nesterov|plain]")
+            raise argparse.ArgumentTypeError(f"--outer {s!r}: want lr:momentum[:nesterov|plain][:wROUNDS]")
         try:
-            return cls(float(parts[0]), float(parts[1]), len(parts) == 3 and parts[2] == "nesterov")
+            return cls(float(parts[0]), float(parts[1]), len(parts) == 3 and parts[2] == "nesterov", warmup)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"--outer {s!r}: {e}") from None
 
     def __str__(self):
-        return f"outer lr {self.lr:g}, momentum {self.momentum:g}{', Nesterov' if self.nesterov else ''}"
+        return (f"outer lr {self.lr:g}, momentum {self.momentum:g}{', Nesterov' if self.nesterov else ''}"
+                + (f", lr warm-up {self.warmup} rounds" if self.warmup else ""))
 
 
 def microshards(n_train, per_shard):
@@ -185,6 +196,8 @@ def diloco(workload, global_model, outer, ws, plan, rounds, seed, train, on_roun
                 continue
             weights.append(train(ws[k], got, steps, seed * 1_000_003 + r * 1009 + k))
             trained.append(ws[k].model)
+        for g in outer_opt.param_groups:
+            g["lr"] = outer.lr_at(r)
         outer_step(global_model, outer_opt, trained, weights)
         global_model.eval()
         with torch.no_grad():
@@ -228,7 +241,7 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.001, help="inner AdamW lr")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--outer", type=Outer.parse, action="append",
-                    help="lr:momentum[:nesterov|plain], repeatable (default 1.0:0.5:nesterov, the demo's)")
+                    help="lr:momentum[:nesterov|plain][:wROUNDS] (wROUNDS: the lr warmed up linearly over that many rounds), repeatable (default 1.0:0.5:nesterov, the demo's)")
     ap.add_argument("--per-trainer", type=int, default=3, help="lease.microshards_per_trainer before WindowShare raises it")
     ap.add_argument("--examples-per-shard", type=int, default=64, help="rows per microshard")
     ap.add_argument("--window", default="21-30", help="rounds averaged in the summary, lo-hi")
