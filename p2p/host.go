@@ -82,9 +82,10 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Report
 		return nil, fmt.Errorf("connection manager: %w", err)
 	}
 	listen := cfg.Node.Listen
+	dialer := newTCPDialer()
 	opts := []libp2p.Option{
 		libp2p.Identity(key),
-		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Transport(tcp.NewTCPTransport, dialer.option()),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Muxer(yamux.ID, Yamux(YamuxMaxMessageSize)),
 		libp2p.ResourceManager(rm),
@@ -135,6 +136,7 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Report
 		h.Close()
 		return nil, err
 	}
+	dialer.attach(h)
 	return h, nil
 }
 
