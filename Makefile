@@ -194,7 +194,8 @@ wan-nat-roles: setup
 ## wan-faults: the home spec's swarm meets faults (issue 46 item 5, tag wan): a trainer behind
 ## NAT cut off for WAN_CUT_S (30) seconds, another's router forgetting its mappings (conntrack
 ## flushed, as a reboot does); each must be merged again within 2 rounds, and the audit pass.
-## WAN_SPEC, WAN_CUT (trainer-4), WAN_FORGET (trainer-5), WAN_WORKLOAD. Needs root, ip, nft,
+## WAN_SPEC, WAN_CUT (trainer-4), WAN_FORGET (trainer-5), WAN_WORKLOAD, WAN_DIR (keeps the
+## stores and the nodes' logs there). Needs root, ip, nft,
 ## conntrack and /dev/net/tun.
 wan-faults: setup
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestWANFaults$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -123,6 +124,13 @@ func TestWANFaults(t *testing.T) {
 	validator.Kill()
 	for _, p := range procs[1:] {
 		p.Kill()
+	}
+	if os.Getenv("WAN_DIR") != "" { // kept: the nodes' logs beside their stores
+		for _, p := range procs {
+			if err := os.WriteFile(filepath.Join(dir, p.Name+".log"), []byte(p.Logs()), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
 	}
 	chain := validator.HeadChain(t)
 	mergedIn := func(p *Proc) map[int]bool {
