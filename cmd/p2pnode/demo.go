@@ -67,7 +67,7 @@ byte-level GRU of p2ptrain.workloads.charlm on the same sources.`,
 	cmd.Flags().StringVar(&o.Overlap, "overlap", "", "protocol.overlap of every node: eager to train the next window while the round closes (default: none)")
 	cmd.Flags().Int64Var(&o.Seed, "seed", 1, "experiment.seed: the initial model, the batch orders and the lease draws (the held-out split stays)")
 	cmd.Flags().Float64Var(&momentum, "momentum", 0, "protocol.diloco.momentum of every node (default: the workload's, 0.5; sparse allows at most 0.5)")
-	cmd.Flags().Float64Var(&outerLR, "outer-lr", 0, "protocol.diloco.outer_lr of every node (default 1.0; on lm 1.5 with --codec sparse)")
+	cmd.Flags().Float64Var(&outerLR, "outer-lr", 0, "protocol.diloco.outer_lr of every node (default 1.0; on lm 1.5 with --codec sparse, 0.5 with fp32 and --overlap eager)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "continue an earlier demo in --dir instead of starting fresh")
 	return cmd
 }
