@@ -112,8 +112,6 @@ func TestSeedAndOuterStepReachEveryNode(t *testing.T) {
 	}
 }
 
-// Heavy-ball outer momentum everywhere but on lm with a codec other than fp32, where it
-// lost to Nesterov (sparse) or was not measured (fp16, int8) (docs/diloco-cost.md).
 // TestOuterLRWithOverlap: the lm demo's fp32 outer step is half as large under overlap
 // eager (a window trained ahead lands a round late: at 1.0 it cost 13-14 % held-out loss,
 // docs/diloco-cost.md); sparse keeps its 1.5 and the other workloads their 1.0, and
@@ -143,6 +141,8 @@ func TestOuterLRWithOverlap(t *testing.T) {
 	}
 }
 
+// Heavy-ball outer momentum everywhere but on lm with a codec other than fp32, where it
+// lost to Nesterov (sparse) or was not measured (fp16, int8) (docs/diloco-cost.md).
 func TestOuterMomentumKind(t *testing.T) {
 	for _, tc := range []struct {
 		workload, codec string
