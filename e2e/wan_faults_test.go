@@ -67,8 +67,9 @@ func TestWANFaults(t *testing.T) {
 	if _, set := os.LookupEnv("WAN_OVERLAP"); !set {
 		overlap = "eager"
 	}
-	dir := os.Getenv("WAN_DIR") // to keep the nodes' stores
-	if dir == "" {
+	dir := os.Getenv("WAN_DIR") // to keep the nodes' stores and logs
+	keep := dir != ""
+	if !keep {
 		dir = t.TempDir()
 	}
 	// The demo's own settings for the workload with the sparse codec (outer lr, momentum).
@@ -125,7 +126,7 @@ func TestWANFaults(t *testing.T) {
 	for _, p := range procs[1:] {
 		p.Kill()
 	}
-	if os.Getenv("WAN_DIR") != "" { // kept: the nodes' logs beside their stores
+	if keep { // the nodes' logs beside their stores
 		for _, p := range procs {
 			if err := os.WriteFile(filepath.Join(dir, p.Name+".log"), []byte(p.Logs()), 0o644); err != nil {
 				t.Error(err)

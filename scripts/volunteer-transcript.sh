@@ -232,15 +232,16 @@ for _ in $(seq 50); do [[ -s $WORK/volunteer/join.pid ]] && break; sleep 0.1; do
 vol_pid=$(cat "$WORK/volunteer/join.pid")
 # The owner's JSON log says when it leased to two trainers (itself and the volunteer) and
 # when a head merged two contributions; the volunteer's terminal when it saw such a head.
-merged_at=
+merged_at= first_round=
 for _ in $(seq $((WAIT_S * 10))); do
-	if grep -q '"msg":"proposed head".*"merged":[2-9]' "$WORK/owner/run.log"; then merged_at=$(now_us); break; fi
+	line=$(grep -m1 '"msg":"proposed head".*"merged":[2-9]' "$WORK/owner/run.log" || true)
+	if [[ -n $line ]]; then
+		merged_at=$(now_us)
+		first_round=$(sed -E 's/.*"round":([0-9]+).*/\1/' <<<"$line")
+		break
+	fi
 	sleep 0.1
 done
-first_round=
-if [[ -n $merged_at ]]; then
-	first_round=$(grep -m1 '"msg":"proposed head".*"merged":[2-9]' "$WORK/owner/run.log" | sed -E 's/.*"round":([0-9]+).*/\1/')
-fi
 if (( STAY_ROUNDS > 0 )) && [[ -n $first_round ]]; then
 	# Stay until the owner has proposed the round STAY_ROUNDS after the volunteer's first
 	# merged one (an hour at most), showing the round reached every 30 s.
