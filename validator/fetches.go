@@ -26,18 +26,22 @@ type deltaFetches struct {
 	wg      *sync.WaitGroup // the fetches running: the validator's, joined when its run ends
 	done    chan fetchResult
 	pending map[string]pendingFetch // by trainer
+	next    uint64                  // the number of the next fetch started
 }
 
 // pendingFetch is an accepted contribution whose update is on its way.
 type pendingFetch struct {
-	rc    received
-	delta cid.Cid
-	start time.Time
+	rc     received
+	delta  cid.Cid
+	start  time.Time
+	seq    uint64             // which fetch of the round it is (fetchResult.seq)
+	cancel context.CancelFunc // ends it (drop)
 }
 
 type fetchResult struct {
 	from  string
 	delta cid.Cid
+	seq   uint64
 	err   error
 }
 
@@ -53,27 +57,43 @@ func (f *deltaFetches) stop() { f.cancel() }
 // start fetches the update of rc (artifact delta) from hint and the holders the bus knows,
 // until deadline. Its result arrives on done unless the round ends first.
 func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid, hint peer.ID, deadline time.Time) {
-	f.pending[from] = pendingFetch{rc: rc, delta: delta, start: time.Now()}
+	ctx, cancel := context.WithDeadline(f.ctx, deadline)
+	seq := f.next
+	f.next++
+	f.pending[from] = pendingFetch{rc: rc, delta: delta, start: time.Now(), seq: seq, cancel: cancel}
 	f.wg.Go(func() {
-		ctx, cancel := context.WithDeadline(f.ctx, deadline)
 		defer cancel()
 		err := b.Fetch(ctx, delta, hint)
 		select {
-		case f.done <- fetchResult{from: from, delta: delta, err: err}:
+		case f.done <- fetchResult{from: from, delta: delta, seq: seq, err: err}:
 		case <-f.ctx.Done():
 		}
 	})
 }
 
 // finish takes the pending fetch res reports on; false when there is none (the round
-// settled that trainer's lease meanwhile).
+// settled that trainer's lease meanwhile, or dropped the fetch res is of).
 func (f *deltaFetches) finish(res fetchResult) (pendingFetch, bool) {
 	p, ok := f.pending[res.from]
-	if !ok || !p.delta.Equals(res.delta) {
+	if !ok || p.seq != res.seq {
 		return pendingFetch{}, false
 	}
 	delete(f.pending, res.from)
 	return p, true
+}
+
+// drop ends the fetch of from's update, if one is on its way: the round settled its lease
+// otherwise (the trainer left). What it reports is not counted, and a contribution the
+// trainer makes on a later lease of the round is not taken for a replay of this one. (A
+// trainer killed after it announced its update comes back as a new process and is leased
+// again; with the old fetch still pending — hung on the dead connection — its new update
+// was rejected as a second contribution, and the round waited out that fetch and then the
+// new lease's deadline.)
+func (f *deltaFetches) drop(from string) {
+	if p, ok := f.pending[from]; ok {
+		p.cancel()
+		delete(f.pending, from)
+	}
 }
 
 // fetchedDelta finishes accepting a contribution whose update was fetched (or failed to

@@ -17,6 +17,7 @@ import (
 	"github.com/p2pnode/p2pnode/bus"
 	"github.com/p2pnode/p2pnode/chain"
 	"github.com/p2pnode/p2pnode/cids"
+	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/lease"
@@ -251,4 +252,49 @@ func TestVerifierFetchesUpdatesSideBySideFromTheProposer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("verification did not end")
 	}
+}
+
+// TestTrainerBackWhileItsUpdateWasOnItsWay: a trainer announces its update and is killed
+// before the update arrives (the fetch hangs on the dead connection); it comes back as a
+// new process and is leased again. The fetch of the old process's update is dropped: the
+// new process's contribution, with the same update (same base, same microshards), is not
+// taken for a replay of the old one, the old fetch's end is not counted, and the new
+// update counts when it arrives.
+func TestTrainerBackWhileItsUpdateWasOnItsWay(t *testing.T) {
+	f := newFetchingRound(t, "t1")
+	v, r := f.v, f.r
+	<-f.gb.started
+	announce := func(started int64) *gossip.Announce {
+		return &gossip.Announce{Peer: "t1", Roles: []string{config.RoleTrainer}, Time: time.Now().UnixMilli(), Started: started}
+	}
+	v.trainers.seen("t1", announce(1))
+	r.returns["t1"] = v.trainers.returns("t1")
+	in := bus.NewInbox(func() {})
+	in.Announces <- bus.Received[gossip.Announce]{From: "t1", Msg: announce(2)}
+	v.noticeReturns(r, in)
+	require.Empty(t, r.book.Barred()["t1"], "t1 is back and may be leased again")
+
+	again := f.leases[0]
+	again.Expiry = 2
+	r.leases[again.ID()] = again
+	r.book.Grant([]lease.Lease{again})
+	v.accept(r, "t1", f.contribution(again))
+	require.Empty(t, rejections(v), "the new process's contribution is no replay")
+	select {
+	case <-f.gb.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new update's fetch did not start")
+	}
+	select {
+	case res := <-r.fetches.done: // the dropped fetch, cancelled
+		require.ErrorIs(t, res.err, context.Canceled)
+		v.fetchedDelta(r, res)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dropped fetch did not end")
+	}
+	require.Empty(t, r.received, "the dropped fetch's end is not counted")
+	require.Empty(t, rejections(v))
+	f.finish(t, "t1", nil)
+	require.Equal(t, []string{"t1"}, receivedPeers(r))
+	require.True(t, r.book.Settled())
 }

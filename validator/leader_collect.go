@@ -95,6 +95,7 @@ func (v *validator) noticeReturns(r *openRound, in *bus.Inbox) {
 		left := back || !v.trainers.isLive(p) && v.holdsLease(r, p)
 		r.returns[p] = now
 		if left && r.book.Gone(p) {
+			r.fetches.drop(p)
 			why := "fell silent"
 			if back {
 				why = v.trainers.returnedHow(p)
