@@ -37,18 +37,39 @@ import (
 // a head again (measured in the WAN lab: the trainer heard nothing for 1.5 minutes after
 // its stale connection was closed). On a connection made afresh every protocol starts over.
 
-// StaleProbeTimeout is how long an older connection has to answer a ping once its peer
-// has connected anew: a few retransmissions at a 250 ms round trip. yamux's own keepalive
-// gives a ping 10 s (its write timeout), after 30 s of waiting.
+// StaleProbeTimeout is how long an older connection has at most to answer a ping once its
+// peer has connected anew: a few retransmissions at a 250 ms round trip. yamux's own
+// keepalive gives a ping 10 s (its write timeout), after 30 s of waiting.
 const StaleProbeTimeout = 5 * time.Second
+
+// A peer dials again when it holds no connection to us: an older connection it had then is
+// gone at its end. So the older connection is pinged side by side with a ping over the new
+// one, and once the new one has answered, the older one has staleProbeRTTs times as long,
+// plus staleProbeSlack, to answer too (at least staleProbeFloor, at most
+// StaleProbeTimeout): the two share the path, so a slow or loaded link gives both their
+// time, while a trainer 250 ms away whose router forgot its mappings is not kept waiting
+// the full timeout (every second of it delays its next merged update; docs/wan.md,
+// faults). The exception is two connections opened at once (both peers dialled, the
+// older one live): an older connection opened less than simultaneousDial before the new
+// one gets the full StaleProbeTimeout.
+const (
+	staleProbeRTTs   = 3
+	staleProbeSlack  = 500 * time.Millisecond
+	staleProbeFloor  = time.Second
+	simultaneousDial = 10 * time.Second
+)
 
 // staleWatch probes the older connections of peers that connect anew (network.Notifiee).
 type staleWatch struct {
 	network.NoopNotifiee
 	net     network.Network
 	ctx     context.Context
-	timeout time.Duration
-	log     *slog.Logger
+	timeout time.Duration // StaleProbeTimeout
+	floor   time.Duration // staleProbeFloor
+	// together is simultaneousDial: an older connection opened less than this before the
+	// new one gets the whole timeout.
+	together time.Duration
+	log      *slog.Logger
 
 	mu      sync.Mutex
 	probing map[network.Conn]bool
@@ -57,13 +78,18 @@ type staleWatch struct {
 // WatchStaleConns closes the connections of h that their peer has abandoned (see above)
 // until ctx ends.
 func WatchStaleConns(ctx context.Context, h host.Host, log *slog.Logger) {
-	watchStaleConns(ctx, h, StaleProbeTimeout, log)
+	w := newStaleWatch(ctx, h, log)
+	w.watch(h)
 }
 
-func watchStaleConns(ctx context.Context, h host.Host, timeout time.Duration, log *slog.Logger) {
-	w := &staleWatch{net: h.Network(), ctx: ctx, timeout: timeout, log: log, probing: map[network.Conn]bool{}}
+func newStaleWatch(ctx context.Context, h host.Host, log *slog.Logger) *staleWatch {
+	return &staleWatch{net: h.Network(), ctx: ctx, timeout: StaleProbeTimeout, floor: staleProbeFloor, together: simultaneousDial,
+		log: log, probing: map[network.Conn]bool{}}
+}
+
+func (w *staleWatch) watch(h host.Host) {
 	h.Network().Notify(w)
-	context.AfterFunc(ctx, func() { h.Network().StopNotify(w) })
+	context.AfterFunc(w.ctx, func() { h.Network().StopNotify(w) })
 }
 
 // Connected is called for every new connection.
@@ -81,27 +107,56 @@ func (w *staleWatch) Connected(n network.Network, c network.Conn) {
 		w.probing[old] = true
 		w.mu.Unlock()
 		if !busy {
-			go w.probe(old)
+			go w.probe(old, c)
 		}
 	}
 }
 
-func (w *staleWatch) probe(c network.Conn) {
+// probe pings old, an older connection to the peer fresh was opened to, and closes every
+// connection to the peer when old does not answer in time (see staleProbeRTTs).
+func (w *staleWatch) probe(old, fresh network.Conn) {
 	defer func() {
 		w.mu.Lock()
-		delete(w.probing, c)
+		delete(w.probing, old)
 		w.mu.Unlock()
 	}()
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(w.ctx, w.timeout)
 	defer cancel()
-	err := pingOver(ctx, c)
-	if err == nil || w.ctx.Err() != nil || c.IsClosed() {
+	oldDone := make(chan error, 1)
+	go func() { oldDone <- pingOver(ctx, old) }()
+	var freshDone chan error // nil: old has the whole timeout
+	if fresh.Stat().Opened.Sub(old.Stat().Opened) >= w.together {
+		freshDone = make(chan error, 1)
+		go func() { freshDone <- pingOver(ctx, fresh) }()
+	}
+	var err error
+	var cut <-chan time.Time
+	var rtt time.Duration // the new connection's answer
+wait:
+	for {
+		select {
+		case err = <-oldDone:
+			break wait
+		case ferr := <-freshDone:
+			freshDone = nil
+			if ferr == nil {
+				rtt = time.Since(start)
+				d := min(max(staleProbeRTTs*rtt+staleProbeSlack, w.floor), w.timeout)
+				cut = time.After(time.Until(start.Add(d)))
+			}
+		case <-cut:
+			err = fmt.Errorf("no answer in %v; the new connection answered in %v", time.Since(start).Round(time.Millisecond), rtt.Round(time.Millisecond))
+			break wait
+		}
+	}
+	if err == nil || w.ctx.Err() != nil || old.IsClosed() {
 		return
 	}
 	w.log.Info("closed the connections of a peer that connected again: an older one no longer answers",
-		"peer", c.RemotePeer().String(), "remote", c.RemoteMultiaddr().String(), "opened", c.Stat().Opened.Format(time.RFC3339), "err", err)
-	_ = c.Close()
-	_ = w.net.ClosePeer(c.RemotePeer())
+		"peer", old.RemotePeer().String(), "remote", old.RemoteMultiaddr().String(), "opened", old.Stat().Opened.Format(time.RFC3339), "err", err)
+	_ = old.Close()
+	_ = w.net.ClosePeer(old.RemotePeer())
 }
 
 // pingOver sends one libp2p ping over c itself (not over the peer's best connection, as

@@ -91,6 +91,25 @@ func tcpHost(t *testing.T, listen bool) host.Host {
 // every connection to the volunteer, which dials again. A connection that answers a ping
 // over itself is live.
 func TestStaleConnectionClosedWhenThePeerConnectsAgain(t *testing.T) {
+	cases := []struct {
+		name string
+		// timeout and together are the watch's (StaleProbeTimeout, simultaneousDial).
+		timeout, together time.Duration
+	}{
+		// The old connection opened at about the time of the new one (as when both peers
+		// dial at once): it has the whole timeout to answer.
+		{"opened together: the whole timeout", 500 * time.Millisecond, time.Hour},
+		// An old connection that does not answer while the new one does is given up once
+		// it has had three times the new one's answer (and slack), not the whole timeout:
+		// with a minute's timeout it is closed well within the 20 s the test waits.
+		{"opened earlier: three times the new connection's answer", time.Minute, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { testStaleConnectionClosed(t, tc.timeout, tc.together) })
+	}
+}
+
+func testStaleConnectionClosed(t *testing.T, timeout, together time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	validator, volunteer := tcpHost(t, true), tcpHost(t, false)
@@ -104,7 +123,9 @@ func TestStaleConnectionClosedWhenThePeerConnectsAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	watchStaleConns(ctx, validator, 500*time.Millisecond, slog.New(slog.DiscardHandler))
+	w := newStaleWatch(ctx, validator, slog.New(slog.DiscardHandler))
+	w.timeout, w.together, w.floor = timeout, together, 100*time.Millisecond
+	w.watch(validator)
 
 	if err := volunteer.Connect(ctx, peer.AddrInfo{ID: validator.ID(), Addrs: []ma.Multiaddr{viaRouter}}); err != nil {
 		t.Fatal(err)
