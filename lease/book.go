@@ -46,6 +46,8 @@ type Book struct {
 	reported map[string]bool    // trainers whose contribution is accepted (and not rejected since)
 	barred   map[string]string  // trainer → why it gets no further attempt this pass
 	gone     map[string]bool    // trainers that left since they were leased or barred
+	left     map[string]cid.Cid // leases of the current attempt Gone settled, by trainer (Rehold)
+	open     bool               // an attempt is granted and not ended
 	returned map[string]int     // readmissions after leaving, by trainer
 	passes   int
 	clean    bool      // the last attempt ended with every lease reported
@@ -73,7 +75,7 @@ const (
 func NewBook(round uint64, now time.Time) *Book {
 	return &Book{Round: round, Backoff: DefaultBackoff, MaxBackoff: DefaultMaxBackoff, Returns: DefaultReturns,
 		held: map[string]cid.Cid{}, leased: map[string]bool{}, reported: map[string]bool{}, barred: map[string]string{},
-		gone: map[string]bool{}, returned: map[string]int{}, ended: now}
+		gone: map[string]bool{}, left: map[string]cid.Cid{}, returned: map[string]int{}, ended: now}
 }
 
 // Candidates returns, in peer order, the trainers that may be leased in the next attempt:
@@ -94,7 +96,9 @@ func (b *Book) Candidates(live []Trainer) []Trainer {
 // dropped (the caller grants only once the last attempt is over).
 func (b *Book) Grant(leases []Lease) {
 	b.attempts++
+	b.open = true
 	clear(b.held)
+	clear(b.left)
 	b.fresh, b.dropped, b.clean = 0, 0, false
 	for _, l := range leases {
 		b.held[l.Trainer] = l.ID()
@@ -184,8 +188,47 @@ func (b *Book) Gone(peer string) bool {
 		return false
 	}
 	b.gone[peer] = true
-	_, held := b.held[peer]
-	return held && b.Bar(peer, ReasonGone)
+	id, held := b.held[peer]
+	if held && b.Bar(peer, ReasonGone) {
+		b.left[peer] = id
+		return true
+	}
+	return false
+}
+
+// Rehold gives peer back lease id, which Gone settled in the current attempt, and reports
+// whether it did: the trainer was only out of touch (a home router that forgot its
+// mappings, a link down for seconds), trained its window all the same, and its
+// contribution on the lease arrives while the attempt is still open. Nothing else has
+// been done with the lease's microshards (they return to the pool only for a later
+// attempt), so the contribution counts as if the lease had never been settled. Refused
+// once the attempt ended, when peer holds or reported another lease, or was barred for
+// anything but leaving; it counts as one of peer's Returns.
+func (b *Book) Rehold(peer string, id cid.Cid) bool {
+	left, ok := b.left[peer]
+	if !b.open || !ok || !left.Equals(id) {
+		return false
+	}
+	if _, held := b.held[peer]; held || b.reported[peer] {
+		return false
+	}
+	switch b.barred[peer] {
+	case "":
+		// Readmitted already (Back), which was its return; it got nothing since.
+	case ReasonGone:
+		if b.returned[peer] >= b.Returns {
+			return false
+		}
+		b.returned[peer]++
+	default:
+		return false
+	}
+	delete(b.left, peer)
+	delete(b.gone, peer)
+	delete(b.barred, peer)
+	b.held[peer] = id
+	b.dropped--
+	return true
 }
 
 // Back readmits peer to the round's further attempts, and reports whether it did, when it
@@ -219,7 +262,9 @@ func (b *Book) End(now time.Time) {
 		return
 	}
 	b.clean = len(b.held) == 0 && b.fresh > 0 && b.dropped == 0
+	b.open = false
 	clear(b.held)
+	clear(b.left)
 	b.ended = now
 }
 

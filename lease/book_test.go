@@ -440,3 +440,79 @@ func TestExpireExceptKeepsArrivingLeases(t *testing.T) {
 	b.Report("b")
 	require.True(t, b.Settled())
 }
+
+// TestBookReholdsALeaseItsTrainersSilenceSettled: a trainer that fell silent (Gone) while
+// holding its lease, and whose contribution on that lease arrives while the attempt is
+// still open, holds the lease again, whether or not it was heard from (Back) first; it
+// may then report. Refused after the attempt ended, for another lease, after any other
+// bar, and past Returns.
+func TestBookReholdsALeaseItsTrainersSilenceSettled(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	cases := []struct {
+		name string
+		// do runs on a book where "x" and "h" hold leases of the round's first attempt
+		// (first), and "h" reported; it returns what Rehold said.
+		do     func(b *Book, first []Lease) bool
+		want   bool
+		barred map[string]string
+	}{
+		{"silent, then its contribution", func(b *Book, first []Lease) bool {
+			b.Gone("x")
+			return b.Rehold("x", first[0].ID())
+		}, true, map[string]string{}},
+		{"silent, heard again, then its contribution", func(b *Book, first []Lease) bool {
+			b.Gone("x")
+			require.True(t, b.Back("x"))
+			return b.Rehold("x", first[0].ID())
+		}, true, map[string]string{}},
+		{"another lease", func(b *Book, first []Lease) bool {
+			b.Gone("x")
+			return b.Rehold("x", first[1].ID())
+		}, false, map[string]string{"x": ReasonGone}},
+		{"the attempt ended", func(b *Book, first []Lease) bool {
+			b.Gone("x")
+			b.End(t0)
+			return b.Rehold("x", first[0].ID())
+		}, false, map[string]string{"x": ReasonGone}},
+		{"a later attempt", func(b *Book, first []Lease) bool {
+			b.Gone("x")
+			b.End(t0)
+			b.Back("x")
+			b.Grant(bookLeases(1, "h"))
+			return b.Rehold("x", first[0].ID())
+		}, false, map[string]string{}},
+		{"expired, not silent", func(b *Book, first []Lease) bool {
+			b.Expire()
+			return b.Rehold("x", first[0].ID())
+		}, false, map[string]string{"x": ReasonExpired}},
+		{"released, then silent", func(b *Book, first []Lease) bool {
+			b.Bar("x", "released")
+			b.Gone("x")
+			return b.Rehold("x", first[0].ID())
+		}, false, map[string]string{"x": "released"}},
+		{"its one return used", func(b *Book, first []Lease) bool {
+			b.Returns = 0
+			b.Gone("x")
+			return b.Rehold("x", first[0].ID())
+		}, false, map[string]string{"x": ReasonGone}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewBook(1, t0)
+			first := bookLeases(1, "x", "h")
+			b.Grant(first)
+			b.Report("h")
+			require.Equal(t, tc.want, tc.do(b, first))
+			require.Equal(t, tc.barred, b.Barred())
+			if tc.want {
+				require.True(t, b.Holds("x", first[0].ID()))
+				require.False(t, b.Settled())
+				b.Report("x")
+				require.True(t, b.Settled())
+				b.End(t0)
+				require.Equal(t, Close, b.Next(t0, Situation{Received: 2, MinGroup: 2, Available: 2, Patience: time.Hour}),
+					"an attempt whose leases were all reported, one of them held again, is clean")
+			}
+		})
+	}
+}

@@ -136,6 +136,16 @@ const fetchRound = 4
 
 func newFetchingRound(t *testing.T, trainers ...string) *fetchingRound {
 	t.Helper()
+	f := newLeasedRound(t, trainers...)
+	for _, l := range f.leases {
+		f.v.accept(f.r, l.Trainer, f.contribution(l))
+	}
+	return f
+}
+
+// newLeasedRound is newFetchingRound before any contribution was announced.
+func newLeasedRound(t *testing.T, trainers ...string) *fetchingRound {
+	t.Helper()
 	f := &fetchingRound{base: cids.Record([]byte("base of round 4")), deltas: map[string]cid.Cid{},
 		gb: &gatedBus{started: make(chan cid.Cid, 8), gates: map[cid.Cid]chan error{}}}
 	f.v, f.r = leadingValidator(t, "A", []string{"A"}, fetchRound, f.base, &chain.Head{Round: fetchRound - 1})
@@ -147,14 +157,12 @@ func newFetchingRound(t *testing.T, trainers ...string) *fetchingRound {
 		l := lease.Lease{Round: fetchRound, Base: f.base.Bytes(), Trainer: p, Microshards: []uint32{uint32(i)}, Issuer: "A", Expiry: 1}
 		f.leases = append(f.leases, l)
 		f.r.leases[l.ID()] = l
+		f.r.all = append(f.r.all, l)
 		f.deltas[p], err = store.PutBytes(fmt.Appendf(nil, "update of %s", p))
 		require.NoError(t, err)
 		f.gb.gates[f.deltas[p]] = make(chan error, 1)
 	}
 	f.r.book.Grant(f.leases)
-	for _, l := range f.leases {
-		f.v.accept(f.r, l.Trainer, f.contribution(l))
-	}
 	return f
 }
 
@@ -297,4 +305,55 @@ func TestTrainerBackWhileItsUpdateWasOnItsWay(t *testing.T) {
 	f.finish(t, "t1", nil)
 	require.Equal(t, []string{"t1"}, receivedPeers(r))
 	require.True(t, r.book.Settled())
+}
+
+// TestTrainerOutOfTouchForSecondsStillCounts: a trainer behind a router that forgot its
+// mappings is not heard for longer than gossip.LiveFor, and its lease is settled (its
+// microshards would go back to the pool for the next attempt); it trained on, and its
+// contribution on that lease arrives while the attempt is open: it counts. After the
+// attempt's deadline it is late, as any contribution.
+func TestTrainerOutOfTouchForSecondsStillCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // from now
+		counts   bool
+	}{
+		{"within the attempt", time.Hour, true},
+		{"after its deadline", -time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newLeasedRound(t, "t1", "t2")
+			v, r := f.v, f.r
+			t0 := time.Now()
+			v.trainers.now = func() time.Time { return t0 }
+			for _, p := range []string{"t1", "t2"} {
+				v.trainers.seen(p, &gossip.Announce{Peer: p, Roles: []string{config.RoleTrainer}, Time: t0.UnixMilli(), Started: 1})
+				r.returns[p] = v.trainers.returns(p)
+			}
+			f.v.accept(r, "t2", f.contribution(f.leases[1]))
+			<-f.gb.started
+			f.finish(t, "t2", nil)
+
+			v.trainers.now = func() time.Time { return t0.Add(gossip.LiveFor + time.Second) } // t1 silent
+			v.noticeReturns(r, bus.NewInbox(func() {}))
+			require.Equal(t, map[string]string{"t1": lease.ReasonGone}, r.book.Barred())
+			require.True(t, r.book.Settled(), "t1's lease was settled for its silence")
+
+			r.deadline = time.Now().Add(tc.deadline)
+			v.accept(r, "t1", f.contribution(f.leases[0]))
+			if !tc.counts {
+				require.Equal(t, map[string]uint64{"late": 1}, rejections(v))
+				return
+			}
+			require.Empty(t, rejections(v))
+			require.Empty(t, r.book.Barred())
+			require.False(t, r.book.Settled(), "t1 holds its lease again while its update is on its way")
+			v.noticeReturns(r, bus.NewInbox(func() {}))
+			require.Empty(t, r.book.Barred(), "its contribution was a sign of life: not silent again")
+			<-f.gb.started
+			f.finish(t, "t1", nil)
+			require.Equal(t, []string{"t1", "t2"}, receivedPeers(r))
+			require.True(t, r.book.Settled())
+		})
+	}
 }

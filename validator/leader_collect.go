@@ -184,6 +184,14 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 		return
 	}
 	l, ok := r.leases[leaseID]
+	if ok && l.Trainer == from && !r.book.Holds(from, leaseID) && time.Now().Before(r.deadline) && r.book.Rehold(from, leaseID) {
+		// It fell silent and its lease was settled (noticeReturns), but it trained on: a
+		// router that forgot its mappings, a link down for seconds. The attempt is still
+		// open and nothing else was done with the lease's microshards.
+		v.Log.Info("trainer back with a contribution on the lease its silence settled: it counts", "round", r.round, "peer", from)
+		v.Sink.Event("release", "round %d: %s was back in time; its contribution on the lease its silence settled counts", r.round, from)
+		v.Sink.Status(func(vs *Status) { vs.Barred = r.book.Barred() })
+	}
 	if !ok || l.Trainer != from || !r.book.Holds(from, leaseID) {
 		issuer := v.grants.issuer(r.round, r.baseID, leaseID, from)
 		switch {
@@ -239,6 +247,9 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 			return
 		}
 	}
+	// A sign of life, as an announcement is: a trainer whose announcements are held up
+	// (just back on a new connection) is not taken for silent while its update arrives.
+	v.trainers.heard(from)
 	hint, _ := peer.Decode(from)
 	// The deadline is for announcing: an update announced in time may take what the
 	// trainer's uplink takes (a 68 MB fp32 update is 27 s at 20 Mbit/s), up to

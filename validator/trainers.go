@@ -111,6 +111,19 @@ func (t *trainerSet) measured(peer string, samples uint64, seconds float64, step
 	}
 }
 
+// heard records a sign of life from a known trainer other than its announcement (a
+// contribution on its lease): a trainer whose announcements do not get through while its
+// contributions do — just back on a new connection, its gossip not flowing yet — is not
+// taken for silent, which would settle the lease it just delivered on (noticeReturns).
+func (t *trainerSet) heard(peer string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.peers[peer]; ok {
+		s.at = t.now()
+		t.peers[peer] = s
+	}
+}
+
 // returns is how many times peer came back (see trainerSeen.returns).
 func (t *trainerSet) returns(peer string) int {
 	t.mu.Lock()
