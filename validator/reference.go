@@ -95,7 +95,7 @@ func (v *validator) startReference(ctx context.Context, r *openRound) *reference
 	if v.Reference == nil || v.Plan == nil || len(v.Plan.Shards) == 0 {
 		return nil
 	}
-	share := max(v.windowShare(1), 1)
+	share := v.referenceShare()
 	pass := r.book.Passes()
 	j := &referenceJob{done: make(chan struct{}), pass: pass, shards: ReferenceShards(r.base, pass, len(v.Plan.Shards), share)}
 	steps := v.Config.Protocol.InnerSteps

@@ -21,6 +21,14 @@ func (v *validator) windowShare(trainers int) int {
 	return w.Share
 }
 
+// referenceShare is the microshards of the validator's reference window: one trainer's
+// windowShare, at least one. It logs nothing: the leases' sizing is told as the leader
+// grants (windowShare), and told again each time the fleet's answer and the reference's
+// alternated (twice a round in every lm run).
+func (v *validator) referenceShare() int {
+	return max(lease.WindowShare(windowSize(v.Config, v.Plan, 1)).Share, 1)
+}
+
 // windowSize gathers what lease.WindowShare needs from the config and the plan.
 func windowSize(cfg *config.Config, plan *dataset.Plan, trainers int) lease.WindowSize {
 	s := lease.WindowSize{PerTrainer: cfg.Lease.MicroshardsPerTrainer, InnerSteps: cfg.Protocol.InnerSteps,

@@ -97,3 +97,19 @@ func TestWindowShareLeader(t *testing.T) {
 		})
 	}
 }
+
+// TestReferenceShareSaysNothing: the leader's sizing note is said once, however the
+// reference windows (sized for one trainer) and the grants (for the fleet) alternate.
+func TestReferenceShareSaysNothing(t *testing.T) {
+	cfg := config.Default()
+	cfg.Protocol.InnerSteps = 20
+	cfg.Lease.MicroshardsPerTrainer = 3
+	var logs bytes.Buffer
+	v := &validator{Params: Params{Config: cfg, Plan: digitsPlan(),
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}}
+	for range 3 {
+		require.Equal(t, 3, v.windowShare(3))
+		require.Equal(t, 3, v.referenceShare())
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "leases sized by lease.microshards_per_trainer alone"), logs.String())
+}
