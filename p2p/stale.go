@@ -29,8 +29,9 @@ import (
 // So when a peer opens a connection while older ones to it are open, each older one is
 // pinged over itself. A peer dials again only when it holds no connection to us (or both
 // dialled at once, and then the older connection answers and stays). When one does not
-// answer within StaleProbeTimeout, every connection to the peer is closed, the new one
-// too, and the peer (which keeps its validators and bootstrap peers connected) dials
+// answer in time (see staleProbeRTTs), it is closed, and a second later every connection
+// to the peer, the new one too (what the peer sent on the new one meanwhile is read in
+// that second; see probe), and the peer (which keeps its validators and bootstrap peers connected) dials
 // again: closing the stale one alone ends pubsub's stream on it, and pubsub then forgets
 // the peer's subscriptions while keeping the peer, whose own stream (with the
 // subscriptions, sent once) lives on the new connection, so it would never send the peer
@@ -57,6 +58,9 @@ const (
 	staleProbeSlack  = 500 * time.Millisecond
 	staleProbeFloor  = time.Second
 	simultaneousDial = 10 * time.Second
+	// staleCloseGrace is how long the new connection lives on after the old one is
+	// closed, before every connection to the peer is (see probe).
+	staleCloseGrace = time.Second
 )
 
 // staleWatch probes the older connections of peers that connect anew (network.Notifiee).
@@ -69,6 +73,7 @@ type staleWatch struct {
 	// together is simultaneousDial: an older connection opened less than this before the
 	// new one gets the whole timeout.
 	together time.Duration
+	grace    time.Duration // staleCloseGrace
 	log      *slog.Logger
 
 	mu      sync.Mutex
@@ -84,7 +89,7 @@ func WatchStaleConns(ctx context.Context, h host.Host, log *slog.Logger) {
 
 func newStaleWatch(ctx context.Context, h host.Host, log *slog.Logger) *staleWatch {
 	return &staleWatch{net: h.Network(), ctx: ctx, timeout: StaleProbeTimeout, floor: staleProbeFloor, together: simultaneousDial,
-		log: log, probing: map[network.Conn]bool{}}
+		grace: staleCloseGrace, log: log, probing: map[network.Conn]bool{}}
 }
 
 func (w *staleWatch) watch(h host.Host) {
@@ -156,6 +161,18 @@ wait:
 	w.log.Info("closed the connections of a peer that connected again: an older one no longer answers",
 		"peer", old.RemotePeer().String(), "remote", old.RemoteMultiaddr().String(), "opened", old.Stat().Opened.Format(time.RFC3339), "err", err)
 	_ = old.Close()
+	// What the peer sent on the new connection meanwhile waits there: pubsub reads a
+	// peer's new inbound stream only once it has reset the one on the old connection, and
+	// that reset queues behind what the old connection could not send (an artifact being
+	// served when the router forgot the mapping) until yamux's 10-s write timeout. Closed
+	// at once with the old one, the new connection lost a trainer's contribution in the
+	// WAN lab (docs/wan.md, faults). With the old one closed first, it is read and handed
+	// on; then every connection is closed as above.
+	select {
+	case <-time.After(w.grace):
+	case <-w.ctx.Done():
+		return
+	}
 	_ = w.net.ClosePeer(old.RemotePeer())
 }
 

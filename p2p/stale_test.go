@@ -124,7 +124,7 @@ func testStaleConnectionClosed(t *testing.T, timeout, together time.Duration) {
 		t.Fatal(err)
 	}
 	w := newStaleWatch(ctx, validator, slog.New(slog.DiscardHandler))
-	w.timeout, w.together, w.floor = timeout, together, 100*time.Millisecond
+	w.timeout, w.together, w.floor, w.grace = timeout, together, 100*time.Millisecond, 2*time.Second
 	w.watch(validator)
 
 	if err := volunteer.Connect(ctx, peer.AddrInfo{ID: validator.ID(), Addrs: []ma.Multiaddr{viaRouter}}); err != nil {
@@ -156,7 +156,12 @@ func testStaleConnectionClosed(t *testing.T, timeout, together time.Duration) {
 		t.Fatal(err)
 	}
 	eventually(t, "the dark connection closed", old.IsClosed)
-	// The new connection is closed too, so that every protocol starts over on the next.
+	// The new connection outlives it for the watch's grace (what the volunteer sent on it
+	// is read meanwhile), and is then closed too, so that every protocol starts over on
+	// the next.
+	if n := len(validator.Network().ConnsToPeer(volunteer.ID())); n != 1 {
+		t.Fatalf("%d connections to the volunteer right after the dark one closed, want the new one", n)
+	}
 	eventually(t, "no connection left to the volunteer", func() bool {
 		return len(validator.Network().ConnsToPeer(volunteer.ID())) == 0
 	})
