@@ -47,7 +47,6 @@ type Book struct {
 	barred   map[string]string  // trainer → why it gets no further attempt this pass
 	gone     map[string]bool    // trainers that left since they were leased or barred
 	left     map[string]cid.Cid // leases of the current attempt Gone settled, by trainer (Rehold)
-	open     bool               // an attempt is granted and not ended
 	returned map[string]int     // readmissions after leaving, by trainer
 	passes   int
 	clean    bool      // the last attempt ended with every lease reported
@@ -96,7 +95,6 @@ func (b *Book) Candidates(live []Trainer) []Trainer {
 // dropped (the caller grants only once the last attempt is over).
 func (b *Book) Grant(leases []Lease) {
 	b.attempts++
-	b.open = true
 	clear(b.held)
 	clear(b.left)
 	b.fresh, b.dropped, b.clean = 0, 0, false
@@ -205,8 +203,8 @@ func (b *Book) Gone(peer string) bool {
 // once the attempt ended, when peer holds or reported another lease, or was barred for
 // anything but leaving; it counts as one of peer's Returns.
 func (b *Book) Rehold(peer string, id cid.Cid) bool {
-	left, ok := b.left[peer]
-	if !b.open || !ok || !left.Equals(id) {
+	left, ok := b.left[peer] // emptied when an attempt is granted or ends
+	if !ok || !left.Equals(id) {
 		return false
 	}
 	if _, held := b.held[peer]; held || b.reported[peer] {
@@ -262,7 +260,6 @@ func (b *Book) End(now time.Time) {
 		return
 	}
 	b.clean = len(b.held) == 0 && b.fresh > 0 && b.dropped == 0
-	b.open = false
 	clear(b.held)
 	clear(b.left)
 	b.ended = now

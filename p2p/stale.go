@@ -31,8 +31,8 @@ import (
 // dialled at once, and then the older connection answers and stays). When one does not
 // answer in time (see staleProbeRTTs), it is closed, and a second later every connection
 // to the peer, the new one too (what the peer sent on the new one meanwhile is read in
-// that second; see probe), and the peer (which keeps its validators and bootstrap peers connected) dials
-// again: closing the stale one alone ends pubsub's stream on it, and pubsub then forgets
+// that second; see probe), and the peer (which keeps its validators and bootstrap peers
+// connected) dials again: closing the stale one alone ends pubsub's stream on it, and pubsub then forgets
 // the peer's subscriptions while keeping the peer, whose own stream (with the
 // subscriptions, sent once) lives on the new connection, so it would never send the peer
 // a head again (measured in the WAN lab: the trainer heard nothing for 1.5 minutes after

@@ -184,7 +184,7 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 		return
 	}
 	l, ok := r.leases[leaseID]
-	if ok && l.Trainer == from && !r.book.Holds(from, leaseID) && time.Now().Before(r.deadline) && r.book.Rehold(from, leaseID) {
+	if time.Now().Before(r.deadline) && r.book.Rehold(from, leaseID) {
 		// It fell silent and its lease was settled (noticeReturns), but it trained on: a
 		// router that forgot its mappings, a link down for seconds. The attempt is still
 		// open and nothing else was done with the lease's microshards.
