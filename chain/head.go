@@ -49,6 +49,9 @@ type Contribution struct {
 	Weight      float64  `cbor:"5,keyasint"`
 	Microshards []uint32 `cbor:"6,keyasint"`
 	Loss        float64  `cbor:"7,keyasint"`
+	// Ahead: the microshards are of the epoch after the base head's ledger (the lease was
+	// of the next epoch).
+	Ahead bool `cbor:"8,keyasint,omitempty"`
 }
 
 // Policy records how the head was merged, so it can be recomputed.
@@ -98,6 +101,9 @@ type Ledger struct {
 	Shards   uint32 `cbor:"2,keyasint"` // microshards in the plan
 	Epoch    uint64 `cbor:"3,keyasint"`
 	Consumed []byte `cbor:"4,keyasint"` // bitmap, bit i = microshard i consumed this epoch
+	// Ahead: bitmap of the next epoch's microshards consumed already (leased ahead while this
+	// epoch had none left to lease); absent when none are.
+	Ahead []byte `cbor:"5,keyasint,omitempty"`
 }
 
 // decMode decodes every record of this package (and gossip's messages) strictly.
@@ -232,6 +238,9 @@ func (h *Head) Validate() error {
 	}
 	if want := (h.Ledger.Shards + 7) / 8; uint32(len(h.Ledger.Consumed)) != want {
 		return bad("ledger bitmap has %d bytes for %d shards", len(h.Ledger.Consumed), h.Ledger.Shards)
+	}
+	if n := len(h.Ledger.Ahead); n != 0 && n != len(h.Ledger.Consumed) {
+		return bad("ledger's ahead bitmap has %d bytes for %d shards", n, h.Ledger.Shards)
 	}
 	return nil
 }

@@ -46,19 +46,17 @@ func Audit(heads []*chain.Head) (Report, error) {
 		if h.Ledger.Plan != r.Plan || h.Ledger.Shards != r.Shards {
 			return r, fmt.Errorf("%w: round %d changes the dataset plan", ErrAudit, h.Round)
 		}
-		merged := make([][]uint32, len(h.Contributions))
-		for i, c := range h.Contributions {
-			merged[i] = c.Microshards
+		for _, c := range h.Contributions {
 			r.MicroshardsMerged += uint64(len(c.Microshards))
 		}
-		want, err := Apply(prev, merged...)
+		want, err := Apply(prev, h.Contributions)
 		if err != nil {
 			if errors.Is(err, ErrDuplicate) {
 				r.Duplicated++
 			}
 			return r, fmt.Errorf("%w: round %d: %v", ErrAudit, h.Round, err)
 		}
-		if want.Epoch != h.Ledger.Epoch || !slices.Equal(want.Consumed, h.Ledger.Consumed) {
+		if want.Epoch != h.Ledger.Epoch || !slices.Equal(want.Consumed, h.Ledger.Consumed) || !slices.Equal(want.Ahead, h.Ledger.Ahead) {
 			if h.Ledger.Epoch > want.Epoch {
 				r.Lost = int(r.Shards) - Count(want)
 			}

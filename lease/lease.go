@@ -47,8 +47,14 @@ func (l *Lease) ID() cid.Cid {
 	return cids.Record(b)
 }
 
+// Ahead reports whether the lease is of the epoch after base's ledger: granted when the
+// ledger's epoch had nothing left to lease, so that a trainer does not wait out the epoch's
+// last rounds idle; its microshards are consumed in that epoch (chain.Ledger.Ahead).
+func (l *Lease) Ahead(base *chain.Head) bool { return l.Epoch == base.Ledger.Epoch+1 }
+
 // Check validates a lease against the head it is based on: right base and round, sorted
-// unconsumed microshards of the head's epoch.
+// microshards not consumed in the lease's epoch, which is the head's or the next one (a
+// lease of the next epoch reserves nothing).
 func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 	if !slices.Equal(l.Base, baseID.Bytes()) {
 		return fmt.Errorf("%w: lease for %s is on another base head", ErrInvalid, l.Trainer)
@@ -56,8 +62,12 @@ func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 	if l.Round != base.Round+1 {
 		return fmt.Errorf("%w: lease for %s is for round %d, base head is round %d", ErrInvalid, l.Trainer, l.Round, base.Round)
 	}
-	if l.Epoch != base.Ledger.Epoch {
+	ahead := l.Ahead(base)
+	if l.Epoch != base.Ledger.Epoch && !ahead {
 		return fmt.Errorf("%w: lease for %s is for epoch %d, ledger is in epoch %d", ErrInvalid, l.Trainer, l.Epoch, base.Ledger.Epoch)
+	}
+	if ahead && len(l.Next) > 0 {
+		return fmt.Errorf("%w: lease for %s is of the next epoch and reserves microshards", ErrInvalid, l.Trainer)
 	}
 	if len(l.Microshards) == 0 || !slices.IsSorted(l.Microshards) {
 		return fmt.Errorf("%w: lease for %s: microshards must be non-empty and sorted", ErrInvalid, l.Trainer)
@@ -69,8 +79,12 @@ func (l *Lease) Check(baseID cid.Cid, base *chain.Head) error {
 		if i > 0 && l.Microshards[i-1] == s {
 			return fmt.Errorf("%w: lease for %s lists microshard %d twice", ErrInvalid, l.Trainer, s)
 		}
-		if s >= base.Ledger.Shards || consumed(base.Ledger, s) {
-			return fmt.Errorf("%w: lease for %s: microshard %d is not available in epoch %d", ErrInvalid, l.Trainer, s, base.Ledger.Epoch)
+		taken := consumed(base.Ledger, s)
+		if ahead {
+			taken = consumedAhead(base.Ledger, s)
+		}
+		if s >= base.Ledger.Shards || taken {
+			return fmt.Errorf("%w: lease for %s: microshard %d is not available in epoch %d", ErrInvalid, l.Trainer, s, l.Epoch)
 		}
 	}
 	return l.checkNext(base)

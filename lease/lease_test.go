@@ -13,28 +13,64 @@ import (
 	"github.com/p2pnode/p2pnode/cids"
 )
 
+// merged are contributions of the ledger's epoch with the given microshards.
+func merged(lists ...[]uint32) []chain.Contribution {
+	var out []chain.Contribution
+	for _, ms := range lists {
+		out = append(out, chain.Contribution{Microshards: ms})
+	}
+	return out
+}
+
 func TestApplyConsumesOnceAndRollsEpochs(t *testing.T) {
 	l := NewLedger("plan", 5)
 	require.Equal(t, []uint32{0, 1, 2, 3, 4}, Available(l))
 
-	l, err := Apply(l, []uint32{1, 3}, []uint32{0})
+	l, err := Apply(l, merged([]uint32{1, 3}, []uint32{0}))
 	require.NoError(t, err)
 	require.Equal(t, []uint32{2, 4}, Available(l))
 	require.Equal(t, 3, Count(l))
 
-	_, err = Apply(l, []uint32{3})
+	_, err = Apply(l, merged([]uint32{3}))
 	require.ErrorIs(t, err, ErrDuplicate)
-	_, err = Apply(l, []uint32{2}, []uint32{2})
+	_, err = Apply(l, merged([]uint32{2}, []uint32{2}))
 	require.ErrorIs(t, err, ErrDuplicate, "the same microshard twice in one merge")
-	_, err = Apply(l, []uint32{9})
+	_, err = Apply(l, merged([]uint32{9}))
 	require.ErrorContains(t, err, "out of range")
 	require.Equal(t, []uint32{2, 4}, Available(l), "a failed Apply changes nothing")
 
-	l, err = Apply(l, []uint32{2, 4})
+	l, err = Apply(l, merged([]uint32{2, 4}))
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), l.Epoch, "all consumed: next epoch")
 	require.Equal(t, 0, Count(l))
 	require.Len(t, Available(l), 5)
+}
+
+func TestApplyAheadStartsTheNextEpochWithIt(t *testing.T) {
+	ahead := func(ms ...uint32) chain.Contribution { return chain.Contribution{Microshards: ms, Ahead: true} }
+	l := NewLedger("plan", 4)
+	l, err := Apply(l, merged([]uint32{0, 1}))
+	require.NoError(t, err)
+	require.Nil(t, l.Ahead, "nothing consumed ahead: no bitmap, the head encodes as it always did")
+
+	// The epoch's last two are leased now, and the trainer that got none of them was leased
+	// microshard 1 of the next epoch; both merged in one head.
+	l, err = Apply(l, []chain.Contribution{{Microshards: []uint32{3}}, ahead(1)})
+	require.NoError(t, err)
+	require.Equal(t, uint64(0), l.Epoch, "microshard 2 is not merged yet")
+	require.Equal(t, []uint32{2}, Available(l))
+	require.Equal(t, []uint32{0, 2, 3}, AvailableAhead(l))
+	_, err = Apply(l, []chain.Contribution{ahead(1)})
+	require.ErrorIs(t, err, ErrDuplicate, "consumed ahead already")
+	_, err = Apply(l, []chain.Contribution{ahead(4)})
+	require.ErrorContains(t, err, "out of range")
+
+	l, err = Apply(l, []chain.Contribution{{Microshards: []uint32{2}}, ahead(0)})
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), l.Epoch)
+	require.Equal(t, []uint32{2, 3}, Available(l), "the new epoch starts with what was consumed of it ahead")
+	require.Nil(t, l.Ahead)
+	require.Len(t, AvailableAhead(l), 4)
 }
 
 func TestAssign(t *testing.T) {
@@ -149,9 +185,9 @@ func head(round uint64, parent *chain.Head, ledger chain.Ledger, contribs ...[]u
 
 func TestAuditProvesExactlyOnce(t *testing.T) {
 	g := NewLedger("plan", 4)
-	l1, _ := Apply(g, []uint32{0, 1})
-	l2, _ := Apply(l1, []uint32{2}, []uint32{3}) // epoch 1 starts
-	l3, _ := Apply(l2, []uint32{3})
+	l1, _ := Apply(g, merged([]uint32{0, 1}))
+	l2, _ := Apply(l1, merged([]uint32{2}, []uint32{3})) // epoch 1 starts
+	l3, _ := Apply(l2, merged([]uint32{3}))
 	good := []*chain.Head{head(0, nil, g), head(1, nil, l1, []uint32{0, 1}), head(2, nil, l2, []uint32{2}, []uint32{3}), head(3, nil, l3, []uint32{3})}
 	rep, err := Audit(good)
 	require.NoError(t, err)
@@ -179,6 +215,31 @@ func TestAuditProvesExactlyOnce(t *testing.T) {
 		require.ErrorIs(t, err, ErrAudit)
 		require.Equal(t, 2, rep.Lost, "microshards 2 and 3 were never consumed in epoch 0")
 	})
+	t.Run("microshards leased ahead", func(t *testing.T) {
+		g := NewLedger("plan", 2)
+		a := []chain.Contribution{{Microshards: []uint32{0}}, {Peer: "p1", Microshards: []uint32{0}, Ahead: true}}
+		l1, err := Apply(g, a)
+		require.NoError(t, err)
+		h1 := &chain.Head{Round: 1, Ledger: l1, Contributions: a}
+		b := []chain.Contribution{{Microshards: []uint32{1}}, {Peer: "p1", Microshards: []uint32{1}, Ahead: true}}
+		l2, err := Apply(l1, b)
+		require.NoError(t, err)
+		h2 := &chain.Head{Round: 2, Ledger: l2, Contributions: b}
+		rep, err := Audit([]*chain.Head{head(0, nil, g), h1, h2})
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), rep.EpochsCompleted)
+		require.Equal(t, 2, rep.ConsumedInEpoch, "epoch 1 was consumed while epoch 0 ended")
+		require.Equal(t, uint64(4), rep.MicroshardsMerged)
+
+		twice := slices.Clone(a)
+		twice[1].Ahead = false
+		_, err = Audit([]*chain.Head{head(0, nil, g), {Round: 1, Ledger: l1, Contributions: twice}})
+		require.ErrorIs(t, err, ErrAudit, "microshard 0 twice in epoch 0")
+		lied := l1
+		lied.Ahead = nil
+		_, err = Audit([]*chain.Head{head(0, nil, g), {Round: 1, Ledger: lied, Contributions: a}})
+		require.ErrorIs(t, err, ErrAudit, "a ledger that forgets what was consumed ahead")
+	})
 	t.Run("not from genesis", func(t *testing.T) {
 		_, err := Audit(good[1:])
 		require.ErrorIs(t, err, ErrAudit)
@@ -187,14 +248,15 @@ func TestAuditProvesExactlyOnce(t *testing.T) {
 
 func TestLeaseCheck(t *testing.T) {
 	baseID := cids.Record([]byte("base"))
-	ledger, _ := Apply(NewLedger("plan", 8), []uint32{0})
+	ledger, _ := Apply(NewLedger("plan", 8), merged([]uint32{0}))
 	base := &chain.Head{Round: 4, Ledger: ledger}
 	ok := Lease{Round: 5, Base: baseID.Bytes(), Trainer: "t", Microshards: []uint32{1, 2}, Issuer: "v"}
 	require.NoError(t, ok.Check(baseID, base))
 	cases := map[string]func(l *Lease){
 		"other base":     func(l *Lease) { l.Base = cids.Record([]byte("x")).Bytes() },
 		"wrong round":    func(l *Lease) { l.Round = 6 },
-		"wrong epoch":    func(l *Lease) { l.Epoch = 1 },
+		"wrong epoch":    func(l *Lease) { l.Epoch = 2 },
+		"ahead reserving": func(l *Lease) { l.Epoch, l.Next, l.NextSteps = 1, []uint32{3}, 4 },
 		"consumed shard": func(l *Lease) { l.Microshards = []uint32{0, 1} },
 		"out of range":   func(l *Lease) { l.Microshards = []uint32{9} },
 		"unsorted":       func(l *Lease) { l.Microshards = []uint32{2, 1} },
@@ -221,6 +283,15 @@ func TestLeaseCheck(t *testing.T) {
 	reserving.Next, reserving.NextSteps = []uint32{3, 7}, 4
 	require.NoError(t, reserving.Check(baseID, base))
 	require.NotEqual(t, ok.ID(), reserving.ID(), "the reservation is part of the lease's id")
+
+	// A lease of the next epoch: its microshards need only be free in that epoch.
+	ahead := ok
+	ahead.Epoch, ahead.Microshards = 1, []uint32{0, 5}
+	require.True(t, ahead.Ahead(base))
+	require.False(t, ok.Ahead(base))
+	require.NoError(t, ahead.Check(baseID, base), "microshard 0 is consumed in epoch 0, not in epoch 1")
+	aheadBase := &chain.Head{Round: 4, Ledger: chain.Ledger{Plan: "plan", Shards: 8, Consumed: []byte{0x01}, Ahead: []byte{0x20}}}
+	require.ErrorIs(t, ahead.Check(baseID, aheadBase), ErrInvalid, "microshard 5 was consumed ahead")
 
 	// A ledger whose bitmap is shorter than its shard count (a head built in memory, not
 	// decoded) leases nothing past the bitmap, and panics nowhere.

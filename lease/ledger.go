@@ -47,25 +47,64 @@ func Count(l chain.Ledger) int {
 	return n
 }
 
-// Apply returns the ledger after the given merged microshards are consumed. When the epoch
-// becomes complete the next epoch starts with nothing consumed. Any microshard out of range
-// or already consumed this epoch is an error and the ledger is unchanged.
-func Apply(l chain.Ledger, merged ...[]uint32) (chain.Ledger, error) {
-	next := chain.Ledger{Plan: l.Plan, Shards: l.Shards, Epoch: l.Epoch, Consumed: slices.Clone(l.Consumed)}
-	for _, shards := range merged {
-		for _, i := range shards {
+// consumedAhead reports whether microshard i of the epoch after the ledger's was consumed
+// early (chain.Ledger.Ahead); out of range counts as consumed, as in consumed.
+func consumedAhead(l chain.Ledger, i uint32) bool {
+	if i >= l.Shards {
+		return true
+	}
+	return int(i/8) < len(l.Ahead) && l.Ahead[i/8]&(1<<(i%8)) != 0
+}
+
+// AvailableAhead lists, in ascending order, the microshards of the epoch after the
+// ledger's not yet consumed: what a lease of the next epoch may grant (Lease.Check).
+func AvailableAhead(l chain.Ledger) []uint32 {
+	var out []uint32
+	for i := uint32(0); i < l.Shards; i++ {
+		if !consumedAhead(l, i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Apply returns the ledger after the merged contributions' microshards are consumed: of
+// the ledger's epoch, or of the next one for a contribution marked Ahead (its lease was of
+// the next epoch, granted when the ledger's had nothing left to lease). When the epoch
+// becomes complete the next one starts with what was consumed of it ahead. Any microshard
+// out of range or already consumed in its epoch is an error and the ledger is unchanged.
+// A ledger with nothing consumed ahead has no Ahead bitmap, so heads that never leased
+// ahead encode as before it existed.
+func Apply(l chain.Ledger, merged []chain.Contribution) (chain.Ledger, error) {
+	next := chain.Ledger{Plan: l.Plan, Shards: l.Shards, Epoch: l.Epoch, Consumed: slices.Clone(l.Consumed), Ahead: slices.Clone(l.Ahead)}
+	for _, c := range merged {
+		for _, i := range c.Microshards {
 			if i >= l.Shards {
 				return l, fmt.Errorf("microshard %d out of range (plan has %d)", i, l.Shards)
 			}
-			if consumed(next, i) {
-				return l, fmt.Errorf("%w: microshard %d in epoch %d", ErrDuplicate, i, l.Epoch)
+			if !c.Ahead {
+				if consumed(next, i) {
+					return l, fmt.Errorf("%w: microshard %d in epoch %d", ErrDuplicate, i, l.Epoch)
+				}
+				next.Consumed[i/8] |= 1 << (i % 8)
+				continue
 			}
-			next.Consumed[i/8] |= 1 << (i % 8)
+			if consumedAhead(next, i) {
+				return l, fmt.Errorf("%w: microshard %d in epoch %d (leased ahead)", ErrDuplicate, i, l.Epoch+1)
+			}
+			if next.Ahead == nil {
+				next.Ahead = make([]byte, len(next.Consumed))
+			}
+			next.Ahead[i/8] |= 1 << (i % 8)
 		}
 	}
 	if l.Shards > 0 && Count(next) == int(l.Shards) {
 		next.Epoch++
 		clear(next.Consumed)
+		if next.Ahead != nil {
+			copy(next.Consumed, next.Ahead)
+			next.Ahead = nil
+		}
 	}
 	return next, nil
 }

@@ -64,6 +64,9 @@ type Candidate struct {
 	// trainer, and a round of its update alone is not judged by direction (see
 	// merge.Screening.SetSole). Every validator derives it from the chain the same way.
 	Sole bool
+	// Ahead: its lease was of the epoch after the base head's ledger
+	// (lease.Lease.Ahead), so its microshards are consumed in that epoch.
+	Ahead bool
 }
 
 // TrustMerges is how many recent heads must have merged a peer's contributions for its
@@ -668,14 +671,12 @@ func (m *Merger) step(ctx context.Context, B int, layout pack.Layout, baseR, mom
 // buildHead makes the next head from the stored parameters (and outer state) and the
 // merged contributions.
 func buildHead(policy Policy, base *chain.Head, baseID, paramsID, outerID cid.Cid, merged []Candidate) (*chain.Head, error) {
-	shards := make([][]uint32, len(merged))
 	contribs := make([]chain.Contribution, len(merged))
 	var samples uint64
 	var lossSum, wSum float64
 	for i, c := range merged {
-		shards[i] = c.Microshards
 		contribs[i] = chain.Contribution{Peer: c.Peer, Artifact: c.Delta.Bytes(), Samples: c.Samples,
-			Weight: float64(c.Samples) * quality(c), Microshards: c.Microshards, Loss: c.Loss}
+			Weight: float64(c.Samples) * quality(c), Microshards: c.Microshards, Loss: c.Loss, Ahead: c.Ahead}
 		if c.Lease.Defined() {
 			contribs[i].Lease = c.Lease.Bytes()
 		}
@@ -683,7 +684,7 @@ func buildHead(policy Policy, base *chain.Head, baseID, paramsID, outerID cid.Ci
 		lossSum += c.Loss * float64(c.Samples)
 		wSum += float64(c.Samples)
 	}
-	ledger, err := lease.Apply(base.Ledger, shards...)
+	ledger, err := lease.Apply(base.Ledger, contribs)
 	if err != nil {
 		return nil, err
 	}

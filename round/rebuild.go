@@ -84,7 +84,7 @@ func (m *Merger) Rebuild(ctx context.Context, baseID cid.Cid, base, next *chain.
 		}
 		srcs = append(srcs, s)
 		weights[i] = c.Weight
-		merged[i] = Candidate{Peer: c.Peer, Delta: id, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss}
+		merged[i] = Candidate{Peer: c.Peer, Delta: id, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss, Ahead: c.Ahead}
 	}
 	in := newInputs(srcs, n, B)
 	all := make([]int, len(srcs))

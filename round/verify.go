@@ -16,20 +16,25 @@ import (
 var ErrMismatch = errors.New("recomputed head differs from the proposal")
 
 // CheckLeases checks a round's leases against the base head: each one valid for it, none
-// sharing a microshard with another, and every candidate covered by the lease it names (same
-// trainer, same microshards).
+// sharing a microshard of its epoch with another, and every candidate covered by the lease
+// it names (same trainer, same microshards, of the next epoch where the lease is).
 func CheckLeases(baseID cid.Cid, base *chain.Head, leases []lease.Lease, cands []Candidate) error {
+	type shard struct {
+		s     uint32
+		ahead bool
+	}
 	byID := map[cid.Cid]lease.Lease{}
-	owner := map[uint32]string{}
+	owner := map[shard]string{}
 	for _, l := range leases {
 		if err := l.Check(baseID, base); err != nil {
 			return err
 		}
 		for _, s := range l.Microshards {
-			if o, taken := owner[s]; taken {
-				return fmt.Errorf("%w: microshard %d leased to both %s and %s", lease.ErrInvalid, s, o, l.Trainer)
+			k := shard{s, l.Ahead(base)}
+			if o, taken := owner[k]; taken {
+				return fmt.Errorf("%w: microshard %d of epoch %d leased to both %s and %s", lease.ErrInvalid, s, l.Epoch, o, l.Trainer)
 			}
-			owner[s] = l.Trainer
+			owner[k] = l.Trainer
 		}
 		byID[l.ID()] = l
 	}
@@ -38,7 +43,7 @@ func CheckLeases(baseID cid.Cid, base *chain.Head, leases []lease.Lease, cands [
 		if !ok {
 			return fmt.Errorf("%w: candidate of %s names lease %s, which is not in the round", lease.ErrInvalid, c.Peer, c.Lease)
 		}
-		if l.Trainer != c.Peer || !slices.Equal(l.Microshards, c.Microshards) {
+		if l.Trainer != c.Peer || !slices.Equal(l.Microshards, c.Microshards) || l.Ahead(base) != c.Ahead {
 			return fmt.Errorf("%w: candidate of %s does not match its lease", lease.ErrInvalid, c.Peer)
 		}
 	}

@@ -348,6 +348,10 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 		return fmt.Errorf("the proposal names no reference update, and merge.screen.reference is on")
 	}
 	recent, merges := v.recentMerges(baseID)
+	ahead := map[cid.Cid]bool{}
+	for _, l := range m.Proposal.Leases {
+		ahead[l.ID()] = l.Ahead(base)
+	}
 	cands := make([]round.Candidate, 0, len(m.Proposal.Candidates))
 	for _, c := range m.Proposal.Candidates {
 		delta, err := cid.Cast(c.Delta)
@@ -362,7 +366,7 @@ func (v *validator) verifyProposal(ctx context.Context, from string, baseID cid.
 			return fmt.Errorf("delta %s of %s was merged in an earlier round", delta, c.Peer)
 		}
 		cands = append(cands, round.Candidate{Peer: c.Peer, Delta: delta, Lease: lid, Samples: c.Samples, Microshards: c.Microshards, Loss: c.Loss,
-			Probation: round.OnProbation(merges, c.Peer), Sole: round.Sole(merges, c.Peer)})
+			Probation: round.OnProbation(merges, c.Peer), Sole: round.Sole(merges, c.Peer), Ahead: ahead[lid]})
 	}
 	// The updates are fetched side by side (one after another they took the sum of the
 	// transfers), from the proposer as well as their trainers: the proposer holds every one

@@ -32,7 +32,7 @@ type issueStep struct {
 
 func (p *leadPhase) nextStep() issueStep {
 	v, r := p.v, p.r
-	taken := r.ofUpdates(func(rc received) []uint32 { return rc.msg.Microshards })
+	taken := r.ofUpdates(func(rc received) []uint32 { return rc.msg.Microshards }, false)
 	reserved := r.reservedNow()
 	var st issueStep
 	for _, s := range lease.Available(r.base.Ledger) {
@@ -164,11 +164,16 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 		plan[p], steps[p] = ms, freshSteps[p]
 		budget -= len(ms)
 	}
+	// Trainers the epoch had nothing left for are leased from the next one (ahead.go).
+	ahead, aheadSteps := r.leaseAhead(others, fresh, len(rest), share, budget, v.Config.Protocol.InnerSteps, seed)
 	var next map[string][]uint32
 	var nextSteps map[string]int
 	// No reservation for a round after the experiment's last.
 	if v.Config.Protocol.Overlap == config.OverlapEager && !v.Config.Experiment.RoundLimitReached(r.round) {
-		next, nextSteps = reserve(r.nextPool(avail, plan), plan, work, share, budget, v.Config.Protocol.InnerSteps, seed)
+		next, nextSteps = reserve(r.nextPool(avail, plan, ahead), plan, work, share, budget, v.Config.Protocol.InnerSteps, seed)
+	}
+	for p, ms := range ahead {
+		plan[p], steps[p] = ms, aheadSteps[p]
 	}
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
@@ -191,6 +196,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	for _, p := range peers {
 		l := lease.Lease{Round: r.round, Base: r.baseID.Bytes(), Trainer: p, Microshards: plan[p],
 			Expiry: r.deadline.UnixMilli(), Issuer: v.Self, Epoch: r.base.Ledger.Epoch, Steps: uint32(steps[p])}
+		if _, ok := ahead[p]; ok {
+			l.Epoch++
+		}
 		if ns := next[p]; len(ns) > 0 {
 			l.Next, l.NextSteps = ns, uint32(nextSteps[p])
 		}

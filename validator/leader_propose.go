@@ -31,7 +31,7 @@ func (v *validator) propose(ctx context.Context, r *openRound, took time.Duratio
 		delta, _ := cid.Cast(rc.msg.Delta)
 		cands = append(cands, round.Candidate{Peer: p, Delta: delta, Lease: rc.id, Samples: rc.msg.Samples,
 			Microshards: rc.msg.Microshards, Loss: rc.msg.Loss, Probation: round.OnProbation(r.merges, p),
-			Sole: round.Sole(r.merges, p)})
+			Sole: round.Sole(r.merges, p), Ahead: rc.lease.Ahead(r.base)})
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].Peer < cands[j].Peer })
 	var leases []lease.Lease

@@ -126,7 +126,7 @@ func reserve(avail []uint32, plan map[string][]uint32, work []lease.Trainer, sha
 // that, every epoch's first round would find no trainer with a window trained ahead.
 // Should the epoch not roll over (a lease of its tail fails), the reservations drawn from
 // the next one are not available on the next head and are not honoured.
-func (r *openRound) nextPool(avail []uint32, plan map[string][]uint32) []uint32 {
+func (r *openRound) nextPool(avail []uint32, plan, ahead map[string][]uint32) []uint32 {
 	leased := 0
 	for _, ms := range plan {
 		leased += len(ms)
@@ -134,10 +134,17 @@ func (r *openRound) nextPool(avail []uint32, plan map[string][]uint32) []uint32 
 	if leased < len(avail) {
 		return avail
 	}
+	// Nor what the next epoch's leases of the round take (ahead.go).
+	taken := r.aheadNow()
+	for _, ms := range ahead {
+		for _, s := range ms {
+			taken[s] = true
+		}
+	}
 	reserved := r.reservedNow()
 	var all []uint32
-	for s := range r.base.Ledger.Shards {
-		if !reserved[s] {
+	for _, s := range lease.AvailableAhead(r.base.Ledger) {
+		if !reserved[s] && !taken[s] {
 			all = append(all, s)
 		}
 	}
@@ -147,22 +154,26 @@ func (r *openRound) nextPool(avail []uint32, plan map[string][]uint32) []uint32 
 // reservedNow are the microshards reserved by the leases of the round's updates received
 // or being fetched: a later attempt leaves them for the next round.
 func (r *openRound) reservedNow() map[uint32]bool {
-	return r.ofUpdates(func(rc received) []uint32 { return rc.lease.Next })
+	return r.ofUpdates(func(rc received) []uint32 { return rc.lease.Next }, false)
 }
 
 // ofUpdates gathers the microshards list(rc) names for each update of the round received
-// or being fetched.
-func (r *openRound) ofUpdates(list func(rc received) []uint32) map[uint32]bool {
+// or being fetched, of the leases of the next epoch (ahead) or of the others.
+func (r *openRound) ofUpdates(list func(rc received) []uint32, ahead bool) map[uint32]bool {
 	out := map[uint32]bool{}
-	for _, rc := range r.received {
+	add := func(rc received) {
+		if rc.lease.Ahead(r.base) != ahead {
+			return
+		}
 		for _, s := range list(rc) {
 			out[s] = true
 		}
 	}
+	for _, rc := range r.received {
+		add(rc)
+	}
 	for _, pf := range r.fetches.pending {
-		for _, s := range list(pf.rc) {
-			out[s] = true
-		}
+		add(pf.rc)
 	}
 	return out
 }

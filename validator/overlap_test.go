@@ -97,8 +97,8 @@ func TestNextPoolRollsOverTheEpoch(t *testing.T) {
 	// round and a half of shares of 2, so no leftover is absorbed (lease.AbsorbTail).
 	r := &openRound{base: &chain.Head{Ledger: chain.Ledger{Shards: 12}}, fetches: &deltaFetches{pending: map[string]pendingFetch{}},
 		received: map[string]received{"c": {lease: lease.Lease{Next: []uint32{6}}}}}
-	require.Equal(t, []uint32{4, 5}, r.nextPool([]uint32{4, 5}, map[string][]uint32{"a": {4}}), "microshards are left in the epoch")
-	pool := r.nextPool([]uint32{4, 5}, map[string][]uint32{"a": {4}, "b": {5}})
+	require.Equal(t, []uint32{4, 5}, r.nextPool([]uint32{4, 5}, map[string][]uint32{"a": {4}}, nil), "microshards are left in the epoch")
+	pool := r.nextPool([]uint32{4, 5}, map[string][]uint32{"a": {4}, "b": {5}}, nil)
 	require.Equal(t, []uint32{0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11}, pool)
 	next, _ := reserve(pool, map[string][]uint32{"a": {4}, "b": {5}}, []lease.Trainer{{Peer: "a", Capacity: 1}, {Peer: "b", Capacity: 1}}, 2, 100, 20, []byte("s"))
 	for _, ms := range next {
