@@ -19,6 +19,10 @@ type Report struct {
 	EpochsCompleted   uint64 `json:"epochs_completed"`
 	ConsumedInEpoch   int    `json:"consumed_in_current_epoch"`
 	MicroshardsMerged uint64 `json:"microshards_merged"`
+	// MicroshardsAhead: of those, merged in the epoch after their head's (leased to
+	// trainers their epoch had nothing left for, Lease.Ahead); ConsumedInEpoch counts them
+	// once their epoch is the current one.
+	MicroshardsAhead uint64 `json:"microshards_merged_ahead"`
 	// Duplicated and Lost count the microshards of the failing round that were merged a
 	// second time in their epoch, or that a head's epoch ended without; they are non-zero
 	// only together with an audit error.
@@ -48,6 +52,9 @@ func Audit(heads []*chain.Head) (Report, error) {
 		}
 		for _, c := range h.Contributions {
 			r.MicroshardsMerged += uint64(len(c.Microshards))
+			if c.Ahead {
+				r.MicroshardsAhead += uint64(len(c.Microshards))
+			}
 		}
 		want, err := Apply(prev, h.Contributions)
 		if err != nil {

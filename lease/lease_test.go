@@ -230,6 +230,7 @@ func TestAuditProvesExactlyOnce(t *testing.T) {
 		require.Equal(t, uint64(1), rep.EpochsCompleted)
 		require.Equal(t, 2, rep.ConsumedInEpoch, "epoch 1 was consumed while epoch 0 ended")
 		require.Equal(t, uint64(4), rep.MicroshardsMerged)
+		require.Equal(t, uint64(2), rep.MicroshardsAhead)
 
 		twice := slices.Clone(a)
 		twice[1].Ahead = false

@@ -174,6 +174,8 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	}
 	for p, ms := range ahead {
 		plan[p], steps[p] = ms, aheadSteps[p]
+		v.Log.Info("the epoch had nothing left for a trainer: leased microshards of the next epoch", "round", r.round,
+			"peer", p, "epoch", r.base.Ledger.Epoch+1, "microshards", len(ms))
 	}
 	peers := make([]string, 0, len(plan))
 	for p := range plan {
