@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -64,6 +65,15 @@ const (
 	// naming it and the addresses it dials: a mistyped or dead bootstrap address is
 	// otherwise silent (dial failures are debug lines, retried forever).
 	keepWarnAfter = 5 * time.Second
+	// A link that drops everything without a word (a cable pulled, a home router's uplink
+	// gone) leaves the connection open at both ends, and yamux's keepalive gives up on it
+	// only after 30 s of waiting and a 10-s timeout: a trainer cut off for 30 s in the WAN
+	// lab noticed 45 s after the cut began, 15 s after the link was back, and missed a
+	// round for it (docs/wan.md, faults). So every connection to a kept peer is pinged over
+	// itself every keepProbeEvery, and one that does not answer within keepProbeTimeout
+	// (yamux's own write timeout) is closed, and the peer dialled again.
+	keepProbeEvery   = 5 * time.Second
+	keepProbeTimeout = 10 * time.Second
 )
 
 // keptPeer is the redial state of one kept peer.
@@ -77,6 +87,9 @@ type keptPeer struct {
 	down    time.Time
 	warned  bool
 	lastErr error
+	// probing: its connections are being pinged; probed when that last began.
+	probing bool
+	probed  time.Time
 }
 
 // KeptWatch keeps a node connected to its kept peers (Keep), and remembers the addresses
@@ -89,6 +102,9 @@ type KeptWatch struct {
 	h      host.Host
 	peers  []peer.AddrInfo
 	notify *network.NotifyBundle
+	// The redial and liveness timings (keepDialTimeout, keepProbeEvery,
+	// keepProbeTimeout; tests shorten them).
+	dialTimeout, probeEvery, probeTimeout time.Duration
 
 	mu sync.Mutex
 	// dialled holds the remote addresses of outbound connections to each kept peer,
@@ -104,7 +120,8 @@ const maxKeptAddrs = 8
 // WatchKept starts remembering the kept peers' addresses: from the connections open now
 // and from every connection opened until close.
 func WatchKept(h host.Host, peers []peer.AddrInfo) *KeptWatch {
-	w := &KeptWatch{h: h, dialled: map[peer.ID][]ma.Multiaddr{}, advertised: map[peer.ID][]ma.Multiaddr{}}
+	w := &KeptWatch{h: h, dialled: map[peer.ID][]ma.Multiaddr{}, advertised: map[peer.ID][]ma.Multiaddr{},
+		dialTimeout: keepDialTimeout, probeEvery: keepProbeEvery, probeTimeout: keepProbeTimeout}
 	kept := map[peer.ID]bool{}
 	for _, ai := range peers {
 		if ai.ID != h.ID() {
@@ -174,7 +191,7 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 		id  peer.ID
 		err error
 	}
-	results := make(chan result)
+	results, probed := make(chan result), make(chan peer.ID)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	t := time.NewTicker(keepTick)
@@ -186,6 +203,16 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 				// What identify learnt: the addresses the peer listens at.
 				w.learn(w.advertised, id, h.Peerstore().Addrs(id)...)
 				k.down, k.warned = time.Time{}, false
+				if !k.probing && now.Sub(k.probed) >= w.probeEvery {
+					k.probing, k.probed = true, now
+					wg.Go(func() {
+						w.probe(ctx, id, log)
+						select {
+						case probed <- id:
+						case <-ctx.Done():
+						}
+					})
+				}
 				continue
 			}
 			if k.down.IsZero() {
@@ -205,7 +232,7 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 			}
 			k.dialing = true
 			wg.Go(func() {
-				err := dialKept(ctx, h, ai, log)
+				err := dialKept(ctx, h, ai, w.dialTimeout, log)
 				select {
 				case results <- result{id, err}:
 				case <-ctx.Done():
@@ -216,6 +243,8 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case id := <-probed:
+			state[id].probing = false
 		case r := <-results:
 			id := r.id
 			k := state[id]
@@ -233,11 +262,11 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 // dialKept dials a kept peer, first clearing the swarm's dial backoff for it: that
 // backoff was set by dials that failed while the peer was down, and would refuse this
 // dial for seconds after the peer is back.
-func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logger) error {
+func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, timeout time.Duration, log *slog.Logger) error {
 	if sw, ok := h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
 		sw.Backoff().Clear(ai.ID)
 	}
-	dctx, cancel := context.WithTimeout(ctx, keepDialTimeout)
+	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := h.Connect(dctx, ai); err != nil {
 		log.Debug("dial of a bootstrap peer or validator failed", "peer", ai.ID.String(), "err", err)
@@ -245,6 +274,31 @@ func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logg
 	}
 	log.Info("connected to a bootstrap peer or validator", "peer", ai.ID.String())
 	return nil
+}
+
+// probe pings each direct connection to the kept peer id over itself, side by side, and
+// closes those that do not answer within probeTimeout (see keepProbeEvery): Keep then
+// dials the peer again. Relayed connections are left to the relay's limits.
+func (w *KeptWatch) probe(ctx context.Context, id peer.ID, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, w.probeTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, c := range w.h.Network().ConnsToPeer(id) {
+		if c.Stat().Limited {
+			continue
+		}
+		wg.Go(func() {
+			// Only silence counts: a refusal (a peer without the ping protocol) is an answer.
+			err := pingOver(ctx, c)
+			if err == nil || c.IsClosed() || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return
+			}
+			log.Warn("a bootstrap peer or validator stopped answering over its connection; closing it and dialling again",
+				"peer", id.String(), "remote", c.RemoteMultiaddr().String(), "err", err)
+			_ = c.Close()
+		})
+	}
+	wg.Wait()
 }
 
 // Rendezvous is the DHT namespace the nodes of cfg's experiment meet under.

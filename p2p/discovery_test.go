@@ -18,8 +18,10 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/stretchr/testify/require"
 )
 
@@ -237,4 +239,55 @@ func (d *dialFailures) await(t *testing.T, n int64) {
 	want := d.n.Load() + n
 	require.Eventually(t, func() bool { return d.n.Load() >= want }, 30*time.Second, 10*time.Millisecond,
 		"%d failed dials of the kept peer", n)
+}
+
+// A link to a kept peer that goes dark (everything dropped, both sockets open, as when a
+// cable is pulled or a home router loses its uplink) is noticed by pinging the connection
+// over itself: the node closes it and dials again, and once the link is back it is
+// connected on a connection that answers. Without the probe the dark connection stays
+// "connected" until yamux's keepalive gives up (30 s and a 10-s timeout, past the 20 s
+// this test waits), and the node does not dial. A kept peer that does not speak the ping
+// protocol keeps its connection: only silence counts.
+func TestKeptPeerDarkLinkIsClosedAndRedialled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	server, node := tcpHost(t, true), tcpHost(t, false)
+	na, err := manet.ToNetAddr(server.Addrs()[0])
+	require.NoError(t, err)
+	bh := newBlackhole(t, na.String())
+	viaLink, err := manet.FromNetAddr(bh.ln.Addr())
+	require.NoError(t, err)
+
+	w := WatchKept(node, []peer.AddrInfo{{ID: server.ID(), Addrs: []ma.Multiaddr{viaLink}}})
+	t.Cleanup(w.Close)
+	w.dialTimeout, w.probeEvery, w.probeTimeout = time.Second, 200*time.Millisecond, time.Second
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Keep(ctx, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	live := func() network.Conn {
+		for _, c := range node.Network().ConnsToPeer(server.ID()) {
+			if !c.IsClosed() {
+				return c
+			}
+		}
+		return nil
+	}
+	eventually(t, "the first connection", func() bool { return live() != nil })
+	first := live()
+
+	bh.drop.Store(true)
+	eventually(t, "the dark connection closed", first.IsClosed)
+	time.Sleep(2 * time.Second) // dials through the dark link fail meanwhile
+	bh.drop.Store(false)
+	var again network.Conn
+	eventually(t, "connected again", func() bool { again = live(); return again != nil })
+	require.NoError(t, pingOver(ctx, again), "the new connection answers")
+
+	// A peer without the ping protocol refuses the probe: an answer, not silence.
+	server.RemoveStreamHandler(ping.ID)
+	time.Sleep(1500 * time.Millisecond) // several probes
+	require.False(t, again.IsClosed(), "a refused ping closed a live connection")
 }
