@@ -166,6 +166,9 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 	}
 	// Trainers the epoch had nothing left for are leased from the next one (ahead.go).
 	ahead, aheadSteps := r.leaseAhead(others, fresh, len(rest), share, budget, v.Config.Protocol.InnerSteps, seed)
+	for _, ms := range ahead {
+		budget -= len(ms)
+	}
 	var next map[string][]uint32
 	var nextSteps map[string]int
 	// No reservation for a round after the experiment's last.
