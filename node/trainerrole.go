@@ -45,10 +45,20 @@ type trainerDeps struct {
 	Metrics    *status.Metrics
 }
 
-// trainerRole is the trainer role (package trainer) wired to this node.
-type trainerRole struct{ trainerDeps }
+// trainerRole is the trainer role (package trainer) wired to this node. It subscribes to
+// the bus when it is made, before any loop runs: the announcer's first announcement
+// (which may be a restarted trainer's, that its leader answers with a grant at once)
+// races the role's start otherwise. In CI a restarted trainer's grant, published 11 ms
+// after it resumed, was lost that way; the leader waited out a 30-s deadline and barred it.
+type trainerRole struct {
+	trainerDeps
+	in *bus.Inbox
+}
 
-func newTrainerRole(d trainerDeps) *trainerRole { return &trainerRole{d} }
+func newTrainerRole(d trainerDeps) *trainerRole {
+	// Run closes the inbox; a node that stops before its loops run drops its bus with it.
+	return &trainerRole{trainerDeps: d, in: d.Bus.Subscribe()}
+}
 
 func (*trainerRole) name() string { return "trainer" }
 
@@ -68,7 +78,7 @@ func (r *trainerRole) run(ctx context.Context, s *startup) error {
 	return trainer.New(trainer.Params{
 		Experiment: r.Cfg.Experiment.ID, Seed: r.Cfg.Experiment.Seed, InnerSteps: r.Cfg.Protocol.InnerSteps,
 		Rounds: r.Cfg.Experiment.Rounds, Self: r.Self.String(), IsValidator: func(p string) bool { return slices.Contains(r.Validators, p) },
-		Bus: r.Bus, Chain: chainView{r.Tips, r.Heads}, Work: work, Eager: eager, Capacity: s.capacity,
+		Bus: r.Bus, Inbox: r.in, Chain: chainView{r.Tips, r.Heads}, Work: work, Eager: eager, Capacity: s.capacity,
 		Sink: trainerSink{r.Keeper, r.Status, r.Metrics}, Log: log, Room: storeRoom(r.Cfg.Node.StoreDir, s.params),
 	}).Run(ctx)
 }

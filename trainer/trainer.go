@@ -87,9 +87,14 @@ type Params struct {
 	// IsValidator says whether a peer is a configured validator: only those grant leases.
 	IsValidator func(peer string) bool
 	Bus         bus.Bus
-	Chain       Chain
-	Work        Window
-	Capacity    *Capacity // measured here, announced by the node
+	// Inbox, when set, is the subscription to Bus that Run reads (and closes), made before
+	// the node first announced itself: a leader grants a trainer it hears start within
+	// milliseconds, and a grant published before Run subscribed would be lost. Without it
+	// Run subscribes itself.
+	Inbox    *bus.Inbox
+	Chain    Chain
+	Work     Window
+	Capacity *Capacity // measured here, announced by the node
 	// Room, when set, says why this node cannot store what a lease needs now (its base
 	// head and parameters, its update: a full disk), nil when it can. A lease taken while
 	// it cannot is given back at once with that reason, not waited out by the leader.
@@ -123,7 +128,10 @@ const baseWait = 10 * time.Second
 // Run trains the leases granted to this node, one at a time, until ctx ends. A lease that
 // fails is logged, reported to the sink and given back; Run itself fails only with ctx.
 func (t *Trainer) Run(ctx context.Context) error {
-	in := t.Bus.Subscribe()
+	in := t.Inbox
+	if in == nil {
+		in = t.Bus.Subscribe()
+	}
 	defer in.Close()
 	if t.Eager != nil {
 		t.updates = newUpdates()
