@@ -254,15 +254,15 @@ func TestLeaseCheck(t *testing.T) {
 	ok := Lease{Round: 5, Base: baseID.Bytes(), Trainer: "t", Microshards: []uint32{1, 2}, Issuer: "v"}
 	require.NoError(t, ok.Check(baseID, base))
 	cases := map[string]func(l *Lease){
-		"other base":     func(l *Lease) { l.Base = cids.Record([]byte("x")).Bytes() },
-		"wrong round":    func(l *Lease) { l.Round = 6 },
-		"wrong epoch":    func(l *Lease) { l.Epoch = 2 },
+		"other base":      func(l *Lease) { l.Base = cids.Record([]byte("x")).Bytes() },
+		"wrong round":     func(l *Lease) { l.Round = 6 },
+		"wrong epoch":     func(l *Lease) { l.Epoch = 2 },
 		"ahead reserving": func(l *Lease) { l.Epoch, l.Next, l.NextSteps = 1, []uint32{3}, 4 },
-		"consumed shard": func(l *Lease) { l.Microshards = []uint32{0, 1} },
-		"out of range":   func(l *Lease) { l.Microshards = []uint32{9} },
-		"unsorted":       func(l *Lease) { l.Microshards = []uint32{2, 1} },
-		"duplicate":      func(l *Lease) { l.Microshards = []uint32{1, 1} },
-		"empty":          func(l *Lease) { l.Microshards = nil },
+		"consumed shard":  func(l *Lease) { l.Microshards = []uint32{0, 1} },
+		"out of range":    func(l *Lease) { l.Microshards = []uint32{9} },
+		"unsorted":        func(l *Lease) { l.Microshards = []uint32{2, 1} },
+		"duplicate":       func(l *Lease) { l.Microshards = []uint32{1, 1} },
+		"empty":           func(l *Lease) { l.Microshards = nil },
 		// A reservation (protocol.overlap: eager) is checked too.
 		"next without steps": func(l *Lease) { l.Next = []uint32{3} },
 		"steps without next": func(l *Lease) { l.NextSteps = 4 },

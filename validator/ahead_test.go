@@ -65,7 +65,7 @@ func TestLeaseAheadOnlyWhenTheEpochHasNothingLeft(t *testing.T) {
 // out what the round leased of the next epoch, and what that epoch had consumed already.
 func TestNextPoolLeavesTheNextEpochsLeasesOut(t *testing.T) {
 	r := &openRound{base: &chain.Head{Ledger: chain.Ledger{Shards: 8, Consumed: []byte{0x3f}, Ahead: []byte{0x01}}},
-		fetches: &deltaFetches{pending: map[string]pendingFetch{}},
+		fetches:  &deltaFetches{pending: map[string]pendingFetch{}},
 		received: map[string]received{"c": {msg: &gossip.Contribution{Microshards: []uint32{1}}, lease: lease.Lease{Epoch: 1}}}}
 	pool := r.nextPool([]uint32{6, 7}, map[string][]uint32{"a": {6, 7}}, map[string][]uint32{"b": {2, 3}})
 	require.Equal(t, []uint32{4, 5, 6, 7}, pool)
