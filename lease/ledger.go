@@ -28,10 +28,14 @@ func consumed(l chain.Ledger, i uint32) bool {
 }
 
 // Available lists, in ascending order, the microshards of the current epoch not yet consumed.
-func Available(l chain.Ledger) []uint32 {
-	out := make([]uint32, 0, max(0, int(l.Shards)-Count(l)))
+func Available(l chain.Ledger) []uint32 { return unconsumed(l, consumed, Count(l)) }
+
+// unconsumed lists, in ascending order, the microshards of l's plan that taken says are not
+// (n of them are: the list's room is the rest); never nil.
+func unconsumed(l chain.Ledger, taken func(chain.Ledger, uint32) bool, n int) []uint32 {
+	out := make([]uint32, 0, max(0, int(l.Shards)-n))
 	for i := uint32(0); i < l.Shards; i++ {
-		if !consumed(l, i) {
+		if !taken(l, i) {
 			out = append(out, i)
 		}
 	}
@@ -59,13 +63,7 @@ func consumedAhead(l chain.Ledger, i uint32) bool {
 // AvailableAhead lists, in ascending order, the microshards of the epoch after the
 // ledger's not yet consumed: what a lease of the next epoch may grant (Lease.Check).
 func AvailableAhead(l chain.Ledger) []uint32 {
-	var out []uint32
-	for i := uint32(0); i < l.Shards; i++ {
-		if !consumedAhead(l, i) {
-			out = append(out, i)
-		}
-	}
-	return out
+	return unconsumed(l, consumedAhead, Count(chain.Ledger{Consumed: l.Ahead}))
 }
 
 // Apply returns the ledger after the merged contributions' microshards are consumed: of

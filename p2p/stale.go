@@ -32,11 +32,12 @@ import (
 // answer in time (see staleProbeRTTs), it is closed, and a second later every connection
 // to the peer, the new one too (what the peer sent on the new one meanwhile is read in
 // that second; see probe), and the peer (which keeps its validators and bootstrap peers
-// connected) dials again: closing the stale one alone ends pubsub's stream on it, and pubsub then forgets
-// the peer's subscriptions while keeping the peer, whose own stream (with the
-// subscriptions, sent once) lives on the new connection, so it would never send the peer
-// a head again (measured in the WAN lab: the trainer heard nothing for 1.5 minutes after
-// its stale connection was closed). On a connection made afresh every protocol starts over.
+// connected) dials again: closing the stale one alone ends pubsub's stream on it, and
+// pubsub then forgets the peer's subscriptions while keeping the peer, whose own stream
+// (with the subscriptions, sent once) lives on the new connection, so it would never send
+// the peer a head again (measured in the WAN lab: the trainer heard nothing for 1.5
+// minutes after its stale connection was closed). On a connection made afresh every
+// protocol starts over.
 
 // StaleProbeTimeout is how long an older connection has at most to answer a ping once its
 // peer has connected anew: a few retransmissions at a 250 ms round trip. yamux's own
