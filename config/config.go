@@ -38,9 +38,14 @@ type Node struct {
 	// a bootstrap node). libp2p's defaults (2 minutes, 128 KiB) cannot carry one update of
 	// the lm small preset (43 MB fp32).
 	RelayLimit RelayLimit `yaml:"relay_limit"`
-	PSK        string     `yaml:"psk"`
-	LogLevel   string     `yaml:"log_level"`
-	ChunkSize  int        `yaml:"chunk_size"`
+	// Reachability is whether others can dial this node: auto (AutoNAT finds out), public
+	// (a bootstrap or relay node with a public address), or private (behind NAT: this
+	// node reserves a slot at its bootstrap peers' relays at once, so that peers it
+	// cannot be dialled by reach it through them).
+	Reachability string `yaml:"reachability"`
+	PSK          string `yaml:"psk"`
+	LogLevel     string `yaml:"log_level"`
+	ChunkSize    int    `yaml:"chunk_size"`
 	// StreamDeadline bounds how long a peer may take to send a request frame it has
 	// started, on every /p2ptrain/* protocol.
 	StreamDeadline time.Duration `yaml:"stream_deadline"`
@@ -65,6 +70,13 @@ type RelayLimit struct {
 // MinKeepHeads is the smallest node.keep_heads: a trainer may still be encoding its delta
 // against the previous head when the next one arrives.
 const MinKeepHeads = 2
+
+// node.reachability values.
+const (
+	ReachAuto    = "auto"
+	ReachPublic  = "public"
+	ReachPrivate = "private"
+)
 
 // Role names.
 const (

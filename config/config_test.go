@@ -157,6 +157,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"keep heads", "node:\n  keep_heads: 1", []string{"node.keep_heads: must be at least 2", "node.archive: true", "got 1"}},
 		{"relay duration", "node:\n  relay_limit:\n    duration: -1m", []string{"node.relay_limit.duration: must be between 1s and 24h, got -1m0s"}},
 		{"relay data", "node:\n  relay_limit:\n    data_mib: 0", []string{"node.relay_limit.data_mib: must be between 1 and 65536, got 0"}},
+		{"reachability", "node:\n  reachability: behind-nat", []string{"node.reachability: must be auto, public or private, got \"behind-nat\""}},
 		{"stream deadline", "node:\n  stream_deadline: 0s", []string{"node.stream_deadline: must be between 100ms and 10m, got 0s"}},
 		{"bootstrap needs peer id", "node:\n  bootstrap: [/ip4/127.0.0.1/tcp/4001]", []string{"node.bootstrap[0]", "/p2p/<peer id>"}},
 		{"list element unknown", "merge:\n  screen:\n    max_norm_ration: 3", []string{"merge.screen.max_norm_ration: unknown field", `did you mean "max_norm_ratio"`}},

@@ -24,6 +24,7 @@ func Default() *Config {
 			StreamDeadline: 10 * time.Second,
 			KeepHeads:      2,
 			RelayLimit:     RelayLimit{Duration: 10 * time.Minute, DataMiB: 64},
+			Reachability:   ReachAuto,
 		},
 		Experiment: Experiment{
 			Network:   "p2ptrain",

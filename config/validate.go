@@ -100,6 +100,11 @@ func (c *Config) validateNode(v *validator) {
 		"must be between 1s and 24h, got %v", n.RelayLimit.Duration)
 	v.check(n.RelayLimit.DataMiB >= 1 && n.RelayLimit.DataMiB <= 1<<16, "node.relay_limit.data_mib",
 		"must be between 1 and 65536, got %d", n.RelayLimit.DataMiB)
+	switch n.Reachability {
+	case ReachAuto, ReachPublic, ReachPrivate:
+	default:
+		v.add("node.reachability", "must be auto, public or private, got %q", n.Reachability)
+	}
 	v.check(n.KeepHeads >= MinKeepHeads, "node.keep_heads",
 		"must be at least %d (a trainer may still be encoding against the previous head; set node.archive: true to keep everything), got %d",
 		MinKeepHeads, n.KeepHeads)

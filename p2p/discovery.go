@@ -261,12 +261,14 @@ func (w *KeptWatch) Keep(ctx context.Context, log *slog.Logger) {
 
 // dialKept dials a kept peer, first clearing the swarm's dial backoff for it: that
 // backoff was set by dials that failed while the peer was down, and would refuse this
-// dial for seconds after the peer is back.
+// dial for seconds after the peer is back. It dials directly only: a relayed connection
+// (the peerstore may hold a relay address of the peer) is limited, not Connected, and
+// Keep would dial it again on every tick.
 func dialKept(ctx context.Context, h host.Host, ai peer.AddrInfo, timeout time.Duration, log *slog.Logger) error {
 	if sw, ok := h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
 		sw.Backoff().Clear(ai.ID)
 	}
-	dctx, cancel := context.WithTimeout(ctx, timeout)
+	dctx, cancel := context.WithTimeout(network.WithForceDirectDial(ctx, "kept peer"), timeout)
 	defer cancel()
 	if err := h.Connect(dctx, ai); err != nil {
 		log.Debug("dial of a bootstrap peer or validator failed", "peer", ai.ID.String(), "err", err)

@@ -4,24 +4,27 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"log/slog"
 	"net"
 	"regexp"
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/metrics"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	"github.com/libp2p/go-libp2p/p2p/net/swarm"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
@@ -127,6 +130,15 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Report
 		rl := cfg.Node.RelayLimit
 		opts = append(opts, libp2p.EnableRelayService(relay.WithLimit(&relay.RelayLimit{Duration: rl.Duration, Data: rl.DataMiB << 20})))
 	}
+	self, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("node.identity: %w", err)
+	}
+	reach, err := reachabilityOptions(cfg, self)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, reach...)
 	opts = append(opts, libp2p.ListenAddrStrings(listen...))
 	h, err := libp2p.New(opts...)
 	if err != nil {
@@ -138,6 +150,39 @@ func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Report
 	}
 	dialer.attach(h)
 	return h, nil
+}
+
+// relayBackoff is how long AutoRelay waits before asking a relay again that refused a
+// reservation or could not be reached (libp2p's default is an hour: a volunteer whose
+// bootstrap node restarted would stay unreachable through it that long).
+const relayBackoff = time.Minute
+
+// reachabilityOptions are the options of node.reachability, and AutoRelay with the
+// bootstrap peers as the relays: a node that is (or AutoNAT finds it) private reserves a
+// slot at them, so that a peer that cannot dial it — a validator behind another NAT
+// fetching its update — reaches it through a relay (artifact.ExchangeOptions.Relays).
+// AutoRelay does nothing while the node is public or its reachability unknown.
+func reachabilityOptions(cfg *config.Config, self peer.ID) ([]libp2p.Option, error) {
+	var opts []libp2p.Option
+	switch cfg.Node.Reachability {
+	case config.ReachPublic:
+		opts = append(opts, libp2p.ForceReachabilityPublic())
+	case config.ReachPrivate:
+		opts = append(opts, libp2p.ForceReachabilityPrivate())
+	}
+	relays, err := BootstrapPeers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	relays = slices.DeleteFunc(relays, func(ai peer.AddrInfo) bool { return ai.ID == self })
+	if len(relays) > 0 {
+		// One candidate is enough: static relays otherwise wait for every one of them to
+		// answer (or for a 3-minute boot delay), and a bootstrap list may name peers that
+		// relay nothing (a validator behind NAT).
+		opts = append(opts, libp2p.EnableAutoRelayWithStaticRelays(relays,
+			autorelay.WithMinCandidates(1), autorelay.WithBackoff(relayBackoff)))
+	}
+	return opts, nil
 }
 
 var portRe = regexp.MustCompile(`/(tcp|udp)/(\d+)`)
