@@ -67,6 +67,10 @@ type ExchangeOptions struct {
 	Progress progress.Tracker
 	// Registerer receives the p2ptrain_artifact_* metrics (default: a private registry).
 	Registerer prometheus.Registerer
+	// Relays are the peers that relay for others (the node's bootstrap peers): a holder
+	// this node cannot dial is asked through them, where it keeps a reservation (circuit
+	// relay v2; relayed.go). Empty: holders are dialled directly only.
+	Relays []peer.AddrInfo
 
 	// Idle stream timeouts, shortened by tests (per exchange, so that a test's streams
 	// never see another test's settings).

@@ -136,7 +136,7 @@ func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid) (
 func (x *Exchange) openStream(ctx context.Context, p peer.ID) (network.Stream, error) {
 	ctx, cancel := context.WithTimeout(ctx, x.opts.RequestTimeout)
 	defer cancel()
-	s, err := x.h.NewStream(ctx, p, ProtocolID)
+	s, err := x.newStream(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("%w: open stream: %w", errPeerGone, err)
 	}

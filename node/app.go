@@ -258,9 +258,13 @@ func busModule(cfg *config.Config) fx.Option {
 	return fx.Module("bus",
 		fx.Provide(
 			fx.Annotate(
-				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, opts Options, log *slog.Logger) *artifact.Exchange {
+				func(h host.Host, store *artifact.Store, reg prometheus.Registerer, opts Options, log *slog.Logger) (*artifact.Exchange, error) {
+					relays, err := p2p.BootstrapPeers(cfg)
+					if err != nil {
+						return nil, err
+					}
 					return artifact.NewExchange(h, store, artifact.ExchangeOptions{FrameDeadline: cfg.Node.StreamDeadline, Logger: log.With("pkg", "artifact"),
-						Registerer: reg, Progress: opts.Work})
+						Registerer: reg, Progress: opts.Work, Relays: relays}), nil
 				},
 				fx.OnStop(func(_ context.Context, x *artifact.Exchange) error { return x.Close() }),
 			),
