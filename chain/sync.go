@@ -163,7 +163,11 @@ func RequestHead(ctx context.Context, h host.Host, p peer.ID, id cid.Cid) (*Fetc
 func request(ctx context.Context, h host.Host, p peer.ID, req syncRequest, want cid.Cid) (*Fetched, error) {
 	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
-	st, err := h.NewStream(ctx, p, SyncProtocol)
+	// A relayed connection carries these small records too: without leave to use it, a
+	// stream to a peer reached only through a relay (a trainer behind NAT, from a
+	// validator behind another) waits out the timeout for a direct connection that never
+	// comes, and head sync, which asks one peer at a time, stalls that long.
+	st, err := h.NewStream(network.WithAllowLimitedConn(ctx, "head sync"), p, SyncProtocol)
 	if err != nil {
 		return nil, fmt.Errorf("head sync with %s: %w", p, err)
 	}

@@ -33,6 +33,8 @@ type Tips interface {
 // Peers is who this node is connected to, and the chain sync protocol's requests to them.
 type Peers interface {
 	Connected() []peer.ID
+	// Reachable reports whether this node holds a connection to p, direct or relayed.
+	Reachable(p peer.ID) bool
 	RequestTip(ctx context.Context, p peer.ID) (*chain.Fetched, error)
 	RequestHead(ctx context.Context, p peer.ID, id cid.Cid) (*chain.Fetched, error)
 }
@@ -111,7 +113,14 @@ func (s *Sync) Run(ctx context.Context) error {
 			if s.Seen != nil {
 				s.Seen(a.From, a.Msg)
 			}
-			if p, err := peer.Decode(a.From); err == nil && len(a.Msg.Head) > 0 {
+			// Only from a peer this node holds a connection to: announcements come by
+			// gossip from anyone, and a dial to a peer behind NAT hangs for the whole
+			// request's timeout while this loop, which takes one message at a time, holds
+			// the heads and attestations behind it (a trainer that dialled a validator
+			// behind NAT on its announcement missed the round's head for 15 s and gave
+			// its lease back). The peers it is connected to (the validators, its
+			// bootstrap peers) hold the chain.
+			if p, err := peer.Decode(a.From); err == nil && len(a.Msg.Head) > 0 && s.Peers.Reachable(p) {
 				s.catchUp(ctx, p, a.Msg.Round)
 			}
 		}

@@ -83,16 +83,23 @@ func (b *testBus) Subscribe() *bus.Inbox {
 // testPeers serves one chain, the same whichever peer is asked: its tip and every head it
 // holds. It records who was asked for a tip.
 type testPeers struct {
-	mu        sync.Mutex
-	connected peer.ID
-	tip       *chain.SignedHead
-	heads     map[cid.Cid]*chain.SignedHead
-	notes     map[cid.Cid]*chain.Notes // served with the heads
-	askedTip  []peer.ID
-	askedHead []cid.Cid
+	mu          sync.Mutex
+	connected   peer.ID          // asked at start
+	unreachable map[peer.ID]bool // no connection held to these
+	tip         *chain.SignedHead
+	heads       map[cid.Cid]*chain.SignedHead
+	notes       map[cid.Cid]*chain.Notes // served with the heads
+	askedTip    []peer.ID
+	askedHead   []cid.Cid
 }
 
 func (p *testPeers) Connected() []peer.ID { return []peer.ID{p.connected} }
+
+func (p *testPeers) Reachable(who peer.ID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.unreachable[who]
+}
 
 // timesAsked is how many times a tip was asked for.
 func (p *testPeers) timesAsked() int {
@@ -343,6 +350,27 @@ func TestCatchUpFromAPeerAhead(t *testing.T) {
 	}
 	// The two heads between genesis and the tip were shown as fetched.
 	require.Equal(t, []progress.Recorded{{Name: "catching up on the chain to round 3", Unit: "heads", Total: 2, Done: 2, Finished: true}}, h.work.Tasks())
+}
+
+// TestNoCatchUpFromAPeerWithoutAConnection: an announcement ahead from a peer this node
+// holds no connection to (gossip brings announcements from anyone; a dial to a peer behind
+// NAT would hang the loop for the request's timeout) asks nothing; the same announcement
+// from a connected peer is caught up from.
+func TestNoCatchUpFromAPeerWithoutAConnection(t *testing.T) {
+	h := newHarness(t, false)
+	require.Eventually(t, func() bool { return h.peers.timesAsked() == 1 }, 5*time.Second, time.Millisecond, "the connected peer is asked at start")
+	tip := signed(t, head(1, h.genesisID), h.v1, h.v2)
+	h.peers.mu.Lock()
+	h.peers.heads[tip.ID()] = tip
+	h.peers.tip = tip
+	h.peers.unreachable = map[peer.ID]bool{h.stranger.id: true}
+	h.peers.mu.Unlock()
+	h.bus.Deliver(h.stranger.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.stranger.id.String(), Round: 1, Head: tip.ID().Bytes()})
+	h.bus.Deliver(h.v1.id.String(), &gossip.Announce{Experiment: "exp", Peer: h.v1.id.String(), Round: 1, Head: tip.ID().Bytes()})
+	require.Equal(t, tip.ID(), h.waitRound(t, 1))
+	h.peers.mu.Lock()
+	defer h.peers.mu.Unlock()
+	require.Equal(t, []peer.ID{h.v2.id, h.v1.id}, h.peers.askedTip, "the peer without a connection is not asked")
 }
 
 // TestCatchUpMovesOnToANewerTip: while a catch-up downloads its tip's artifacts the peer

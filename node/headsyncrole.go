@@ -5,6 +5,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/p2pnode/p2pnode/chain"
@@ -28,6 +29,11 @@ func newHeadSync(e *env) *headsync.Sync {
 type hostPeers struct{ h host.Host }
 
 func (p hostPeers) Connected() []peer.ID { return p.h.Network().Peers() }
+
+func (p hostPeers) Reachable(id peer.ID) bool {
+	c := p.h.Network().Connectedness(id)
+	return c == network.Connected || c == network.Limited
+}
 
 func (p hostPeers) RequestTip(ctx context.Context, id peer.ID) (*chain.Fetched, error) {
 	return chain.RequestTip(ctx, p.h, id)

@@ -498,7 +498,8 @@ func TestLeaderStandsAsideAndRetakes(t *testing.T) {
 // noPeers is a network without the chain sync protocol: heads arrive by gossip only.
 type noPeers struct{}
 
-func (noPeers) Connected() []peer.ID { return nil }
+func (noPeers) Connected() []peer.ID   { return nil }
+func (noPeers) Reachable(peer.ID) bool { return false }
 func (noPeers) RequestTip(context.Context, peer.ID) (*chain.Fetched, error) {
 	return nil, errors.New("no chain sync here")
 }
