@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -39,8 +40,19 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 	t.Helper()
 	vaddr := lab.Nodes[0].Public
 	procs := swarmOf(t, o, func(name string, c *config.Config) {
-		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", labNode(t, lab, name).Addr)}
+		n := labNode(t, lab, name)
+		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", n.Addr)}
 		c.Node.MDNS = false
+		// libp2p counts the lab's addresses (198.18.0.0/15) as not public, so AutoNAT
+		// never decides: say what each node is, as AutoNAT would on the internet. The
+		// bootstrap validator's relay service then starts, and the nodes behind routers
+		// reserve slots at it.
+		switch {
+		case n == lab.Nodes[0]:
+			c.Node.Reachability = config.ReachPublic
+		case n.NAT != wan.NATNone:
+			c.Node.Reachability = config.ReachPrivate
+		}
 		for j, b := range c.Node.Bootstrap {
 			_, id, _ := strings.Cut(b, "/p2p/")
 			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", vaddr, id)
@@ -53,6 +65,31 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 		p.Wrap = []string{"ip", "netns", "exec", labNode(t, lab, p.Name).NS}
 	}
 	return procs
+}
+
+// labDir is where a lab test's nodes keep their stores: WAN_DIR when set (kept, with the
+// nodes' logs beside them once the test ends: keepLogs), else a temporary directory.
+func labDir(t *testing.T) string {
+	if d := os.Getenv("WAN_DIR"); d != "" {
+		return d
+	}
+	return t.TempDir()
+}
+
+// keepLogs writes each node's log to WAN_DIR/<name>.log when the test ends, passed or
+// failed; nothing without WAN_DIR.
+func keepLogs(t *testing.T, procs []*Proc) {
+	dir := os.Getenv("WAN_DIR")
+	if dir == "" {
+		return
+	}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			if err := os.WriteFile(filepath.Join(dir, p.Name+".log"), []byte(p.Logs()), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
+	})
 }
 
 // labNode is the lab's node of that name.

@@ -44,13 +44,15 @@ func roundsOf(re *regexp.Regexp, logs string) []int {
 // second validator behind a cone router, and a quorum of two, so that no head stands
 // without the second validator's attestation. The second validator dials the public one;
 // nothing dials it, and no hole punching happens in the lab (its addresses are not public
-// to libp2p), so everything it verifies it must get over connections it opened. In the
-// rounds the leader order gives it, it can fetch no trainer's update (nothing dials a peer
-// behind NAT), and it hands the round on to the public validator after one pass
-// (validator/stepaside.go, handOn); before that, it held round 1 for good. It asserts
-// that both validators end on the same chain of every round and that the second one
-// attested every head it did not propose; it logs the rounds each proposed and handed on,
-// and which trainers each head merged.
+// to libp2p). The nodes behind routers hold relay reservations at the public validator
+// (node.reachability private, AutoRelay), and in the rounds the leader order gives it the
+// second validator fetches the trainers' updates through that relay (artifact/relayed.go);
+// the trainers fetch its heads from the validators that signed them. It asserts that both
+// validators end on the same chain of every round, that the second one attested every
+// head it did not propose, and that it proposed some (before the relay path it handed
+// every round it led on to the public validator after one pass, validator/stepaside.go,
+// and before that held round 1 for good); it logs the rounds each proposed and handed
+// on, and which trainers each head merged.
 func TestNATSecondValidator(t *testing.T) {
 	if err := wan.CheckNAT(); err != nil {
 		t.Skipf("the NAT lab cannot run here: %v", err)
@@ -71,7 +73,7 @@ func TestNATSecondValidator(t *testing.T) {
 	}
 	spec.Nodes = append(spec.Nodes, wan.Spec{Name: second, Link: link, NAT: v2nat})
 	lab := newLab(t, spec)
-	dir := t.TempDir()
+	dir := labDir(t)
 	key, err := p2p.LoadIdentity(filepath.Join(dir, second, "identity.key"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +94,7 @@ func TestNATSecondValidator(t *testing.T) {
 			c.Node.Bootstrap = append(c.Node.Bootstrap, fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", lab.Nodes[len(lab.Nodes)-1].Public, v2))
 		}
 	})
+	keepLogs(t, procs)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	runAll(t, procs, 8*time.Minute)
 	first, sec := procs[0], procs[len(procs)-1]
@@ -130,5 +133,8 @@ func TestNATSecondValidator(t *testing.T) {
 	}
 	if len(missing) > 0 {
 		t.Fatalf("the second validator neither proposed nor attested rounds %s", strings.Join(missing, ", "))
+	}
+	if len(proposed2) == 0 {
+		t.Fatalf("the second validator (%s) led no round", where)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -67,16 +66,13 @@ func TestWANFaults(t *testing.T) {
 	if _, set := os.LookupEnv("WAN_OVERLAP"); !set {
 		overlap = "eager"
 	}
-	dir := os.Getenv("WAN_DIR") // to keep the nodes' stores and logs
-	keep := dir != ""
-	if !keep {
-		dir = t.TempDir()
-	}
+	dir := labDir(t)
 	// The demo's own settings for the workload with the sparse codec (outer lr, momentum).
 	// The validator runs far more rounds than the test needs; the test kills the swarm.
 	o := demo.Options{Dir: dir, Trainers: trainers, Rounds: 1000, Workload: workload, Preset: preset,
 		Codec: string(diloco.Sparse), Overlap: overlap}
 	procs := labSwarm(t, lab, o, nil)
+	keepLogs(t, procs)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	DumpOnFailure(t, procs...)
 	for _, p := range procs {
@@ -125,13 +121,6 @@ func TestWANFaults(t *testing.T) {
 	validator.Kill()
 	for _, p := range procs[1:] {
 		p.Kill()
-	}
-	if keep { // the nodes' logs beside their stores
-		for _, p := range procs {
-			if err := os.WriteFile(filepath.Join(dir, p.Name+".log"), []byte(p.Logs()), 0o644); err != nil {
-				t.Error(err)
-			}
-		}
 	}
 	chain := validator.HeadChain(t)
 	mergedIn := func(p *Proc) map[int]bool {
