@@ -31,7 +31,8 @@ func TestNATLateJoiner(t *testing.T) {
 		spec.Nodes = append(spec.Nodes, wan.Spec{Name: fmt.Sprintf("trainer-%d", i+1), Link: link, NAT: k})
 	}
 	lab := newLab(t, spec)
-	procs := labSwarm(t, lab, demo.Options{Dir: t.TempDir(), Trainers: len(kinds), Rounds: rounds}, nil)
+	procs := labSwarm(t, lab, demo.Options{Dir: labDir(t), Trainers: len(kinds), Rounds: rounds}, nil)
+	keepLogs(t, procs)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	v, late := procs[0], procs[len(procs)-1]
 	for _, p := range procs[:len(procs)-1] {
