@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -28,7 +27,6 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	ma "github.com/multiformats/go-multiaddr"
-	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/p2pnode/p2pnode/config"
@@ -41,22 +39,10 @@ import (
 // AutoNAT service; the relay with node.relay), each in a process of its own in its
 // namespace, fresh for every attempt (new key, new ports).
 
-// labAddressClasses makes go-multiaddr count the lab's outside addresses (198.18.0.0/16:
-// routers and public nodes) as public and its home networks (198.19.0.0/16) as private, as
-// a router's 203.0.x address and a home's 192.168.x would be on the internet. The lab draws
-// from 198.18.0.0/15, which go-multiaddr lists as unroutable; without this every address
-// in the lab is non-public to libp2p, and the hole punching service never starts (it waits
-// for a public address of its own). It changes the process it runs in, a helper process.
-func labAddressClasses() {
-	_, home, _ := net.ParseCIDR("198.19.0.0/16")
-	manet.Unroutable4 = slices.DeleteFunc(slices.Clone(manet.Unroutable4), func(n *net.IPNet) bool { return n.String() == "198.18.0.0/15" })
-	manet.Private4 = append(slices.Clone(manet.Private4), home)
-}
-
 // punchHost is the node's libp2p host listening on listen; relay makes it a relay server
 // (node.relay, with node.relay_limit's defaults).
 func punchHost(t *testing.T, listen []string, relay bool) (host.Host, *prometheus.Registry) {
-	labAddressClasses()
+	p2p.LabAddressClasses()
 	cfg := config.Default()
 	cfg.Node.Listen = listen
 	cfg.Node.Relay = relay

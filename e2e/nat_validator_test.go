@@ -47,7 +47,10 @@ func roundsOf(re *regexp.Regexp, logs string) []int {
 // to libp2p). The nodes behind routers hold relay reservations at the public validator
 // (node.reachability private, AutoRelay), and in the rounds the leader order gives it the
 // second validator fetches the trainers' updates through that relay (artifact/relayed.go);
-// the trainers fetch its heads from the validators that signed them. It asserts that both
+// the trainers fetch its heads from the validators that signed them. The lab's outside
+// addresses count as public to the nodes (p2p.LabAddressesEnv; WAN_HOLEPUNCH=0: not), so
+// their hole punching services run and peers behind cone routers can punch through. It
+// logs how the trainers' artifacts reached the second validator. It asserts that both
 // validators end on the same chain of every round, that the second one attested every
 // head it did not propose, and that it proposed some (before the relay path it handed
 // every round it led on to the public validator after one pass, validator/stepaside.go,
@@ -88,12 +91,21 @@ func TestNATSecondValidator(t *testing.T) {
 		if name == second {
 			c.Experiment.Roles = []string{config.RoleValidator}
 			c.Experiment.EvalEvery = 1
+			c.Node.LogLevel = "debug" // its artifact streams through the relay, counted below
 		} else if name != "validator" {
 			// The trainers know both validators' addresses (the second one's is its router's
 			// behind NAT, where nothing dialed in arrives).
 			c.Node.Bootstrap = append(c.Node.Bootstrap, fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", lab.Nodes[len(lab.Nodes)-1].Public, v2))
 		}
 	})
+	punch := os.Getenv("WAN_HOLEPUNCH") != "0"
+	if punch {
+		// The lab's outside addresses public to libp2p (p2p.LabAddressesEnv): the nodes'
+		// hole punching services start, and peers behind cone routers can punch through.
+		for _, p := range procs {
+			p.Wrap = append(p.Wrap, "env", p2p.LabAddressesEnv+"=1")
+		}
+	}
 	keepLogs(t, procs)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	runAll(t, procs, 8*time.Minute)
@@ -119,6 +131,23 @@ func TestNATSecondValidator(t *testing.T) {
 	}
 	t.Logf("first validator proposed rounds %v; second validator (%s) proposed %v, attested %v, handed on %v",
 		proposed1, where, proposed2, attested2, roundsOf(handedOnLine, sec.Logs()))
+	// How the trainers' artifacts reached it: streams through the relay, and manifests.
+	var paths []string
+	for _, p := range procs[1 : len(procs)-1] {
+		id := p.peerID(t)
+		var relayed, manifests int
+		for _, line := range strings.Split(sec.Logs(), "\n") {
+			switch {
+			case !strings.Contains(line, "peer="+id):
+			case strings.Contains(line, "artifact stream through a relay"):
+				relayed++
+			case strings.Contains(line, `msg="manifest received"`):
+				manifests++
+			}
+		}
+		paths = append(paths, fmt.Sprintf("%s: %d streams through the relay, %d manifests", kindOf[id], relayed, manifests))
+	}
+	t.Logf("the second validator's fetches from each trainer (hole punching %v): %s", punch, strings.Join(paths, "; "))
 	if len(heads) != rounds+1 {
 		t.Fatalf("the public validator's chain has %d heads, want genesis and %d rounds", len(heads), rounds)
 	}

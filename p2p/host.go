@@ -75,6 +75,7 @@ func NewHost(cfg *config.Config, key crypto.PrivKey, bw metrics.Reporter, reg pr
 // machine in NewHost, fixed in tests); the connection manager's watermarks follow them.
 func newHostWithLimits(cfg *config.Config, key crypto.PrivKey, bw metrics.Reporter, reg prometheus.Registerer, log *slog.Logger,
 	concrete rcmgr.ConcreteLimitConfig) (host.Host, error) {
+	labAddressesFromEnv()
 	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
