@@ -186,8 +186,10 @@ wan-holepunch:
 
 ## wan-nat-roles: the NAT lab's other roles (tag wan): a late joiner behind NAT catches up
 ## and is merged (TestNATLateJoiner), and a second validator behind a cone router, quorum 2,
-## follows and attests every round (TestNATSecondValidator; WAN_V2_NAT=none: public). Needs
-## root, ip, nft and /dev/net/tun.
+## attests every round it does not lead and leads rounds, fetching the updates of trainers
+## behind NAT through the relay or, behind cone routers, a hole-punched connection
+## (TestNATSecondValidator; WAN_V2_NAT=none: public; WAN_HOLEPUNCH=0: no hole punching;
+## WAN_ROUNDS, WAN_DIR keeps stores and logs). Needs root, ip, nft and /dev/net/tun.
 wan-nat-roles: setup
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestNATLateJoiner$$|^TestNATSecondValidator$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
