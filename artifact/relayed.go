@@ -2,10 +2,12 @@ package artifact
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
 )
 
@@ -34,7 +36,20 @@ func (x *Exchange) newStream(ctx context.Context, p peer.ID) (network.Stream, er
 		return x.h.NewStream(ctx, p, ProtocolID)
 	}
 	x.h.Peerstore().AddAddrs(p, addrs, relayAddrTTL)
-	s, err := x.h.NewStream(network.WithAllowLimitedConn(ctx, relayReason), p, ProtocolID)
+	relayed := network.WithAllowLimitedConn(ctx, relayReason)
+	s, err := x.h.NewStream(relayed, p, ProtocolID)
+	if err != nil && errors.Is(err, swarm.ErrDialBackoff) && ctx.Err() == nil {
+		// A relayed dial can fail for a reason that passes at once: go-libp2p's circuit
+		// client folds two dials to one peer through one relay into one and fails the
+		// second ("concurrent active dial succeeded"). The swarm then backs the circuit
+		// address off, and every fetch from that holder failed on "dial backoff" for the
+		// rest of the pass (the lab: a leader behind NAT handed a round on). A relay
+		// answers a dial for a peer without a reservation at once: dial again.
+		if sw, ok := x.h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
+			sw.Backoff().Clear(p)
+			s, err = x.h.NewStream(relayed, p, ProtocolID)
+		}
+	}
 	if err == nil && s.Conn().Stat().Limited {
 		x.log.Debug("artifact stream through a relay: no direct connection to the holder", "peer", p.String(),
 			"remote", s.Conn().RemoteMultiaddr().String())

@@ -96,3 +96,36 @@ func newFetcher(t *testing.T, h host.Host, opts ExchangeOptions) *testNode {
 	t.Cleanup(func() { x.Close() })
 	return &testNode{h: h, store: store, x: x, reg: reg}
 }
+
+// A relayed dial that failed leaves its circuit address in the swarm's dial backoff (here:
+// the holder had no reservation yet; in the lab, go-libp2p's circuit client failing a
+// second dial folded into a first). Once the holder can be reached through the relay, the
+// next fetch dials again instead of failing on "dial backoff" until the backoff expires.
+func TestRelayedFetchNotHeldByDialBackoff(t *testing.T) {
+	r, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.Security(noise.ID, noise.New),
+		libp2p.ForceReachabilityPublic(), libp2p.EnableRelayService(relay.WithLimit(&relay.RelayLimit{Duration: time.Minute, Data: 8 << 20})))
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	relayInfo := peer.AddrInfo{ID: r.ID(), Addrs: r.Addrs()}
+	hh := newTCPHost(t)
+	connectTCP(t, hh, r)
+	holderStore, err := OpenStore(t.TempDir(), Options{ChunkSize: testChunk})
+	require.NoError(t, err)
+	data := randomBytes(42, 100<<10)
+	id, err := holderStore.PutBytes(data)
+	require.NoError(t, err)
+	hx := NewExchange(hh, holderStore, ExchangeOptions{})
+	t.Cleanup(func() { hx.Close() })
+
+	fh := newTCPHost(t)
+	connectTCP(t, fh, r)
+	fetcher := newFetcher(t, fh, ExchangeOptions{RequestTimeout: 5 * time.Second, Relays: []peer.AddrInfo{relayInfo}})
+	// No reservation yet: the relay refuses, and the swarm backs the address off.
+	require.Error(t, fetcher.x.Fetch(fetchCtx(t, 10*time.Second), id, hh.ID()))
+	eventually(t, 10*time.Second, func() bool {
+		_, err := client.Reserve(context.Background(), hh, relayInfo)
+		return err == nil
+	}, "the holder reserves a slot at the relay")
+	require.NoError(t, fetcher.x.Fetch(fetchCtx(t, 10*time.Second), id, hh.ID()))
+	requireStored(t, fetcher, id, data)
+}
