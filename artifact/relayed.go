@@ -31,8 +31,11 @@ const relayAddrTTL = 10 * time.Minute
 // newStream opens an artifact stream to p: on a direct connection, dialled if need be;
 // else, with relays configured, through one of them.
 func (x *Exchange) newStream(ctx context.Context, p peer.ID) (network.Stream, error) {
+	if x.h.Network().Connectedness(p) == network.Connected {
+		return x.h.NewStream(ctx, p, ProtocolID)
+	}
 	addrs := x.circuitAddrs(p)
-	if len(addrs) == 0 || x.h.Network().Connectedness(p) == network.Connected {
+	if len(addrs) == 0 {
 		return x.h.NewStream(ctx, p, ProtocolID)
 	}
 	x.h.Peerstore().AddAddrs(p, addrs, relayAddrTTL)

@@ -12,7 +12,6 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,40 +34,22 @@ func TestFetchThroughRelayOnlyWithoutDirectPath(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.Security(noise.ID, noise.New),
-				libp2p.ForceReachabilityPublic(), libp2p.EnableRelayService(relay.WithLimit(&relay.RelayLimit{Duration: time.Minute, Data: 8 << 20})))
-			require.NoError(t, err)
-			t.Cleanup(func() { r.Close() })
-			relayInfo := peer.AddrInfo{ID: r.ID(), Addrs: r.Addrs()}
-
-			hh := newTCPHost(t)
-			connectTCP(t, hh, r)
-			// The relay service starts once the host's reachability event is out.
-			var resErr error
-			eventually(t, 10*time.Second, func() bool {
-				_, resErr = client.Reserve(context.Background(), hh, relayInfo)
-				return resErr == nil
-			}, "the holder reserves a slot at the relay")
-			holderStore, err := OpenStore(t.TempDir(), Options{ChunkSize: testChunk})
-			require.NoError(t, err)
+			relayInfo := newRelay(t)
+			holder := newTestNode(t, newTCPHost(t), t.TempDir(), ExchangeOptions{})
+			reserve(t, holder.h, relayInfo)
 			data := randomBytes(41, 300<<10+17)
-			id, err := holderStore.PutBytes(data)
-			require.NoError(t, err)
-			hx := NewExchange(hh, holderStore, ExchangeOptions{})
-			t.Cleanup(func() { hx.Close() })
+			id := seed(t, data, holder)
 
-			fh := newTCPHost(t)
-			connectTCP(t, fh, r)
-			if tc.knowsHolder {
-				fh.Peerstore().AddAddrs(hh.ID(), hh.Addrs(), peerstore.TempAddrTTL)
-			}
 			opts := ExchangeOptions{RequestTimeout: 5 * time.Second}
 			if tc.relays {
 				opts.Relays = []peer.AddrInfo{relayInfo}
 			}
-			fetcher := newFetcher(t, fh, opts)
+			fetcher := newRelayFetcher(t, relayInfo, opts)
+			if tc.knowsHolder {
+				fetcher.h.Peerstore().AddAddrs(holder.id(), holder.h.Addrs(), peerstore.TempAddrTTL)
+			}
 
-			err = fetcher.x.Fetch(fetchCtx(t, 20*time.Second), id, hh.ID())
+			err := fetcher.x.Fetch(fetchCtx(t, 20*time.Second), id, holder.id())
 			if tc.wantErr {
 				require.Error(t, err)
 				require.False(t, fetcher.store.Has(id))
@@ -76,7 +57,7 @@ func TestFetchThroughRelayOnlyWithoutDirectPath(t *testing.T) {
 			}
 			require.NoError(t, err)
 			requireStored(t, fetcher, id, data)
-			conns := fh.Network().ConnsToPeer(hh.ID())
+			conns := fetcher.h.Network().ConnsToPeer(holder.id())
 			require.NotEmpty(t, conns)
 			for _, c := range conns {
 				require.Equal(t, tc.wantLimited, c.Stat().Limited, "connection to the holder at %s", c.RemoteMultiaddr())
@@ -85,47 +66,50 @@ func TestFetchThroughRelayOnlyWithoutDirectPath(t *testing.T) {
 	}
 }
 
-// newFetcher is a testNode on h with an empty store.
-func newFetcher(t *testing.T, h host.Host, opts ExchangeOptions) *testNode {
-	t.Helper()
-	store, err := OpenStore(t.TempDir(), Options{ChunkSize: testChunk})
-	require.NoError(t, err)
-	reg := prometheus.NewRegistry()
-	opts.Registerer = reg
-	x := NewExchange(h, store, opts)
-	t.Cleanup(func() { x.Close() })
-	return &testNode{h: h, store: store, x: x, reg: reg}
-}
-
 // A relayed dial that failed leaves its circuit address in the swarm's dial backoff (here:
 // the holder had no reservation yet; in the lab, go-libp2p's circuit client failing a
 // second dial folded into a first). Once the holder can be reached through the relay, the
 // next fetch dials again instead of failing on "dial backoff" until the backoff expires.
 func TestRelayedFetchNotHeldByDialBackoff(t *testing.T) {
+	relayInfo := newRelay(t)
+	holder := newTestNode(t, newTCPHost(t), t.TempDir(), ExchangeOptions{})
+	require.NoError(t, holder.h.Connect(context.Background(), relayInfo))
+	data := randomBytes(42, 100<<10)
+	id := seed(t, data, holder)
+	fetcher := newRelayFetcher(t, relayInfo, ExchangeOptions{RequestTimeout: 5 * time.Second, Relays: []peer.AddrInfo{relayInfo}})
+	// No reservation yet: the relay refuses, and the swarm backs the address off.
+	require.Error(t, fetcher.x.Fetch(fetchCtx(t, 10*time.Second), id, holder.id()))
+	reserve(t, holder.h, relayInfo)
+	require.NoError(t, fetcher.x.Fetch(fetchCtx(t, 10*time.Second), id, holder.id()))
+	requireStored(t, fetcher, id, data)
+}
+
+// newRelay starts a circuit relay v2 server on loopback TCP, public at once (the relay
+// service starts only on a public host), closed with the test.
+func newRelay(t *testing.T) peer.AddrInfo {
+	t.Helper()
 	r, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.Security(noise.ID, noise.New),
 		libp2p.ForceReachabilityPublic(), libp2p.EnableRelayService(relay.WithLimit(&relay.RelayLimit{Duration: time.Minute, Data: 8 << 20})))
 	require.NoError(t, err)
 	t.Cleanup(func() { r.Close() })
-	relayInfo := peer.AddrInfo{ID: r.ID(), Addrs: r.Addrs()}
-	hh := newTCPHost(t)
-	connectTCP(t, hh, r)
-	holderStore, err := OpenStore(t.TempDir(), Options{ChunkSize: testChunk})
-	require.NoError(t, err)
-	data := randomBytes(42, 100<<10)
-	id, err := holderStore.PutBytes(data)
-	require.NoError(t, err)
-	hx := NewExchange(hh, holderStore, ExchangeOptions{})
-	t.Cleanup(func() { hx.Close() })
+	return peer.AddrInfo{ID: r.ID(), Addrs: r.Addrs()}
+}
 
-	fh := newTCPHost(t)
-	connectTCP(t, fh, r)
-	fetcher := newFetcher(t, fh, ExchangeOptions{RequestTimeout: 5 * time.Second, Relays: []peer.AddrInfo{relayInfo}})
-	// No reservation yet: the relay refuses, and the swarm backs the address off.
-	require.Error(t, fetcher.x.Fetch(fetchCtx(t, 10*time.Second), id, hh.ID()))
+// reserve connects h to the relay and reserves a slot there, retrying until the relay
+// service is up (it starts once the relay's reachability event is out).
+func reserve(t *testing.T, h host.Host, relayInfo peer.AddrInfo) {
+	t.Helper()
+	require.NoError(t, h.Connect(context.Background(), relayInfo))
 	eventually(t, 10*time.Second, func() bool {
-		_, err := client.Reserve(context.Background(), hh, relayInfo)
+		_, err := client.Reserve(context.Background(), h, relayInfo)
 		return err == nil
 	}, "the holder reserves a slot at the relay")
-	require.NoError(t, fetcher.x.Fetch(fetchCtx(t, 10*time.Second), id, hh.ID()))
-	requireStored(t, fetcher, id, data)
+}
+
+// newRelayFetcher is a testNode on a fresh loopback host connected to the relay only.
+func newRelayFetcher(t *testing.T, relayInfo peer.AddrInfo, opts ExchangeOptions) *testNode {
+	t.Helper()
+	fh := newTCPHost(t)
+	require.NoError(t, fh.Connect(context.Background(), relayInfo))
+	return newTestNode(t, fh, t.TempDir(), opts)
 }
