@@ -1,11 +1,13 @@
 package artifact
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +57,8 @@ type download struct {
 	window  int
 	writeCh chan writeJob // verified chunks, to be written
 	fatalCh chan error
+	// servedBy is how many chunks each holder sent (servedBy), set when fetchChunks ends.
+	servedBy string
 }
 
 func newDownload(x *Exchange, id cid.Cid, hints []peer.ID, prev *download) *download {
@@ -102,13 +106,21 @@ func (d *download) notifyPeers() {
 	}
 }
 
+// candidate is a peer nextCandidate picked: known when it came from the hints or
+// announcements, direct when it is asked only over a direct connection (a copy holder,
+// Exchange.AddCopy).
+type candidate struct {
+	p             peer.ID
+	known, direct bool
+}
+
 // nextCandidate picks a peer not yet used in this download (nor in also): hints first,
 // then announced holders (newest first), and, if local is set, the peers we are
 // connected to. Callers allow the latter only when no known holder is at work, so
-// strangers are asked only when the known holders are exhausted. known reports
-// whether p came from the hints or announcements. The peer is marked used in also, or
-// in the download if also is nil.
-func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, known, ok bool) {
+// strangers are asked only when the known holders are exhausted. A copy holder found
+// reachable only through a relay lately is passed over. The peer is marked used in also,
+// or in the download if also is nil.
+func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (candidate, bool) {
 	now := time.Now()
 	self := d.x.h.ID()
 	usable := func(p peer.ID) bool {
@@ -121,32 +133,32 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (p peer.ID, 
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	pick := func(p peer.ID, known bool) (peer.ID, bool, bool) {
+	pick := func(c candidate) (candidate, bool) {
 		if also != nil {
-			also[p] = true
+			also[c.p] = true
 		} else {
-			d.tried[p] = peerTry{}
+			d.tried[c.p] = peerTry{}
 		}
-		return p, known, true
+		return c, true
 	}
 	for _, p := range d.hints {
 		if usable(p) {
-			return pick(p, true)
+			return pick(candidate{p: p, known: true})
 		}
 	}
-	for _, p := range d.x.book.get(d.id, now) {
-		if usable(p) {
-			return pick(p, true)
+	for _, h := range d.x.book.get(d.id, now) {
+		if usable(h.p) && !(h.copy && d.x.book.isRelayOnly(h.p, now)) {
+			return pick(candidate{p: h.p, known: true, direct: h.copy})
 		}
 	}
 	if local {
 		for _, p := range d.x.h.Network().Peers() {
 			if usable(p) {
-				return pick(p, false)
+				return pick(candidate{p: p})
 			}
 		}
 	}
-	return "", false, false
+	return candidate{}, false
 }
 
 // peerLeft records why p stopped serving this download.
@@ -247,7 +259,7 @@ func (d *download) fetch() error {
 		return err
 	}
 	d.x.book.forget(d.id)
-	d.log.Debug("fetched", "size", m.Size, "chunks", len(m.Chunks),
+	d.log.Debug("fetched", "size", m.Size, "chunks", len(m.Chunks), "chunks_from", d.servedBy,
 		"transfer", transferred.Sub(started), "install", time.Since(transferred))
 	return nil
 }
@@ -269,6 +281,8 @@ func (d *download) fetchChunks() error {
 		}
 	}()
 	var holders sync.WaitGroup
+	var runs []*peerRun // every holder asked, for servedBy
+	defer func() { d.servedBy = servedBy(runs) }()
 	active := make(map[peer.ID]*peerRun)
 	knownActive := 0
 	isKnown := make(map[peer.ID]bool)
@@ -294,16 +308,17 @@ func (d *download) fetchChunks() error {
 	}
 	for {
 		for len(active) < d.x.opts.MaxPeers {
-			p, known, ok := d.nextCandidate(nil, knownActive == 0)
+			c, ok := d.nextCandidate(nil, knownActive == 0)
 			if !ok {
 				break
 			}
-			if known {
+			if c.known {
 				knownActive++
-				isKnown[p] = true
+				isKnown[c.p] = true
 			}
-			pr := newPeerRun(d, p)
-			active[p] = pr
+			pr := newPeerRun(d, c)
+			runs = append(runs, pr)
+			active[c.p] = pr
 			holders.Add(1)
 			// Counted before the sessions start so the first one to ask for work does not
 			// take the others' share.
@@ -339,6 +354,35 @@ func (d *download) fetchChunks() error {
 			return d.ctx.Err()
 		}
 	}
+}
+
+// servedBy says how many chunks each holder sent ("PEER:N", most first), marking a
+// holder reached through a relay: what the download's debug line shows.
+func servedBy(runs []*peerRun) string {
+	type served struct {
+		p       peer.ID
+		n       int64
+		relayed bool
+	}
+	var by []served
+	for _, pr := range runs {
+		i := slices.IndexFunc(by, func(s served) bool { return s.p == pr.p })
+		if i < 0 {
+			by, i = append(by, served{p: pr.p}), len(by)
+		}
+		by[i].n += pr.chunks.Load()
+		by[i].relayed = by[i].relayed || pr.relayed.Load()
+	}
+	slices.SortStableFunc(by, func(a, b served) int { return cmp.Compare(b.n, a.n) })
+	parts := make([]string, 0, len(by))
+	for _, s := range by {
+		part := fmt.Sprintf("%s:%d", s.p, s.n)
+		if s.relayed {
+			part += " relayed"
+		}
+		parts = append(parts, part)
+	}
+	return strings.Join(parts, ",")
 }
 
 func (d *download) noHoldersLeft() error {

@@ -185,13 +185,23 @@ func (x *Exchange) Close() error {
 	return nil
 }
 
-// AddHolder records that p announced it holds id. A running download of id starts
-// using p if it has room for another holder.
-func (x *Exchange) AddHolder(id cid.Cid, p peer.ID) {
+// AddHolder records that p announced it holds id as its origin: the author of an update
+// or a head. A running download of id starts using p if it has room for another holder.
+// Where p can be reached only through a relay, the download asks it through the relay.
+func (x *Exchange) AddHolder(id cid.Cid, p peer.ID) { x.addHolder(id, p, false) }
+
+// AddCopy records that p announced it keeps a copy of id (a node announcing the
+// parameters of the head it holds). A copy is an extra source, never the only one: it is
+// asked only over a direct connection — dialled, or made by hole punching from a relayed
+// one, which the download waits for — never through a relay, whose uplink would carry
+// the bytes that the origin's holders can send themselves.
+func (x *Exchange) AddCopy(id cid.Cid, p peer.ID) { x.addHolder(id, p, true) }
+
+func (x *Exchange) addHolder(id cid.Cid, p peer.ID, copy bool) {
 	if p == x.h.ID() || cids.Check(id, cids.CodecCBOR) != nil {
 		return
 	}
-	x.book.add(id, p, time.Now())
+	x.book.add(id, p, time.Now(), copy)
 	x.mu.Lock()
 	d := x.downloads[id]
 	x.mu.Unlock()

@@ -35,19 +35,19 @@ func (d *download) fetchManifest() ([]byte, *Manifest, error) {
 	isKnown := make(map[peer.ID]bool)
 	for {
 		for inflight < d.x.opts.MaxPeers {
-			p, known, ok := d.nextCandidate(asked, knownInflight == 0)
+			c, ok := d.nextCandidate(asked, knownInflight == 0)
 			if !ok {
 				break
 			}
 			inflight++
-			if known {
+			if c.known {
 				knownInflight++
-				isKnown[p] = true
+				isKnown[c.p] = true
 			}
 			go func() {
-				b, m, err := d.x.requestManifest(ctx, p, d.id)
+				b, m, err := d.x.requestManifest(ctx, c.p, d.id, c.direct)
 				select {
-				case results <- result{p, b, m, err}:
+				case results <- result{c.p, b, m, err}:
 				case <-ctx.Done():
 				}
 			}()
@@ -81,9 +81,10 @@ func (d *download) fetchManifest() ([]byte, *Manifest, error) {
 	}
 }
 
-// requestManifest fetches and verifies the manifest of id from p on a stream of its own.
-func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid) ([]byte, *Manifest, error) {
-	s, err := x.openStream(ctx, p)
+// requestManifest fetches and verifies the manifest of id from p on a stream of its own
+// (direct: only over a direct connection, see newStream).
+func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid, direct bool) ([]byte, *Manifest, error) {
+	s, err := x.openStream(ctx, p, direct)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -132,11 +133,12 @@ func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid) (
 	}
 }
 
-// openStream opens an artifact stream to p, accounted to our resource-manager service.
-func (x *Exchange) openStream(ctx context.Context, p peer.ID) (network.Stream, error) {
+// openStream opens an artifact stream to p, accounted to our resource-manager service
+// (direct: only over a direct connection, see newStream).
+func (x *Exchange) openStream(ctx context.Context, p peer.ID, direct bool) (network.Stream, error) {
 	ctx, cancel := context.WithTimeout(ctx, x.opts.RequestTimeout)
 	defer cancel()
-	s, err := x.newStream(ctx, p)
+	s, err := x.newStream(ctx, p, direct)
 	if err != nil {
 		return nil, fmt.Errorf("%w: open stream: %w", errPeerGone, err)
 	}

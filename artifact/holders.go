@@ -16,23 +16,48 @@ const (
 	defaultHolderTTL = time.Hour
 )
 
+// relayOnlyFor is how long a peer that could be reached only through a relay is not
+// asked as a copy holder: long enough not to wait on it in every download of a round,
+// short enough to try again when its router may let a hole punch through.
+const relayOnlyFor = 2 * time.Minute
+
 // holderBook remembers who announced which artifact, and which peers misbehaved.
 type holderBook struct {
 	mu        sync.Mutex
 	ttl       time.Duration
-	holders   map[cid.Cid]map[peer.ID]time.Time // last announcement
-	penalised map[peer.ID]time.Time             // until
+	holders   map[cid.Cid]map[peer.ID]holding
+	penalised map[peer.ID]time.Time // until
+	// relayOnly holds the peers whose copy could not be reached directly (until when
+	// they are not asked for copies).
+	relayOnly map[peer.ID]time.Time
+}
+
+// holding is one peer's announcement of one artifact.
+type holding struct {
+	at time.Time // last announcement
+	// copy marks a peer that said it keeps a copy (gossip.Announce) rather than being an
+	// artifact's origin (the trainer of an update, the proposer of a head): a copy is an
+	// extra source, asked only over a direct connection (Exchange.AddCopy).
+	copy bool
+}
+
+// holder is a peer get returns, and whether it holds a copy only.
+type holder struct {
+	p    peer.ID
+	copy bool
 }
 
 func newHolderBook(ttl time.Duration) *holderBook {
 	return &holderBook{
 		ttl:       ttl,
-		holders:   make(map[cid.Cid]map[peer.ID]time.Time),
+		holders:   make(map[cid.Cid]map[peer.ID]holding),
 		penalised: make(map[peer.ID]time.Time),
+		relayOnly: make(map[peer.ID]time.Time),
 	}
 }
 
-func (b *holderBook) add(id cid.Cid, p peer.ID, now time.Time) {
+// add records p's announcement of id; a peer once recorded as the origin stays one.
+func (b *holderBook) add(id cid.Cid, p peer.ID, now time.Time, copy bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.holders[id]
@@ -40,13 +65,14 @@ func (b *holderBook) add(id cid.Cid, p peer.ID, now time.Time) {
 		if len(b.holders) >= maxHolderIDs {
 			b.evictOldestID(now)
 		}
-		set = make(map[peer.ID]time.Time)
+		set = make(map[peer.ID]holding)
 		b.holders[id] = set
 	}
-	if _, ok := set[p]; !ok && len(set) >= maxHoldersPerID {
+	old, ok := set[p]
+	if !ok && len(set) >= maxHoldersPerID {
 		evictOldest(set)
 	}
-	set[p] = now
+	set[p] = holding{at: now, copy: copy && (!ok || old.copy)}
 }
 
 // evictOldestID drops expired ids, or else the id with the stalest announcement.
@@ -55,9 +81,9 @@ func (b *holderBook) evictOldestID(now time.Time) {
 	var oldestAt time.Time
 	for id, set := range b.holders {
 		latest := time.Time{}
-		for _, at := range set {
-			if at.After(latest) {
-				latest = at
+		for _, h := range set {
+			if h.at.After(latest) {
+				latest = h.at
 			}
 		}
 		if now.Sub(latest) > b.ttl {
@@ -73,34 +99,34 @@ func (b *holderBook) evictOldestID(now time.Time) {
 	}
 }
 
-func evictOldest(set map[peer.ID]time.Time) {
+func evictOldest(set map[peer.ID]holding) {
 	var victim peer.ID
 	var at time.Time
-	for p, t := range set {
-		if victim == "" || t.Before(at) {
-			victim, at = p, t
+	for p, h := range set {
+		if victim == "" || h.at.Before(at) {
+			victim, at = p, h.at
 		}
 	}
 	delete(set, victim)
 }
 
 // get returns the fresh holders of id, most recently announced first.
-func (b *holderBook) get(id cid.Cid, now time.Time) []peer.ID {
+func (b *holderBook) get(id cid.Cid, now time.Time) []holder {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.holders[id]
-	out := make([]peer.ID, 0, len(set))
-	for p, at := range set {
-		if now.Sub(at) > b.ttl {
+	out := make([]holder, 0, len(set))
+	for p, h := range set {
+		if now.Sub(h.at) > b.ttl {
 			delete(set, p)
 			continue
 		}
-		out = append(out, p)
+		out = append(out, holder{p: p, copy: h.copy})
 	}
 	if len(set) == 0 {
 		delete(b.holders, id)
 	}
-	slices.SortFunc(out, func(a, c peer.ID) int { return set[c].Compare(set[a]) })
+	slices.SortFunc(out, func(a, c holder) int { return set[c.p].at.Compare(set[a.p].at) })
 	return out
 }
 
@@ -125,6 +151,32 @@ func (b *holderBook) penalise(p peer.ID, now time.Time, d time.Duration) {
 			}
 		}
 	}
+}
+
+// markRelayOnly records that p could be reached only through a relay.
+func (b *holderBook) markRelayOnly(p peer.ID, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.relayOnly[p] = now.Add(relayOnlyFor)
+	if len(b.relayOnly) > 1024 {
+		for q, until := range b.relayOnly {
+			if now.After(until) {
+				delete(b.relayOnly, q)
+			}
+		}
+	}
+}
+
+// isRelayOnly reports whether p was found reachable only through a relay lately.
+func (b *holderBook) isRelayOnly(p peer.ID, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	until, ok := b.relayOnly[p]
+	if ok && now.After(until) {
+		delete(b.relayOnly, p)
+		return false
+	}
+	return ok
 }
 
 func (b *holderBook) isPenalised(p peer.ID, now time.Time) bool {

@@ -56,21 +56,24 @@ func classifyReadErr(err error, stalled bool) error {
 type peerRun struct {
 	d      *download
 	p      peer.ID
-	n      int // sessions, reserved with the exchange until run returns
+	direct bool // asked only over a direct connection (a copy holder)
+	n      int  // sessions, reserved with the exchange until run returns
 	ctx    context.Context
 	cancel context.CancelFunc
 
 	penalised atomic.Bool  // set when first caught sending bad data, so it is penalised once
 	nlacks    atomic.Int32 // len(lacks), read without the lock on every take
+	chunks    atomic.Int64 // verified chunks it sent
+	relayed   atomic.Bool  // a stream of it went through a relay
 
 	mu    sync.Mutex
 	err   error        // why the holder left (first failure wins)
 	lacks map[int]bool // chunks a partial holder said it lacks
 }
 
-func newPeerRun(d *download, p peer.ID) *peerRun {
+func newPeerRun(d *download, c candidate) *peerRun {
 	ctx, cancel := context.WithCancel(d.ctx)
-	return &peerRun{d: d, p: p, n: d.x.reserveStreams(p), ctx: ctx, cancel: cancel}
+	return &peerRun{d: d, p: c.p, direct: c.direct, n: d.x.reserveStreams(c.p), ctx: ctx, cancel: cancel}
 }
 
 func (pr *peerRun) run() {

@@ -3,6 +3,7 @@ package artifact
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -20,6 +21,13 @@ import (
 // made one), and a dial tries the holder's direct TCP addresses first and its relay
 // addresses only p2p.QUICAfterTCP later (the node's dial ranker). A relay bounds what one
 // relayed connection carries (node.relay_limit, sized for an update).
+//
+// Only an artifact's origins (its trainer, a head's proposer and signers: hints and
+// AddHolder) are asked through a relay. A copy holder (AddCopy: a peer announcing the
+// head's artifacts it keeps) is an extra source: through the relay its bytes would cross
+// the relay's uplink, which the origins' own holders — the validators — can send
+// directly. A relayed connection to it only carries DCUtR's hole punch, and its chunks
+// come over the direct connection that makes, where its router allows one.
 
 // relayReason names the artifact protocol's use of limited (relayed) connections.
 const relayReason = "artifact transfer from a holder without a direct path"
@@ -28,9 +36,21 @@ const relayReason = "artifact transfer from a holder without a direct path"
 // enough for the rest of a round's transfers from it.
 const relayAddrTTL = 10 * time.Minute
 
+// holePunchWait bounds how long a stream to a copy holder waits for a hole punch to give
+// a direct connection: the lab's punches between cone routers took 1 s at 80 ms and 5.5 s
+// at 500 ms between the homes (docs/wan.md), and a failed one takes libp2p's three
+// attempts, about 20 s, which a download whose other holders lack the artifact would
+// otherwise wait out.
+const holePunchWait = 10 * time.Second
+
 // newStream opens an artifact stream to p: on a direct connection, dialled if need be;
-// else, with relays configured, through one of them.
-func (x *Exchange) newStream(ctx context.Context, p peer.ID) (network.Stream, error) {
+// else, with relays configured, through one of them — unless direct is set (a copy
+// holder, Exchange.AddCopy): then a relayed connection only carries the hole punch, and
+// the stream waits for the direct connection it makes (go-libp2p's swarm does the
+// waiting, up to ctx's deadline; the holder, on the inbound relayed connection, starts
+// DCUtR). A copy holder that ends up reachable through the relay alone is passed over
+// for relayOnlyFor.
+func (x *Exchange) newStream(ctx context.Context, p peer.ID, direct bool) (network.Stream, error) {
 	if x.h.Network().Connectedness(p) == network.Connected {
 		return x.h.NewStream(ctx, p, ProtocolID)
 	}
@@ -39,25 +59,50 @@ func (x *Exchange) newStream(ctx context.Context, p peer.ID) (network.Stream, er
 		return x.h.NewStream(ctx, p, ProtocolID)
 	}
 	x.h.Peerstore().AddAddrs(p, addrs, relayAddrTTL)
-	relayed := network.WithAllowLimitedConn(ctx, relayReason)
-	s, err := x.h.NewStream(relayed, p, ProtocolID)
-	if err != nil && errors.Is(err, swarm.ErrDialBackoff) && ctx.Err() == nil {
-		// A relayed dial can fail for a reason that passes at once: go-libp2p's circuit
-		// client folds two dials to one peer through one relay into one and fails the
-		// second ("concurrent active dial succeeded"). The swarm then backs the circuit
-		// address off, and every fetch from that holder failed on "dial backoff" for the
-		// rest of the pass (the lab: a leader behind NAT handed a round on). A relay
-		// answers a dial for a peer without a reservation at once: dial again.
-		if sw, ok := x.h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
-			sw.Backoff().Clear(p)
-			s, err = x.h.NewStream(relayed, p, ProtocolID)
-		}
+	sctx := network.WithAllowLimitedConn(ctx, relayReason)
+	if direct {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, holePunchWait)
+		defer cancel()
+	}
+	s, err := x.h.NewStream(sctx, p, ProtocolID)
+	if err != nil && ctx.Err() == nil && x.dialAgain(p, err) {
+		s, err = x.h.NewStream(sctx, p, ProtocolID)
+	}
+	// Not when the caller gave up first (the download completed): that says nothing of
+	// the path.
+	if direct && err != nil && !errors.Is(ctx.Err(), context.Canceled) && x.h.Network().Connectedness(p) == network.Limited {
+		x.book.markRelayOnly(p, time.Now())
+		x.log.Debug("copy holder reachable only through a relay: not asked for copies for a while",
+			"peer", p.String(), "for", relayOnlyFor, "err", err)
 	}
 	if err == nil && s.Conn().Stat().Limited {
 		x.log.Debug("artifact stream through a relay: no direct connection to the holder", "peer", p.String(),
 			"remote", s.Conn().RemoteMultiaddr().String())
 	}
 	return s, err
+}
+
+// dialAgain says whether a relayed dial to p that failed with err is worth one more try,
+// clearing the swarm's backoff of p. go-libp2p's circuit client lets one dial to a peer
+// through a relay run at a time and fails the others ("concurrent active dial succeeded"
+// or, when that one failed, its error), and the swarm then backs the circuit address off:
+// every stream to that holder failed on "dial backoff" for the rest of the pass (the lab:
+// a leader behind NAT handed a round on; a late joiner asked no trainer behind NAT for a
+// minute). Where the other dial made a connection, the next try takes it; a relay answers
+// a dial for a peer without a reservation at once.
+func (x *Exchange) dialAgain(p peer.ID, err error) bool {
+	if x.h.Network().Connectedness(p) != network.NotConnected {
+		return true
+	}
+	if !errors.Is(err, swarm.ErrDialBackoff) && !strings.Contains(err.Error(), "concurrent active dial") {
+		return false
+	}
+	if sw, ok := x.h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
+		sw.Backoff().Clear(p)
+		return true
+	}
+	return false
 }
 
 // circuitAddrs are p's addresses through each relay (other than p and this node).

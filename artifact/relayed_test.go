@@ -7,11 +7,14 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	ma "github.com/multiformats/go-multiaddr"
 	"github.com/stretchr/testify/require"
 )
 
@@ -106,10 +109,92 @@ func reserve(t *testing.T, h host.Host, relayInfo peer.AddrInfo) {
 	}, "the holder reserves a slot at the relay")
 }
 
-// newRelayFetcher is a testNode on a fresh loopback host connected to the relay only.
+// newRelayFetcher is a testNode on a fresh loopback host connected to the relay only. It
+// dials relayed addresses a while after direct ones, as the node does (p2p.TCPFirst, which
+// this package cannot import): libp2p's default ranker dials a holder's loopback and
+// circuit addresses at once, and either connection could come first (the direct case
+// below failed one time in twenty so).
 func newRelayFetcher(t *testing.T, relayInfo peer.AddrInfo, opts ExchangeOptions) *testNode {
 	t.Helper()
-	fh := newTCPHost(t)
+	fh, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.Security(noise.ID, noise.New),
+		libp2p.SwarmOpts(swarm.WithDialRanker(directFirst)))
+	require.NoError(t, err)
+	t.Cleanup(func() { fh.Close() })
 	require.NoError(t, fh.Connect(context.Background(), relayInfo))
 	return newTestNode(t, fh, t.TempDir(), opts)
+}
+
+// directFirst ranks circuit addresses 2 s after the others.
+func directFirst(addrs []ma.Multiaddr) []network.AddrDelay {
+	out := make([]network.AddrDelay, 0, len(addrs))
+	for _, a := range addrs {
+		var delay time.Duration
+		if _, err := a.ValueForProtocol(ma.P_CIRCUIT); err == nil {
+			delay = 2 * time.Second
+		}
+		out = append(out, network.AddrDelay{Addr: a, Delay: delay})
+	}
+	return out
+}
+
+// A copy holder (Exchange.AddCopy: a peer that announced it keeps the artifact) is asked
+// only over a direct connection. Reachable only through the relay, it gets a relayed
+// connection — on which hole punching would start — and no stream: the fetch fails when
+// it is the only holder, and the peer is passed over as a copy holder for a while. When a
+// direct connection comes of the relayed one (here the holder dials back, as DCUtR's
+// simultaneous dial or a connection reversal would), the stream waits for it and the
+// chunks come over it. An origin (AddHolder: the author of an update or a head) is asked
+// through the relay where that is the only path.
+func TestCopyHolderAskedOnlyOverADirectConnection(t *testing.T) {
+	tests := []struct {
+		name        string
+		copy        bool
+		dialsBack   bool // the holder dials the fetcher directly on an inbound relayed connection
+		wantErr     bool
+		wantLimited bool // every connection to the holder is relayed at the end
+	}{
+		{name: "copy, only a relay: not asked", copy: true, wantErr: true, wantLimited: true},
+		{name: "copy, a direct connection made from the relayed one: asked over it", copy: true, dialsBack: true},
+		{name: "origin, only a relay: asked through it", wantLimited: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			relayInfo := newRelay(t)
+			holder := newTestNode(t, newTCPHost(t), t.TempDir(), ExchangeOptions{})
+			reserve(t, holder.h, relayInfo)
+			data := randomBytes(43, 200<<10+5)
+			id := seed(t, data, holder)
+			fetcher := newRelayFetcher(t, relayInfo, ExchangeOptions{RequestTimeout: 3 * time.Second, Relays: []peer.AddrInfo{relayInfo}})
+			if tc.dialsBack {
+				back := peer.AddrInfo{ID: fetcher.id(), Addrs: fetcher.h.Addrs()}
+				holder.h.Network().Notify(&network.NotifyBundle{ConnectedF: func(_ network.Network, c network.Conn) {
+					if c.RemotePeer() == back.ID && c.Stat().Limited && c.Stat().Direction == network.DirInbound {
+						go holder.h.Connect(network.WithForceDirectDial(context.Background(), "test: hole punch"), back) //nolint:errcheck // the fetch shows whether it worked
+					}
+				}})
+			}
+			if tc.copy {
+				fetcher.x.AddCopy(id, holder.id())
+			} else {
+				fetcher.x.AddHolder(id, holder.id())
+			}
+
+			err := fetcher.x.Fetch(fetchCtx(t, 20*time.Second), id)
+			conns := fetcher.h.Network().ConnsToPeer(holder.id())
+			require.NotEmpty(t, conns, "the fetcher holds no connection to the holder")
+			limited := true
+			for _, c := range conns {
+				limited = limited && c.Stat().Limited
+			}
+			require.Equal(t, tc.wantLimited, limited, "every connection to the holder relayed")
+			if tc.wantErr {
+				require.Error(t, err)
+				require.False(t, fetcher.store.Has(id))
+				require.True(t, fetcher.x.book.isRelayOnly(holder.id(), time.Now()), "the copy holder is passed over")
+				return
+			}
+			require.NoError(t, err)
+			requireStored(t, fetcher, id, data)
+		})
+	}
 }

@@ -43,9 +43,12 @@ func (pr *peerRun) session(window int, timed bool) error {
 // to the first answer is recorded as a round trip to the holder.
 func (pr *peerRun) stream(window int, timed bool) (err error) {
 	d := pr.d
-	s, err := d.x.openStream(pr.ctx, pr.p)
+	s, err := d.x.openStream(pr.ctx, pr.p, pr.direct)
 	if err != nil {
 		return err
+	}
+	if s.Conn().Stat().Limited {
+		pr.relayed.Store(true)
 	}
 	wd := newWatchdog(d.x.opts.RequestTimeout, func() { s.Reset() })
 	defer wd.stop()
@@ -182,6 +185,7 @@ func (pr *peerRun) stream(window int, timed bool) (err error) {
 					errBadChunk, resp.index, hex.EncodeToString(got[:8]), d.m.Chunks[resp.index], ErrCorrupt)
 			}
 			inflight = inflight[1:]
+			pr.chunks.Add(1)
 			job := writeJob{index: resp.index, buf: buf, n: resp.dataLen}
 			select {
 			case d.writeCh <- job:
