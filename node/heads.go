@@ -52,10 +52,24 @@ func (a *announcer) announce(ctx context.Context) {
 		StepSeconds: a.capacity.StepSeconds()}
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
+		msg.Artifacts = a.heldArtifacts(h)
 	}
 	if err := a.bus.Publish(ctx, msg); err != nil && ctx.Err() == nil {
 		a.log.Debug("announce failed", "err", err)
 	}
+}
+
+// heldArtifacts are the artifacts of h, the current head, that this node holds: it
+// announces them, and a node catching up (a late joiner) takes chunks from it as well as
+// from the head's validators (artifact.Exchange.AddCopy: over a direct connection only).
+func (a *announcer) heldArtifacts(h *chain.Head) [][]byte {
+	var out [][]byte
+	for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
+		if id, err := get(); err == nil && id.Defined() && a.store.Has(id) {
+			out = append(out, id.Bytes())
+		}
+	}
+	return out
 }
 
 // watcher follows the canonical head: it checkpoints, prints progress, updates status and

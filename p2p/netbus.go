@@ -49,7 +49,8 @@ func (b *NetBus) Run(ctx context.Context) {
 	}
 }
 
-// learnHolders records the artifacts a message says its author holds.
+// learnHolders records the artifacts a message says its author holds: as their origin
+// (an update, a head), or as a copy (an announcement of the head's artifacts it keeps).
 func (b *NetBus) learnHolders(from peer.ID, msg any) {
 	add := func(raw []byte) {
 		if c, err := cid.Cast(raw); err == nil {
@@ -67,7 +68,9 @@ func (b *NetBus) learnHolders(from peer.ID, msg any) {
 		}
 	case *gossip.Announce:
 		for _, a := range m.Artifacts {
-			add(a)
+			if c, err := cid.Cast(a); err == nil {
+				b.x.AddCopy(c, from)
+			}
 		}
 	}
 }
