@@ -69,9 +69,15 @@ func (e *env) done() bool {
 //
 // A node that rebuilds heads keeps the outer state too: it fetches it once, when it has no
 // parent to rebuild from, and afterwards makes it itself.
+//
+// The outer state comes first: its holders keep it for their tip alone (upkeep), so a node
+// taking a head that is no longer the swarm's tip — a late joiner working through the
+// heads that came while it downloaded — finds it gone at once instead of after
+// downloading the parameters for nothing (a lab run: 4 s a stale head, at 20 Mbit/s and
+// 17 MB, while the rounds took 3–7 s and the joiner fell further behind).
 func (e *env) headArtifacts(h *chain.Head) []func() (cid.Cid, error) {
 	if e.cfg.Experiment.HasRole(config.RoleValidator) || e.rebuild != nil {
-		return []func() (cid.Cid, error){h.ParamsID, h.OuterStateID}
+		return []func() (cid.Cid, error){h.OuterStateID, h.ParamsID}
 	}
 	return []func() (cid.Cid, error){h.ParamsID}
 }
@@ -82,7 +88,11 @@ func (e *env) fetchHeadArtifacts(ctx context.Context, h *chain.Head, hints ...pe
 	if e.rebuild != nil {
 		e.tryRebuild(ctx, h, hints)
 	}
-	for i, get := range e.headArtifacts(h) {
+	params, err := h.ParamsID()
+	if err != nil {
+		return err
+	}
+	for _, get := range e.headArtifacts(h) {
 		id, err := get()
 		if err != nil {
 			return err
@@ -91,7 +101,7 @@ func (e *env) fetchHeadArtifacts(ctx context.Context, h *chain.Head, hints ...pe
 			continue
 		}
 		what := "parameters"
-		if i > 0 {
+		if !id.Equals(params) {
 			what = "outer optimizer state"
 		}
 		named := progress.WithName(ctx, fmt.Sprintf("fetching round %d's %s", h.Round, what))
