@@ -117,8 +117,8 @@ type candidate struct {
 // nextCandidate picks a peer not yet used in this download (nor in also): hints first,
 // then announced holders (newest first), and, if local is set, the peers we are
 // connected to. Callers allow the latter only when no known holder is at work, so
-// strangers are asked only when the known holders are exhausted. A copy holder found
-// reachable only through a relay lately is passed over. The peer is marked used in also,
+// strangers are asked only when the known holders are exhausted. A copy holder that
+// failed a download lately is passed over (holderBook.passOver). The peer is marked used in also,
 // or in the download if also is nil.
 func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (candidate, bool) {
 	now := time.Now()
@@ -147,7 +147,7 @@ func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (candidate, 
 		}
 	}
 	for _, h := range d.x.book.get(d.id, now) {
-		if usable(h.p) && !(h.copy && d.x.book.isRelayOnly(h.p, now)) {
+		if usable(h.p) && !(h.copy && d.x.book.isPassedOver(h.p, now)) {
 			return pick(candidate{p: h.p, known: true, direct: h.copy})
 		}
 	}

@@ -399,3 +399,36 @@ func TestFetchAsksAHolderAgainAfterItComesBack(t *testing.T) {
 	require.NoError(t, <-done)
 	requireStored(t, fetcher, id, data)
 }
+
+// A copy holder (Exchange.AddCopy: anyone can announce one) that stops sending is dropped
+// after copyStall, not the request timeout (an hour here: without the bound the fetch
+// would hang until its context ends), and is passed over for copies afterwards: the next
+// download does not ask it.
+func TestFetchCopyHolderStallsOnce(t *testing.T) {
+	c := newCluster(t, 3, mocknet.LinkOptions{}, ExchangeOptions{Window: 4, RequestTimeout: time.Hour})
+	fetcher, good, staller := c.nodes[0], c.nodes[1], c.nodes[2]
+	data, other := randomBytes(24, 64*testChunk), randomBytes(25, 8*testChunk)
+	id, otherID := seed(t, data, good, staller), seed(t, other, good, staller)
+	var asked atomic.Int32
+	release := make(chan struct{})
+	defer close(release)
+	fakeHolder(t, staller, func(network.Stream, request) bool {
+		asked.Add(1)
+		<-release // hang without closing, from the first request on
+		return false
+	})
+	// The staller is announced (newer) before the good holder: it is asked first.
+	fetcher.x.AddCopy(id, good.id())
+	fetcher.x.AddCopy(id, staller.id())
+	require.NoError(t, fetcher.x.Fetch(fetchCtx(t, 30*time.Second), id))
+	requireStored(t, fetcher, id, data)
+	require.Positive(t, asked.Load(), "the staller was never asked: the test shows nothing")
+	require.True(t, fetcher.x.book.isPassedOver(staller.id(), time.Now()), "the stalled copy holder is passed over")
+
+	before := asked.Load()
+	fetcher.x.AddCopy(otherID, good.id())
+	fetcher.x.AddCopy(otherID, staller.id())
+	require.NoError(t, fetcher.x.Fetch(fetchCtx(t, 30*time.Second), otherID))
+	requireStored(t, fetcher, otherID, other)
+	require.Equal(t, before, asked.Load(), "the passed-over copy holder was asked again")
+}

@@ -32,7 +32,7 @@ func (d *download) fetchManifest() ([]byte, *Manifest, error) {
 	// Peers asked here stay candidates for chunks unless they fail.
 	asked := make(map[peer.ID]bool)
 	inflight, knownInflight := 0, 0
-	isKnown := make(map[peer.ID]bool)
+	isKnown, isCopy := make(map[peer.ID]bool), make(map[peer.ID]bool)
 	for {
 		for inflight < d.x.opts.MaxPeers {
 			c, ok := d.nextCandidate(asked, knownInflight == 0)
@@ -44,6 +44,7 @@ func (d *download) fetchManifest() ([]byte, *Manifest, error) {
 				knownInflight++
 				isKnown[c.p] = true
 			}
+			isCopy[c.p] = c.direct
 			go func() {
 				b, m, err := d.x.requestManifest(ctx, c.p, d.id, c.direct)
 				select {
@@ -73,6 +74,9 @@ func (d *download) fetchManifest() ([]byte, *Manifest, error) {
 			if outcome == peerBadManifest || outcome == peerProtocol {
 				d.penalise(r.p, outcome, r.err)
 			}
+			if isCopy[r.p] && outcome != peerNotFound {
+				d.x.book.passOver(r.p, time.Now()) // as peerRun.fail does
+			}
 			d.x.m.peerDrops.WithLabelValues(outcome).Inc()
 			d.peerLeft(r.p, r.err)
 		case <-ctx.Done():
@@ -90,7 +94,11 @@ func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid, d
 	}
 	// The watchdog (not only stream deadlines) bounds the wait: mocknet streams ignore
 	// deadlines, and a caller's context may be long.
-	wd := newWatchdog(x.opts.RequestTimeout, func() { s.Reset() })
+	wait := x.opts.RequestTimeout
+	if direct {
+		wait = min(copyStall, wait) // as peerRun.stallTimeout
+	}
+	wd := newWatchdog(wait, func() { s.Reset() })
 	defer wd.stop()
 	stopOnCancel := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stopOnCancel()

@@ -16,10 +16,12 @@ const (
 	defaultHolderTTL = time.Hour
 )
 
-// relayOnlyFor is how long a peer that could be reached only through a relay is not
-// asked as a copy holder: long enough not to wait on it in every download of a round,
-// short enough to try again when its router may let a hole punch through.
-const relayOnlyFor = 2 * time.Minute
+// passOverFor is how long a copy holder that failed a download is not asked for copies:
+// reachable only through a relay (long enough not to wait on it in every download of a
+// round, short enough to try again when its router may let a hole punch through), or
+// stalled, or gone. A peer may announce copies of anything: one that lies costs each
+// downloader one copyStall a while, not one every download.
+const passOverFor = 2 * time.Minute
 
 // holderBook remembers who announced which artifact, and which peers misbehaved.
 type holderBook struct {
@@ -27,9 +29,8 @@ type holderBook struct {
 	ttl       time.Duration
 	holders   map[cid.Cid]map[peer.ID]holding
 	penalised map[peer.ID]time.Time // until
-	// relayOnly holds the peers whose copy could not be reached directly (until when
-	// they are not asked for copies).
-	relayOnly map[peer.ID]time.Time
+	// passedOver holds the peers not asked for copies until then (passOverFor).
+	passedOver map[peer.ID]time.Time
 }
 
 // holding is one peer's announcement of one artifact.
@@ -49,10 +50,10 @@ type holder struct {
 
 func newHolderBook(ttl time.Duration) *holderBook {
 	return &holderBook{
-		ttl:       ttl,
-		holders:   make(map[cid.Cid]map[peer.ID]holding),
-		penalised: make(map[peer.ID]time.Time),
-		relayOnly: make(map[peer.ID]time.Time),
+		ttl:        ttl,
+		holders:    make(map[cid.Cid]map[peer.ID]holding),
+		penalised:  make(map[peer.ID]time.Time),
+		passedOver: make(map[peer.ID]time.Time),
 	}
 }
 
@@ -153,27 +154,27 @@ func (b *holderBook) penalise(p peer.ID, now time.Time, d time.Duration) {
 	}
 }
 
-// markRelayOnly records that p could be reached only through a relay.
-func (b *holderBook) markRelayOnly(p peer.ID, now time.Time) {
+// passOver records that p is not to be asked for copies for passOverFor.
+func (b *holderBook) passOver(p peer.ID, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.relayOnly[p] = now.Add(relayOnlyFor)
-	if len(b.relayOnly) > 1024 {
-		for q, until := range b.relayOnly {
+	b.passedOver[p] = now.Add(passOverFor)
+	if len(b.passedOver) > 1024 {
+		for q, until := range b.passedOver {
 			if now.After(until) {
-				delete(b.relayOnly, q)
+				delete(b.passedOver, q)
 			}
 		}
 	}
 }
 
-// isRelayOnly reports whether p was found reachable only through a relay lately.
-func (b *holderBook) isRelayOnly(p peer.ID, now time.Time) bool {
+// isPassedOver reports whether p is not to be asked for copies now.
+func (b *holderBook) isPassedOver(p peer.ID, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	until, ok := b.relayOnly[p]
+	until, ok := b.passedOver[p]
 	if ok && now.After(until) {
-		delete(b.relayOnly, p)
+		delete(b.passedOver, p)
 		return false
 	}
 	return ok

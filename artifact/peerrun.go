@@ -71,6 +71,20 @@ type peerRun struct {
 	lacks map[int]bool // chunks a partial holder said it lacks
 }
 
+// copyStall bounds how long a copy holder may owe chunks without sending any: it is an
+// extra source that anyone can claim to be, and the chunks it holds back delay the
+// download until they go to others. An honest copy holder on a direct connection sends
+// a 1 MiB chunk within it down to about 2 Mbit/s.
+const copyStall = 5 * time.Second
+
+// stallTimeout is how long the holder may owe chunks without sending any.
+func (pr *peerRun) stallTimeout() time.Duration {
+	if pr.direct {
+		return min(copyStall, pr.d.x.opts.RequestTimeout)
+	}
+	return pr.d.x.opts.RequestTimeout
+}
+
 func newPeerRun(d *download, c candidate) *peerRun {
 	ctx, cancel := context.WithCancel(d.ctx)
 	return &peerRun{d: d, p: c.p, direct: c.direct, n: d.x.reserveStreams(c.p), ctx: ctx, cancel: cancel}
@@ -109,6 +123,11 @@ func (pr *peerRun) fail(err error) {
 	}
 	pr.mu.Unlock()
 	if first {
+		// A copy holder that stalled, broke off or could not be reached directly is not
+		// asked for copies for a while; one that lacks the artifact (pruned) is.
+		if pr.direct && !errors.Is(err, context.Canceled) && !errors.Is(err, errPeerLacks) {
+			pr.d.x.book.passOver(pr.p, time.Now())
+		}
 		// A holder that merely finished or whose context ended is not a failure.
 		if !errors.Is(err, context.Canceled) {
 			pr.d.x.m.peerDrops.WithLabelValues(outcome).Inc()

@@ -190,7 +190,7 @@ func TestCopyHolderAskedOnlyOverADirectConnection(t *testing.T) {
 			if tc.wantErr {
 				require.Error(t, err)
 				require.False(t, fetcher.store.Has(id))
-				require.True(t, fetcher.x.book.isRelayOnly(holder.id(), time.Now()), "the copy holder is passed over")
+				require.True(t, fetcher.x.book.isPassedOver(holder.id(), time.Now()), "the copy holder is passed over")
 				return
 			}
 			require.NoError(t, err)
