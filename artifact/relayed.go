@@ -76,11 +76,26 @@ func (x *Exchange) newStream(ctx context.Context, p peer.ID, direct bool) (netwo
 		x.log.Debug("copy holder reachable only through a relay: not asked for copies for a while",
 			"peer", p.String(), "for", passOverFor, "err", err)
 	}
+	if direct {
+		x.closeIdleRelayed(p)
+	}
 	if err == nil && s.Conn().Stat().Limited {
 		x.log.Debug("artifact stream through a relay: no direct connection to the holder", "peer", p.String(),
 			"remote", s.Conn().RemoteMultiaddr().String())
 	}
 	return s, err
+}
+
+// closeIdleRelayed closes the relayed connections to p that carry no stream: one made for
+// a copy's hole punch has done its work, whether the punch made a direct connection or
+// not, and a relay bounds the circuits to one peer (16 by default): the punch attempts of
+// a swarm's downloaders must not hold the slots an origin's transfer needs.
+func (x *Exchange) closeIdleRelayed(p peer.ID) {
+	for _, c := range x.h.Network().ConnsToPeer(p) {
+		if c.Stat().Limited && len(c.GetStreams()) == 0 {
+			_ = c.Close()
+		}
+	}
 }
 
 // dialAgain says whether a relayed dial to p that failed with err is worth one more try,
