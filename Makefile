@@ -184,12 +184,15 @@ wan-goodput-grid:
 wan-holepunch:
 	$(GO) test -tags wan -count=1 -timeout 40m -v -run '^TestWANHolePunch$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 
-## wan-nat-roles: the NAT lab's other roles (tag wan): a late joiner behind NAT catches up
-## and is merged (TestNATLateJoiner), and a second validator behind a cone router, quorum 2,
+## wan-nat-roles: the NAT lab's other roles (tag wan): a late joiner behind NAT catches up,
+## from the validator and over a hole-punched connection from the trainer behind the other
+## cone router, and is merged (TestNATLateJoiner; WAN_HIDDEN, WAN_INNER_STEPS size the model
+## and the window), and a second validator behind a cone router, quorum 2,
 ## attests every round it does not lead and leads rounds, fetching the updates of trainers
 ## behind NAT through the relay or, behind cone routers, a hole-punched connection
 ## (TestNATSecondValidator; WAN_V2_NAT=none: public; WAN_HOLEPUNCH=0: no hole punching;
-## WAN_ROUNDS, WAN_DIR keeps stores and logs). Needs root, ip, nft and /dev/net/tun.
+## WAN_ROUNDS, WAN_DIR keeps stores and logs, WAN_GOLOG sets go-libp2p's log levels, e.g.
+## p2p-holepunch=debug). Needs root, ip, nft and /dev/net/tun.
 wan-nat-roles: setup
 	$(GO) test -tags wan -count=1 -timeout 30m -v -run '^TestNATLateJoiner$$|^TestNATSecondValidator$$' ./e2e/ | grep -v '^=== \|^--- SKIP'; exit $${PIPESTATUS[0]}
 

@@ -63,6 +63,11 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 	})
 	for _, p := range procs {
 		p.Wrap = []string{"ip", "netns", "exec", labNode(t, lab, p.Name).NS}
+		// WAN_GOLOG: go-libp2p's own log levels in every node (GOLOG_LOG_LEVEL, e.g.
+		// "p2p-holepunch=debug,relay=debug"), written to the node's log.
+		if g := os.Getenv("WAN_GOLOG"); g != "" {
+			p.Wrap = append(p.Wrap, "env", "GOLOG_LOG_LEVEL="+g)
+		}
 	}
 	return procs
 }
