@@ -57,7 +57,8 @@ type download struct {
 	window  int
 	writeCh chan writeJob // verified chunks, to be written
 	fatalCh chan error
-	// servedBy is how many chunks each holder sent (servedBy), set when fetchChunks ends.
+	// servedBy is how many chunks each holder sent (see the function servedBy), set when
+	// fetchChunks ends.
 	servedBy string
 }
 
@@ -118,8 +119,8 @@ type candidate struct {
 // then announced holders (newest first), and, if local is set, the peers we are
 // connected to. Callers allow the latter only when no known holder is at work, so
 // strangers are asked only when the known holders are exhausted. A copy holder that
-// failed a download lately is passed over (holderBook.passOver). The peer is marked used in also,
-// or in the download if also is nil.
+// failed a download lately is passed over (holderBook.passOver). The peer is marked used
+// in also, or in the download if also is nil.
 func (d *download) nextCandidate(also map[peer.ID]bool, local bool) (candidate, bool) {
 	now := time.Now()
 	self := d.x.h.ID()
