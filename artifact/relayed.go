@@ -66,7 +66,8 @@ func (x *Exchange) newStream(ctx context.Context, p peer.ID, direct bool) (netwo
 		defer cancel()
 	}
 	s, err := x.h.NewStream(sctx, p, ProtocolID)
-	if err != nil && ctx.Err() == nil && x.dialAgain(p, err) {
+	// Not once the wait has run out (sctx: a copy's hole punch that did not come).
+	if err != nil && sctx.Err() == nil && x.dialAgain(p, err) {
 		s, err = x.h.NewStream(sctx, p, ProtocolID)
 	}
 	// Not when the caller gave up first (the download completed): that says nothing of
