@@ -100,12 +100,16 @@ func (b *holderBook) evictOldestID(now time.Time) {
 	}
 }
 
+// evictOldest drops the holder announced longest ago, a copy before any origin: every
+// node announces its copies every few seconds, and in a swarm of more than
+// maxHoldersPerID nodes they would push out an origin recorded once (a head's proposer,
+// an update's trainer).
 func evictOldest(set map[peer.ID]holding) {
 	var victim peer.ID
-	var at time.Time
+	var old holding
 	for p, h := range set {
-		if victim == "" || h.at.Before(at) {
-			victim, at = p, h.at
+		if victim == "" || h.copy && !old.copy || h.copy == old.copy && h.at.Before(old.at) {
+			victim, old = p, h
 		}
 	}
 	delete(set, victim)
