@@ -74,8 +74,8 @@ func (d *download) fetchManifest() ([]byte, *Manifest, error) {
 			if outcome == peerBadManifest || outcome == peerProtocol {
 				d.penalise(r.p, outcome, r.err)
 			}
-			if isCopy[r.p] && outcome != peerNotFound {
-				d.x.book.passOver(r.p, time.Now()) // as peerRun.fail does
+			if isCopy[r.p] {
+				d.x.copyFailed(r.p, r.err)
 			}
 			d.x.m.peerDrops.WithLabelValues(outcome).Inc()
 			d.peerLeft(r.p, r.err)
@@ -94,11 +94,7 @@ func (x *Exchange) requestManifest(ctx context.Context, p peer.ID, id cid.Cid, d
 	}
 	// The watchdog (not only stream deadlines) bounds the wait: mocknet streams ignore
 	// deadlines, and a caller's context may be long.
-	wait := x.opts.RequestTimeout
-	if direct {
-		wait = min(copyStall, wait) // as peerRun.stallTimeout
-	}
-	wd := newWatchdog(wait, func() { s.Reset() })
+	wd := newWatchdog(x.stallTimeout(direct), func() { s.Reset() })
 	defer wd.stop()
 	stopOnCancel := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stopOnCancel()

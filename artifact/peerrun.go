@@ -77,12 +77,22 @@ type peerRun struct {
 // a 1 MiB chunk within it down to about 2 Mbit/s.
 const copyStall = 5 * time.Second
 
-// stallTimeout is how long the holder may owe chunks without sending any.
-func (pr *peerRun) stallTimeout() time.Duration {
-	if pr.direct {
-		return min(copyStall, pr.d.x.opts.RequestTimeout)
+// stallTimeout is how long a holder may owe chunks or a manifest without sending any
+// (direct: a copy holder).
+func (x *Exchange) stallTimeout(direct bool) time.Duration {
+	if direct {
+		return min(copyStall, x.opts.RequestTimeout)
 	}
-	return pr.d.x.opts.RequestTimeout
+	return x.opts.RequestTimeout
+}
+
+// copyFailed passes over a copy holder that left a download with err for passOverFor:
+// one that stalled, broke off or could not be reached directly. One that lacks the
+// artifact (pruned) is asked again, and a download that ended first says nothing of it.
+func (x *Exchange) copyFailed(p peer.ID, err error) {
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, errPeerLacks) {
+		x.book.passOver(p, time.Now())
+	}
 }
 
 func newPeerRun(d *download, c candidate) *peerRun {
@@ -123,10 +133,8 @@ func (pr *peerRun) fail(err error) {
 	}
 	pr.mu.Unlock()
 	if first {
-		// A copy holder that stalled, broke off or could not be reached directly is not
-		// asked for copies for a while; one that lacks the artifact (pruned) is.
-		if pr.direct && !errors.Is(err, context.Canceled) && !errors.Is(err, errPeerLacks) {
-			pr.d.x.book.passOver(pr.p, time.Now())
+		if pr.direct {
+			pr.d.x.copyFailed(pr.p, err)
 		}
 		// A holder that merely finished or whose context ended is not a failure.
 		if !errors.Is(err, context.Canceled) {

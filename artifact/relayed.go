@@ -49,7 +49,7 @@ const holePunchWait = 10 * time.Second
 // the stream waits for the direct connection it makes (go-libp2p's swarm does the
 // waiting, up to ctx's deadline; the holder, on the inbound relayed connection, starts
 // DCUtR). A copy holder that ends up reachable through the relay alone is passed over
-// for passOverFor.
+// for passOverFor by the caller (copyFailed).
 func (x *Exchange) newStream(ctx context.Context, p peer.ID, direct bool) (network.Stream, error) {
 	if x.h.Network().Connectedness(p) == network.Connected {
 		return x.h.NewStream(ctx, p, ProtocolID)
@@ -70,10 +70,8 @@ func (x *Exchange) newStream(ctx context.Context, p peer.ID, direct bool) (netwo
 	if err != nil && sctx.Err() == nil && x.dialAgain(p, err) {
 		s, err = x.h.NewStream(sctx, p, ProtocolID)
 	}
-	// Not when the caller gave up first (the download completed): that says nothing of
-	// the path.
+	// The caller passes the copy holder over (copyFailed); this says why.
 	if direct && err != nil && !errors.Is(ctx.Err(), context.Canceled) && x.h.Network().Connectedness(p) == network.Limited {
-		x.book.passOver(p, time.Now())
 		x.log.Debug("copy holder reachable only through a relay: not asked for copies for a while",
 			"peer", p.String(), "for", passOverFor, "err", err)
 	}

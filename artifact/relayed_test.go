@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -37,11 +38,7 @@ func TestFetchThroughRelayOnlyWithoutDirectPath(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			relayInfo := newRelay(t)
-			holder := newTestNode(t, newTCPHost(t), t.TempDir(), ExchangeOptions{})
-			reserve(t, holder.h, relayInfo)
-			data := randomBytes(41, 300<<10+17)
-			id := seed(t, data, holder)
+			relayInfo, holder, data, id := newRelayedHolder(t, 41, 300<<10+17)
 
 			opts := ExchangeOptions{RequestTimeout: 5 * time.Second}
 			if tc.relays {
@@ -96,6 +93,17 @@ func newRelay(t *testing.T) peer.AddrInfo {
 	require.NoError(t, err)
 	t.Cleanup(func() { r.Close() })
 	return peer.AddrInfo{ID: r.ID(), Addrs: r.Addrs()}
+}
+
+// newRelayedHolder starts a relay and a holder of n random bytes (drawn from seedN) that
+// keeps a reservation there.
+func newRelayedHolder(t *testing.T, seedN uint64, n int) (peer.AddrInfo, *testNode, []byte, cid.Cid) {
+	t.Helper()
+	relayInfo := newRelay(t)
+	holder := newTestNode(t, newTCPHost(t), t.TempDir(), ExchangeOptions{})
+	reserve(t, holder.h, relayInfo)
+	data := randomBytes(seedN, n)
+	return relayInfo, holder, data, seed(t, data, holder)
 }
 
 // reserve connects h to the relay and reserves a slot there, retrying until the relay
@@ -160,11 +168,7 @@ func TestCopyHolderAskedOnlyOverADirectConnection(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			relayInfo := newRelay(t)
-			holder := newTestNode(t, newTCPHost(t), t.TempDir(), ExchangeOptions{})
-			reserve(t, holder.h, relayInfo)
-			data := randomBytes(43, 200<<10+5)
-			id := seed(t, data, holder)
+			relayInfo, holder, data, id := newRelayedHolder(t, 43, 200<<10+5)
 			fetcher := newRelayFetcher(t, relayInfo, ExchangeOptions{RequestTimeout: 3 * time.Second, Relays: []peer.AddrInfo{relayInfo}})
 			if tc.dialsBack {
 				back := peer.AddrInfo{ID: fetcher.id(), Addrs: fetcher.h.Addrs()}

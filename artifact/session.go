@@ -50,7 +50,7 @@ func (pr *peerRun) stream(window int, timed bool) (err error) {
 	if s.Conn().Stat().Limited {
 		pr.relayed.Store(true)
 	}
-	wd := newWatchdog(pr.stallTimeout(), func() { s.Reset() })
+	wd := newWatchdog(d.x.stallTimeout(pr.direct), func() { s.Reset() })
 	defer wd.stop()
 	stopOnCancel := context.AfterFunc(pr.ctx, func() { s.Reset() })
 	defer stopOnCancel()
