@@ -22,6 +22,13 @@ type Bus interface {
 	// Fetch makes sure the artifact is in the local store, getting it from peers if needed
 	// (hints: peers known to hold it).
 	Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error
+	// Reach returns whether a message of msg's type published now goes from this node
+	// straight to a peer (and to this node itself): in a swarm, whether the peer is
+	// connected and its subscription to the type's topic has arrived. One whose
+	// subscription has not arrived yet, a trainer that has just (re)started, say, gets
+	// the message only if another peer forwards it, and gossip forwards nothing to a peer
+	// that joins a topic's mesh after the message passed.
+	Reach(msg any) func(peer string) bool
 }
 
 // Received is a message with the peer that published it.
@@ -116,6 +123,9 @@ func (f *Fanout) Subscribe() *Inbox {
 	f.inboxes[in] = struct{}{}
 	return in
 }
+
+// Reach reaches every peer: what is delivered in the process reaches every inbox.
+func (f *Fanout) Reach(any) func(string) bool { return func(string) bool { return true } }
 
 // Deliver hands msg, published by from, to every inbox.
 func (f *Fanout) Deliver(from string, msg any) {

@@ -186,6 +186,23 @@ func (g *Gossip) Publish(ctx context.Context, msg any) error {
 	return nil
 }
 
+// Reached returns the peers that a message of msg's type, published now, goes to from this
+// node: the connected peers whose subscription to its topic has arrived, and this node. A
+// value that is not one of our message types reaches nobody.
+func (g *Gossip) Reached(msg any) map[peer.ID]bool {
+	k, err := kindOf(msg)
+	if err != nil {
+		return nil
+	}
+	peers := g.topics[k].ListPeers()
+	out := make(map[peer.ID]bool, len(peers)+1)
+	for _, p := range peers {
+		out[p] = true
+	}
+	out[g.self] = true
+	return out
+}
+
 // Close stops pubsub, waits for the topic readers and closes Messages. It does not close
 // the host.
 func (g *Gossip) Close() error {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/require"
 )
@@ -167,4 +168,27 @@ func TestCloseEndsMessages(t *testing.T) {
 	again := startNodes(t, hosts, nil, nil)
 	require.NoError(t, again[0].Publish(context.Background(), fixAnnounce(hosts[0].ID(), time.Now())))
 	recv(t, again[0], 5*time.Second)
+}
+
+// Reached names the peers a message published now goes to: this node, and the connected
+// peers whose subscription to the message's topic has arrived — not a peer subscribed to
+// another topic only (a trainer whose subscription to the leases topic is not in yet).
+func TestReachedListsTheTopicsSubscribers(t *testing.T) {
+	mn, hosts := fullMesh(t, 3)
+	nodes := startNodes(t, hosts[:2], []peer.ID{hosts[0].ID()}, nil)
+	a, b := nodes[0], nodes[1]
+	require.Equal(t, map[peer.ID]bool{a.self: true}, a.Reached(&Leases{}), "nobody connected yet")
+
+	// The third peer subscribes to the announcements alone.
+	ps, err := pubsub.NewGossipSub(t.Context(), hosts[2])
+	require.NoError(t, err)
+	tp, err := ps.Join(TopicName(testNet, testExp, string(KindPeers)))
+	require.NoError(t, err)
+	_, err = tp.Subscribe()
+	require.NoError(t, err)
+	connectAll(t, mn)
+	require.Eventually(t, func() bool { return len(a.Reached(&Announce{})) == 3 }, 10*time.Second, 10*time.Millisecond,
+		"announcement subscribers: %v", a.Reached(&Announce{}))
+	require.Equal(t, map[peer.ID]bool{a.self: true, b.self: true}, a.Reached(&Leases{}))
+	require.Nil(t, a.Reached("not a message"))
 }

@@ -80,6 +80,15 @@ func (b *NetBus) Rejections() map[string]uint64 { return b.g.Rejections() }
 
 func (b *NetBus) Publish(ctx context.Context, msg any) error { return b.g.Publish(ctx, msg) }
 
+// Reach is what gossip reaches now (Gossip.Reached).
+func (b *NetBus) Reach(msg any) func(peer string) bool {
+	reached := b.g.Reached(msg)
+	return func(p string) bool {
+		id, err := peer.Decode(p)
+		return err == nil && reached[id]
+	}
+}
+
 func (b *NetBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
 	return b.x.Fetch(ctx, id, hints...)
 }

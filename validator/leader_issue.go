@@ -21,12 +21,15 @@ import (
 
 // issueStep is what the round's book says to do now (step), with the microshards available,
 // the trainers that may be leased (relaxed: quarantined ones among them, too few others),
-// and how many trainers are live, open to a lease and barred from the round.
+// and how many trainers are live, open to a lease, barred from the round, not reached by a
+// grant yet and catching up.
 type issueStep struct {
 	step               lease.Step
 	avail              []uint32
 	cands              []lease.Trainer
 	live, open, barred int
+	unreached          int // live trainers heard anew that a grant does not reach yet
+	behind             int // live trainers still catching up
 	relaxed            bool
 }
 
@@ -53,6 +56,26 @@ func (p *leadPhase) nextStep() issueStep {
 		}
 	}
 	open := r.book.Candidates(live)
+	// A grant goes to the trainers it reaches. One heard through another peer before its own
+	// connection or subscription to the leases topic is in (just started or restarted, or
+	// back after a cut) would miss the grant, published once, and wait out the attempt:
+	// gossip forwards nothing to a peer that joins a topic's mesh after the message passed.
+	// It is leased once its subscription is in, a tick later, or once it has been in the
+	// meshes for reachGrace (a trainer that cannot hold a connection to this leader, behind
+	// NAT, gets the grant forwarded). Nor does a grant go to a trainer still catching up
+	// (trainerSeen.behind), until it announces a recent head.
+	reach := v.Bus.Reach(&gossip.Leases{})
+	open = slices.DeleteFunc(open, func(t lease.Trainer) bool {
+		switch {
+		case !reach(t.Peer) && v.trainers.backFor(t.Peer) < reachGrace:
+			st.unreached++
+		case v.trainers.isBehind(t.Peer):
+			st.behind++
+		default:
+			return false
+		}
+		return true
+	})
 	st.live, st.open = len(live), len(open)
 	st.cands, st.relaxed = v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)
 	if r.book.Lone() {
@@ -73,6 +96,12 @@ func (p *leadPhase) nextStep() issueStep {
 	}
 	return st
 }
+
+// reachGrace is how long a trainer heard anew is not leased while this leader's pubsub does
+// not list it among the leases topic's subscribers (nextStep): an announcement period, by
+// which its subscription has reached its neighbours and their meshes have taken it in (a
+// GossipSub heartbeat is a second).
+const reachGrace = gossip.AnnounceEvery
 
 // joinGrace is how long a young chain's leader waits, before its round's first grant,
 // after the last trainer it heard for the first time: trainers started together are heard

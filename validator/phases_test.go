@@ -118,6 +118,15 @@ type netBus struct {
 	// unreachable, when set, is a peer this validator cannot dial (behind NAT, say): a
 	// fetch whose every holder hint is that peer fails.
 	unreachable atomic.Pointer[peer.ID]
+	// unsubscribed, when set, is a peer whose subscription to the leases topic has not
+	// reached this validator yet (it was heard through another peer).
+	unsubscribed atomic.Pointer[string]
+}
+
+func (b *netBus) Reach(msg any) func(string) bool {
+	u := b.unsubscribed.Load()
+	_, leases := msg.(*gossip.Leases)
+	return func(p string) bool { return !leases || u == nil || p != *u }
 }
 
 func (b *netBus) Publish(_ context.Context, msg any) error {
@@ -307,8 +316,8 @@ func (s *phaseSwarm) lease() *gossip.Leases {
 			}
 		case <-tick.C:
 			for _, n := range s.nodes {
-				n.bus.Deliver(s.trainer, &gossip.Announce{Experiment: s.cfg.Experiment.ID, Peer: s.trainer,
-					Roles: []string{config.RoleTrainer}, Time: time.Now().UnixMilli(), Capacity: 1, Started: s.started})
+				id, h := n.v.v.Tips.Current()
+				s.announce(n, id, h)
 			}
 		case <-deadline:
 			t.Fatal("no lease granted")
@@ -316,6 +325,17 @@ func (s *phaseSwarm) lease() *gossip.Leases {
 	}
 	require.Len(t, grant.Leases, 1)
 	return grant
+}
+
+// announce delivers the trainer's announcement to n, naming head h (id) as the trainer's
+// (none: nil).
+func (s *phaseSwarm) announce(n *phaseNode, id cid.Cid, h *chain.Head) {
+	a := &gossip.Announce{Experiment: s.cfg.Experiment.ID, Peer: s.trainer, Roles: []string{config.RoleTrainer},
+		Time: time.Now().UnixMilli(), Capacity: 1, Started: s.started}
+	if h != nil {
+		a.Head, a.Round = id.Bytes(), h.Round
+	}
+	n.bus.Deliver(s.trainer, a)
 }
 
 // contribute trains the window of grant's lease on its base and announces the
@@ -600,4 +620,95 @@ func TestRestartedTrainerIsNotGivenALongerDeadline(t *testing.T) {
 	require.Less(t, w, missed*3/2, "the restarted trainer's lease: %v; the one it missed: %v", w, missed)
 	s.contribute(again)
 	require.Len(t, s.canonical(2).Contributions, 1)
+}
+
+// TestLeaderLeasesOnlyTrainersItsGrantsReach: a trainer back from a restart, heard before its
+// subscription to the leases topic reached the leader (its announcement came through
+// another peer), is not leased at once — a grant published then would not reach it, and the
+// attempt would wait for it until its deadline — but once its subscription is in. One that
+// the leader's grants never reach directly (behind NAT, no connection to it) is leased
+// after reachGrace, when gossip forwards the grant to it.
+func TestLeaderLeasesOnlyTrainersItsGrantsReach(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		subscribes bool // its subscription arrives after the wait
+	}{
+		{"its subscription arrives", true},
+		{"never directly reached", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newPhaseSwarm(t, 2)
+			s.started = time.Now().UnixMilli()
+			s.start(1, "phase validator")
+			n := s.nodes[0]
+			s.train()
+			s.canonical(1)
+			s.lease()   // round 2's, lost: the trainer restarts,
+			s.started++ // and is heard through another peer
+			n.bus.unsubscribed.Store(&s.trainer)
+			back := time.Now()
+			id, h := n.v.v.Tips.Current()
+			s.notLeasedFor(n, reachGrace*3/4, "a lease for a trainer the grant does not reach", func() { s.announce(n, id, h) })
+			if tc.subscribes {
+				n.bus.unsubscribed.Store(nil)
+			}
+			grant := s.lease()
+			if !tc.subscribes {
+				require.GreaterOrEqual(t, time.Since(back), reachGrace)
+			}
+			s.contribute(grant)
+			require.Len(t, s.canonical(2).Contributions, 1)
+		})
+	}
+}
+
+// notLeased has announce called every 200 ms, for longer than the wait for the fleet's
+// announcements (gossip.AnnounceEvery) and a young chain's join grace, after which a
+// trainer the leader may lease is leased at once (TestLeaderWalksItsPhases), and fails
+// with why on a lease.
+func (s *phaseSwarm) notLeased(n *phaseNode, why string, announce func()) {
+	s.t.Helper()
+	s.notLeasedFor(n, 2*gossip.AnnounceEvery+time.Second, why, announce)
+}
+
+// notLeasedFor is notLeased for d.
+func (s *phaseSwarm) notLeasedFor(n *phaseNode, d time.Duration, why string, announce func()) {
+	s.t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		announce()
+		select {
+		case p := <-s.published:
+			if l, ok := p.msg.(*gossip.Leases); ok {
+				require.Empty(s.t, l.Leases, why)
+			}
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// TestLeaderDoesNotLeaseATrainerCatchingUp: a trainer whose announcement names a head two
+// rounds or more behind the leader's, or none past genesis — a joiner still catching up, a
+// trainer restarted on an old store — is not leased: it could not train on the round's
+// base, and the missed leases would quarantine it. Once it announces a head within a round
+// of the leader's, it is.
+func TestLeaderDoesNotLeaseATrainerCatchingUp(t *testing.T) {
+	s := newPhaseSwarm(t, 3)
+	s.started = time.Now().UnixMilli()
+	s.start(1, "phase validator")
+	n := s.nodes[0]
+	s.train()
+	s.canonical(1)
+	s.train()
+	s.canonical(2)
+	s.lease()   // round 3's, lost: the trainer restarts
+	s.started++ // (the leader settles the lost lease at its first announcement)
+	tip, _ := n.v.v.Tips.Current()
+	ids, heads, err := n.v.v.Heads.Chain(tip)
+	require.NoError(t, err)
+	require.Len(t, heads, 3)
+	s.notLeased(n, "a lease for a trainer without a head", func() { s.announce(n, cid.Undef, nil) })
+	s.notLeased(n, "a lease for a trainer two rounds behind", func() { s.announce(n, ids[0], heads[0]) })
+	grant := s.lease()
+	s.contribute(grant)
+	require.Len(t, s.canonical(3).Contributions, 1)
 }

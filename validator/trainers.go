@@ -17,6 +17,10 @@ type trainerSet struct {
 	peers map[string]trainerSeen
 	now   func() time.Time
 	since time.Time // when this validator began to listen (see seen)
+	// tip is this validator's canonical round (ok false: none yet), read with each
+	// announcement to tell a trainer that is catching up (see trainerSeen.behind); nil
+	// tells none.
+	tip func() (round uint64, ok bool)
 }
 
 type trainerSeen struct {
@@ -39,8 +43,15 @@ type trainerSeen struct {
 	// steady: its last announcement was read once this validator had listened for gossip.LiveFor,
 	// so a gap after it is the trainer's silence (see seen).
 	steady bool
-	// first is when this validator first heard it.
-	first time.Time
+	// first is when this validator first heard it; back, when it first heard it since its
+	// last return (or first).
+	first, back time.Time
+	// behind: its last announcement named a head two rounds or more older than this
+	// validator's canonical head when it was read, or none past genesis. A joiner that
+	// is still catching up, or a trainer back from a long absence, announces itself before
+	// it holds the head a lease is on; leased, it cannot train, and its missed leases would
+	// quarantine it (docs/wan.md). One round behind is a head still on its way.
+	behind bool
 }
 
 func newTrainerSet() *trainerSet {
@@ -71,18 +82,25 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	// a trainer whose announcements it had missed while starting for one that fell silent
 	// and came back, and gave up its lease.)
 	if !known {
-		s.first = now
+		s.first, s.back = now, now
 	}
 	restarted := a.Started != 0 && s.started != 0 && a.Started != s.started
 	silent := s.sent != 0 && s.steady && a.Time-s.sent > gossip.LiveFor.Milliseconds()
 	if known && (restarted || silent) {
 		s.returns++
+		s.back = now
 		s.how = "restarted"
 		if !restarted {
 			s.how = "silent for " + (time.Duration(a.Time-s.sent) * time.Millisecond).String()
 		}
 	}
 	s.capacity, s.at, s.sent, s.stepSecs = a.Capacity, now, a.Time, a.StepSeconds
+	s.behind = false
+	if t.tip != nil {
+		if tip, ok := t.tip(); ok {
+			s.behind = len(a.Head) == 0 && tip > 0 || len(a.Head) > 0 && tip >= a.Round+2
+		}
+	}
 	s.steady = now.Sub(t.since) >= gossip.LiveFor
 	if a.Started != 0 {
 		s.started = a.Started
@@ -107,6 +125,7 @@ func (t *trainerSet) measured(peer string, samples uint64, seconds float64, step
 		if steps > 0 {
 			s.samplesPerStep = float64(samples) / float64(steps)
 		}
+		s.behind = false // it trained on the round's base
 		t.peers[peer] = s
 	}
 }
@@ -136,6 +155,21 @@ func (t *trainerSet) returnedHow(peer string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.peers[peer].how
+}
+
+// isBehind reports whether peer's last announcement said it is catching up (see
+// trainerSeen.behind).
+func (t *trainerSet) isBehind(peer string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[peer].behind
+}
+
+// backFor is how long ago peer was first heard since its last return (or first).
+func (t *trainerSet) backFor(peer string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.now().Sub(t.peers[peer].back)
 }
 
 // isLive reports whether peer was heard from within gossip.LiveFor.
