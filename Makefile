@@ -198,7 +198,8 @@ wan-nat-roles: setup
 
 ## wan-faults: the home spec's swarm meets faults (issue 46 item 5, tag wan): a trainer behind
 ## NAT cut off for WAN_CUT_S (30) seconds, another's router forgetting its mappings (conntrack
-## flushed, as a reboot does); each must be merged again within 2 rounds, and the audit pass.
+## flushed, as a reboot does), then the validator (the bootstrap node and relay) killed and
+## started again; each must be merged again within 2 rounds, and the audit pass.
 ## WAN_SPEC, WAN_CUT (trainer-4), WAN_FORGET (trainer-5), WAN_WORKLOAD, WAN_DIR (keeps the
 ## stores and the nodes' logs there). Needs root, ip, nft,
 ## conntrack and /dev/net/tun.

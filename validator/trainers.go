@@ -46,11 +46,13 @@ type trainerSeen struct {
 	// first is when this validator first heard it; back, when it first heard it since its
 	// last return (or first).
 	first, back time.Time
-	// behind: its last announcement named a head two rounds or more older than this
-	// validator's canonical head when it was read, or none past genesis. A joiner that
-	// is still catching up, or a trainer back from a long absence, announces itself before
-	// it holds the head a lease is on; leased, it cannot train, and its missed leases would
-	// quarantine it (docs/wan.md). One round behind is a head still on its way.
+	// behind: its last announcement named no head while this validator's is past genesis:
+	// a joiner still downloading the model, which announces itself before it holds any
+	// head. Leased, it cannot train on the round's base in time, and its missed leases
+	// would quarantine it (docs/wan.md). A trainer with an older head is not behind: it
+	// rebuilds the heads it missed from their updates, and a lease waits for its base
+	// (trainer.baseWait). Leasing one only once its announcement named a recent head
+	// cost trainers back from a 30-s cut two rounds in the WAN lab (docs/wan.md).
 	behind bool
 }
 
@@ -98,7 +100,7 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 	s.behind = false
 	if t.tip != nil {
 		if tip, ok := t.tip(); ok {
-			s.behind = len(a.Head) == 0 && tip > 0 || len(a.Head) > 0 && tip >= a.Round+2
+			s.behind = len(a.Head) == 0 && tip > 0
 		}
 	}
 	s.steady = now.Sub(t.since) >= gossip.LiveFor

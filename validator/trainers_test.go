@@ -131,9 +131,10 @@ func TestWorkCandidatesKeepHFixed(t *testing.T) {
 	}
 }
 
-// TestTrainerSetTellsATrainerCatchingUp: a trainer is behind when its announcement names a
-// head two rounds or more older than the validator's, or none past genesis; one round is a
-// head on its way. A contribution it delivered says it holds the round's base.
+// TestTrainerSetTellsATrainerCatchingUp: a trainer is behind when its announcement names no
+// head while the validator's is past genesis (a joiner downloading the model); one with an
+// older head rebuilds the rest in a lease's wait for its base. A contribution it delivered
+// says it holds the round's base.
 func TestTrainerSetTellsATrainerCatchingUp(t *testing.T) {
 	head := func(round uint64) *gossip.Announce {
 		return &gossip.Announce{Peer: "p", Roles: []string{config.RoleTrainer}, Time: 1, Head: []byte{1}, Round: round}
@@ -147,7 +148,7 @@ func TestTrainerSetTellsATrainerCatchingUp(t *testing.T) {
 	}{
 		{"its head is the validator's", 5, head(5), false},
 		{"a round behind: the head is on its way", 5, head(4), false},
-		{"two rounds behind", 5, head(3), true},
+		{"rounds behind", 5, head(1), false},
 		{"ahead of the validator", 5, head(7), false},
 		{"no head at genesis", 0, none, false},
 		{"no head past genesis", 1, none, true},
