@@ -198,8 +198,9 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 		case slices.ContainsFunc(r.all, func(x lease.Lease) bool { return x.ID().Equals(leaseID) && x.Trainer == from }):
 			reject(false, "late", "lease %s expired or was settled with an earlier attempt", leaseID)
 		case issuer == v.Self:
-			// This validator granted it when it led the round before it stepped aside.
-			reject(false, "late", "lease %s was granted by this validator before it stepped aside in round %d", leaseID, r.round)
+			// This validator granted it when it led the round before it stepped aside, or
+			// before it restarted (GrantsFile).
+			reject(false, "late", "lease %s was granted by this validator before it stepped aside or restarted in round %d", leaseID, r.round)
 		case issuer != "":
 			// Another validator leads (or led) this round too, and the trainer worked for it:
 			// no strike, and it may still report on its lease of this validator. Its update

@@ -236,9 +236,10 @@ func (v *validator) grant(ctx context.Context, r *openRound, avail []uint32, can
 		leased[p] = len(l.Microshards)
 	}
 	r.book.Grant(msg.Leases)
-	// Its own leases too: should it step aside and lead the round again, a contribution
-	// under one of them is late, not unknown.
+	// Its own leases too: should it step aside and lead the round again, or restart (they
+	// are kept in GrantsFile), a contribution under one of them is late, not unknown.
 	v.grants.record(v.Self, msg)
+	v.keepGrant(msg, r.base.Round)
 	v.Sink.Status(func(vs *Status) {
 		*vs = Status{Phase: vs.Phase, Round: r.round, Attempt: r.attempt, Leased: leased, Deadline: r.deadline, Trainers: len(cands),
 			Quarantined: v.quarantine.List(r.round), Barred: r.book.Barred(), Rejections: vs.Rejections, Recent: vs.Recent}

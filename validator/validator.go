@@ -54,6 +54,9 @@ type validator struct {
 	// grants remembers the leases granted for the open round and the one closed last: a
 	// contribution made under another validator's is not a trainer's fault (stepaside.go).
 	grants *grantLog
+	// ownGrants are this validator's grants of the rounds open here, kept in GrantsFile
+	// (grants.go) so that a restart forgets none.
+	ownGrants []*gossip.Leases
 	// reports are the last contribution, by trainer, read on a lease another validator
 	// granted it (staleForeign).
 	reports map[string]staleReport
@@ -147,13 +150,14 @@ type Sink interface {
 type Validator struct{ v *validator }
 
 // New returns the validator role, with the signing locks of its previous run read back
-// from LocksFile under Config.Node.StoreDir (it fails when that file cannot be read); Run
-// runs it.
+// from LocksFile under Config.Node.StoreDir (it fails when that file cannot be read) and its
+// grants of the rounds still open from GrantsFile; Run runs it.
 func New(p Params) (*Validator, error) {
 	v := newValidator(p)
 	if err := v.restoreLocks(); err != nil {
 		return nil, err
 	}
+	v.restoreGrants()
 	return &Validator{v}, nil
 }
 
