@@ -1,7 +1,6 @@
 package validator
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -55,7 +54,8 @@ func (v *validator) keepGrant(m *gossip.Leases, below uint64) {
 }
 
 // restoreGrants reads this validator's grants of its previous run back from GrantsFile,
-// those of rounds after the canonical head's, into the grant log.
+// those of rounds after the canonical head's, into the grant log (keepGrant wrote them in
+// the order it granted them).
 func (v *validator) restoreGrants() {
 	b, err := os.ReadFile(v.grantsPath())
 	if errors.Is(err, os.ErrNotExist) {
@@ -90,5 +90,4 @@ func (v *validator) restoreGrants() {
 			v.ownGrants = append(v.ownGrants, m)
 		}
 	}
-	slices.SortStableFunc(v.ownGrants, func(a, b *gossip.Leases) int { return cmp.Compare(a.Round, b.Round) })
 }
