@@ -197,13 +197,18 @@ func testStoreIsPrunedToKeepHeads(t *testing.T, codec string) {
 		if archive {
 			continue
 		}
-		inFlight := requirePrunedTo(t, n.cfg, n.host.ID().String(), heads, keep, n == val, tipContribs)
+		inFlight, older, anchor := requirePrunedTo(t, n.cfg, n.host.ID().String(), heads, keep, n == val, tipContribs)
 		// What the rule keeps between rounds: K parameter packs, the tip's outer state (a
 		// validator, or a trainer that rebuilds heads) and on the sparse codec the tip's
-		// contributions, besides the dataset, the artifacts' manifests and the work of the
-		// round open when the node stopped. The small records (heads, checkpoint, history)
-		// are outside the artifact store.
-		bound := int64(keep)*model + outer + contribBytes + inFlight + data + storeBytes(t, filepath.Join(n.cfg.Node.StoreDir, "artifacts", "manifests"))
+		// contributions, older rounds' up to one pack and the anchor's parameters and outer
+		// state, besides the dataset, the artifacts' manifests and the work of the round
+		// open when the node stopped. The small records (heads, checkpoint, history) are
+		// outside the artifact store.
+		require.LessOrEqual(t, older, model, "%s: older rounds' contributions beyond one pack", n.name)
+		if older > 0 {
+			t.Logf("%s: %d bytes of older rounds' contributions", n.name, older)
+		}
+		bound := int64(keep)*model + outer + contribBytes + older + anchor + inFlight + data + storeBytes(t, filepath.Join(n.cfg.Node.StoreDir, "artifacts", "manifests"))
 		if inFlight > 0 {
 			t.Logf("%s: %d bytes of the open round's work", n.name, inFlight)
 		}
@@ -225,9 +230,12 @@ func testStoreIsPrunedToKeepHeads(t *testing.T, codec string) {
 // requirePrunedTo checks the artifacts a stopped node (peer id self) holds against the
 // rule: the newest K heads' parameters, the tip's outer state (a validator), if
 // tipContribs the tip's contributions (all of them on a validator, its own on a
-// trainer), the dataset, and nothing else but work first seen at the final round
-// (retention.json). It returns the bytes of that work (in flight when the node stopped).
-func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads []*chain.Head, keep int, validator, tipContribs bool) (inFlight int64) {
+// trainer) and the older rounds' it holds, newest first, while they add up to one
+// parameter pack, and the anchor's parameters and outer state (upkeep.AnchorEvery), the
+// dataset, and nothing else but work first seen at the final round (retention.json). It
+// returns the bytes of that work (in flight when the node stopped), of the older rounds'
+// contributions and of the anchor's artifacts where they are not the tip's or a kept head's.
+func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads []*chain.Head, keep int, validator, tipContribs bool) (inFlight, older, anchor int64) {
 	t.Helper()
 	stores, err := OpenStores(cfg)
 	require.NoError(t, err)
@@ -262,6 +270,25 @@ func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads [
 			required[id] = named[id]
 		}
 	}
+	if tipContribs {
+		pid, err := tip.ParamsID()
+		require.NoError(t, err)
+		pm, err := stores.Artifacts.Manifest(pid)
+		require.NoError(t, err)
+		older = olderContributions(t, stores.Artifacts, chainHeads[:len(chainHeads)-1], int64(pm.Size), named)
+		a := chainHeads[tip.Round/upkeep.AnchorEvery*upkeep.AnchorEvery]
+		for _, get := range []func() (cid.Cid, error){a.ParamsID, a.OuterStateID} {
+			id, err := get()
+			require.NoError(t, err)
+			if _, ok := named[id]; ok || !stores.Artifacts.Has(id) {
+				continue
+			}
+			named[id] = fmt.Sprintf("round %d's artifact (the anchor's)", a.Round)
+			m, err := stores.Artifacts.Manifest(id)
+			require.NoError(t, err)
+			anchor += int64(m.Size)
+		}
+	}
 	m, err := dataset.Load(cfg.Dataset.Manifest)
 	require.NoError(t, err)
 	data, err := m.CIDs()
@@ -284,5 +311,32 @@ func requirePrunedTo(t *testing.T, cfg *config.Config, self string, chainHeads [
 		require.NoError(t, err)
 		inFlight += int64(m.Size)
 	}
-	return inFlight
+	return inFlight, older, anchor
+}
+
+// olderContributions names in named the contributions of heads (oldest first, the tip's
+// parent last) that store holds, round by round from the newest, while they add up to
+// no more than pack bytes, and returns their bytes.
+func olderContributions(t *testing.T, store *artifact.Store, heads []*chain.Head, pack int64, named map[cid.Cid]string) int64 {
+	t.Helper()
+	var kept int64
+	for i := len(heads) - 1; i >= 0; i-- {
+		h := heads[i]
+		var round int64
+		held := map[cid.Cid]string{}
+		for _, c := range h.Contributions {
+			id, err := cid.Cast(c.Artifact)
+			require.NoError(t, err)
+			if m, err := store.Manifest(id); err == nil {
+				round += int64(m.Size)
+				held[id] = fmt.Sprintf("round %d's contribution by %s", h.Round, c.Peer)
+			}
+		}
+		if kept+round > pack {
+			break
+		}
+		kept += round
+		maps.Copy(named, held)
+	}
+	return kept
 }

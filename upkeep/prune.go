@@ -26,6 +26,24 @@ import (
 // several rounds.
 const inFlightRounds = 1
 
+// ContribRounds bounds how many rounds before the tip keep their contributions on the
+// sparse codec (see Pruner): the walk that finds them reads one head per round at every
+// sweep.
+const ContribRounds = 32
+
+// AnchorEvery: on the sparse codec the newest head whose round is a multiple of it (the
+// anchor; genesis until round AnchorEvery) keeps its parameters and outer state, so that
+// a node whose download of a head outlasts rounds — a late joiner on a slow link —
+// downloads one that stays put for up to AnchorEvery rounds (a download the next anchor
+// overtook is tried again on that one, which stays for all of them) and rebuilds the heads
+// after it from their contributions: at most 2 × AnchorEvery − 1 rounds of them, which
+// the one-pack budget covers while T trainers × a contribution's share of the pack stay
+// under 1/15 (six trainers at 1 %).
+const AnchorEvery = 8
+
+// IsAnchor reports whether a head of round r is an anchor (see AnchorEvery).
+func IsAnchor(r uint64) bool { return r%AnchorEvery == 0 }
+
 // RetentionFile, in the store directory, records the round at which the pruner first saw
 // each artifact (JSON: CID -> round). Losing it only delays pruning: what it does not
 // name counts as new.
@@ -42,7 +60,14 @@ const RetentionFile = "retention.json"
 //     head is kept only while the newest checkpoint generation is not yet at the tip (a
 //     snapshot of it may be waiting for the writer);
 //   - on the sparse codec, the contributions merged into the tip: trainers rebuild the tip
-//     from them (node.rebuildsHeads). On the other codecs only a validator still verifying
+//     from them (node.rebuildsHeads). And those merged into the heads before it, newest
+//     first, while the ones held add up to no more than the tip's parameter pack and for at
+//     most ContribRounds rounds: a node whose download of a head outlasted rounds (a late
+//     joiner on a slow link) rebuilds the heads that came meanwhile from them instead of
+//     downloading each anew, whose outer state is gone by then. A sparse contribution is
+//     about 1 % of the pack, so a few trainers' rounds fit many times over; a large swarm's
+//     fewer. And the parameters and outer state of the anchor (AnchorEvery), which such a
+//     node downloads instead of the tip's. On the other codecs only a validator still verifying
 //     the tip's proposal reads them (replays are recognised by CID, from the chain), so
 //     they are kept until every configured validator has signed the tip, as far as this
 //     node has seen, and no longer: they are the largest part of a validator's store, T ×
@@ -59,7 +84,9 @@ const RetentionFile = "retention.json"
 // and deletes the rest, and the partial files of downloads every caller abandoned that
 // are not of a live artifact and were first seen a round ago or more. So between rounds
 // a validator holds K parameter packs and one outer state (and on the sparse codec one
-// round of contributions); a trainer K parameter packs (and its merged delta). An older checkpoint generation names
+// round of contributions, older rounds' up to one pack, and the anchor's parameters and
+// outer state); a trainer K parameter packs (and its merged delta; on the sparse codec the
+// outer state, contributions and anchor as a validator). An older checkpoint generation names
 // its head's outer state, which is gone: a restart that has to fall back to it (the
 // newest damaged) finds it unusable and resumes from the head chain instead (node/resume.go),
 // losing only what the checkpoint alone held. Heads themselves (the chain store) are
@@ -270,15 +297,16 @@ func (p *Pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepRe
 	res.Freed += freed
 }
 
-// errEnoughHeads stops live's walk down the chain after K heads.
+// errEnoughHeads stops live's walk down the chain: K heads, and on the sparse codec the
+// rounds whose contributions are kept, are behind it.
 var errEnoughHeads = errors.New("enough heads")
 
 // live is what the chain and the checkpoint need at the tip (see Pruner): the newest K
-// heads' parameters, the tip's contributions if tipContribs, the outer state of the heads
-// from the tip down to the newest kept generation's, and what the kept generations
-// reference, less the outer state of the older ones. done is the tip's contributions when
-// they are not kept (no trainer rebuilds heads, every validator signed the tip): finished
-// work, not the open round's.
+// heads' parameters, the tip's contributions if tipContribs (and older rounds' within
+// one parameter pack, and the anchor's parameters and outer state), the outer state of the heads from the tip down to the newest kept
+// generation's, and what the kept generations reference, less the outer state of the
+// older ones. done is the tip's contributions when they are not kept (no trainer rebuilds
+// heads, every validator signed the tip): finished work, not the open round's.
 func (p *Pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, err error) {
 	live, done = map[cid.Cid]bool{}, map[cid.Cid]bool{}
 	var newest *checkpoint.State
@@ -296,18 +324,31 @@ func (p *Pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 	}
 	tip, _ := p.tips.Current()
 	n := uint64(0)
+	var budget int64  // bytes of older rounds' contributions that may still be kept
+	anchored := false // the anchor's artifacts are marked (see AnchorEvery)
 	err = p.heads.Walk(tip, func(id cid.Cid, h *chain.Head) error {
-		if a, err := h.ParamsID(); err == nil && a.Defined() {
-			live[a] = true
-		}
-		// Heads newer than the newest generation may be named by a snapshot the
-		// checkpoint writer has yet to write: their outer state stays until it has.
-		if n == 0 || (newest != nil && h.Round >= newest.Round) {
-			if a, err := h.OuterStateID(); err == nil && a.Defined() {
+		if n < p.keep {
+			if a, err := h.ParamsID(); err == nil && a.Defined() {
 				live[a] = true
 			}
+			// Heads newer than the newest generation may be named by a snapshot the
+			// checkpoint writer has yet to write: their outer state stays until it has.
+			if n == 0 || (newest != nil && h.Round >= newest.Round) {
+				if a, err := h.OuterStateID(); err == nil && a.Defined() {
+					live[a] = true
+				}
+			}
 		}
-		if n == 0 {
+		if p.tipContribs && !anchored && IsAnchor(h.Round) {
+			anchored = true
+			for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
+				if a, err := get(); err == nil && a.Defined() {
+					live[a] = true
+				}
+			}
+		}
+		switch {
+		case n == 0:
 			// The next round's screening compares its reference with the tip's.
 			if a, err := h.ReferenceID(); err == nil && a.Defined() {
 				live[a] = true
@@ -325,17 +366,60 @@ func (p *Pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, er
 					}
 				}
 			}
+			if a, err := h.ParamsID(); err == nil && p.tipContribs {
+				budget = p.size(a)
+			}
+		case p.tipContribs && budget > 0:
+			budget = p.keepContributions(h, budget, live)
 		}
-		if n++; n == p.keep {
+		n++
+		more := n < p.keep || p.tipContribs && (!anchored || budget > 0 && n <= ContribRounds)
+		if !more {
 			return errEnoughHeads // the walk would read the next head before stopping
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, errEnoughHeads) {
-		// Without a head we cannot know what it names: delete nothing this time.
+	if err != nil && !errors.Is(err, errEnoughHeads) && n < p.keep {
+		// Without a head we cannot know what it names: delete nothing this time. (A
+		// missing head further back only ends the search for older contributions.)
 		return nil, nil, fmt.Errorf("the newest %d heads from %s: %w", p.keep, tip, err)
 	}
 	return live, done, nil
+}
+
+// keepContributions marks the contributions h merged as live if the ones held here fit in
+// budget bytes, and returns what is left of it: -1 once a round does not fit (rounds are
+// kept whole, and newest first: a rebuild needs every round after the head it starts from).
+func (p *Pruner) keepContributions(h *chain.Head, budget int64, live map[cid.Cid]bool) int64 {
+	var ids []cid.Cid
+	var bytes int64
+	for _, c := range h.Contributions {
+		a, err := cid.Cast(c.Artifact)
+		if err != nil || !p.store.Has(a) {
+			continue
+		}
+		ids = append(ids, a)
+		bytes += p.size(a)
+	}
+	if bytes > budget {
+		return -1
+	}
+	for _, a := range ids {
+		live[a] = true
+	}
+	return budget - bytes
+}
+
+// size is the bytes of artifact id, as its manifest gives them; 0 if it is not held.
+func (p *Pruner) size(id cid.Cid) int64 {
+	if !id.Defined() {
+		return 0
+	}
+	m, err := p.store.Manifest(id)
+	if err != nil {
+		return 0
+	}
+	return int64(m.Size)
 }
 
 // signedByAll reports whether this node holds head id with a valid signature of every

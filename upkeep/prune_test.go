@@ -1,6 +1,7 @@
 package upkeep
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -139,7 +140,9 @@ func (f *pruneFixture) head(r uint64, params, outer cid.Cid, contribs ...cid.Cid
 }
 
 // next makes head r canonical with fresh artifacts: its parameters, outer state and
-// contribution, and a stray delta no head names.
+// contribution, and a stray delta no head names. The contribution is larger than the
+// parameters, so no older round's fits in the pack the sparse codec keeps them within
+// (TestSweepKeepsOlderContributionsWithinAPack sizes them).
 func (f *pruneFixture) next(r uint64) {
 	f.t.Helper()
 	p, o := f.put(fmt.Sprint("params ", r)), f.put(fmt.Sprint("outer ", r))
@@ -210,25 +213,26 @@ func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
 		// fp32: the pruner does not keep the tip's contributions (no trainer rebuilds
 		// heads); the other rows are on the sparse codec.
 		fp32 bool
-		// Rounds whose artifacts are held after round last.
+		// Rounds whose artifacts are held after round last (on the sparse codec round 0's
+		// parameters and outer state: genesis is the anchor until round AnchorEvery).
 		params, outerHeld, contrib, stray []int
 	}{
 		{name: "validator K=2", keep: 2, gens: 2, outer: true,
-			params: []int{5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+			params: []int{0, 5, 6}, outerHeld: []int{0, 6}, contrib: []int{6}, stray: []int{6}},
 		{name: "validator K=3", keep: 3, gens: 3, outer: true,
-			params: []int{4, 5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+			params: []int{0, 4, 5, 6}, outerHeld: []int{0, 6}, contrib: []int{6}, stray: []int{6}},
 		{name: "validator K=5", keep: 5, gens: 3, outer: true,
-			params: []int{2, 3, 4, 5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+			params: []int{0, 2, 3, 4, 5, 6}, outerHeld: []int{0, 6}, contrib: []int{6}, stray: []int{6}},
 		{name: "validator K=2, fp32", keep: 2, gens: 2, outer: true, fp32: true,
 			params: []int{5, 6}, outerHeld: []int{6}, contrib: nil, stray: []int{6}},
 		{name: "trainer K=2, fp32", keep: 2, gens: 2, outer: false, fp32: true,
 			params: []int{5, 6}, outerHeld: []int{6}, contrib: nil, stray: []int{6}},
 		{name: "trainer K=2", keep: 2, gens: 2, outer: false,
-			params: []int{5, 6}, outerHeld: []int{6}, contrib: []int{6}, stray: []int{6}},
+			params: []int{0, 5, 6}, outerHeld: []int{0, 6}, contrib: []int{6}, stray: []int{6}},
 		{name: "validator K=2, checkpoint one head behind", keep: 2, gens: 2, lag: 1, outer: true,
-			params: []int{4, 5, 6}, outerHeld: []int{5, 6}, contrib: []int{6}, stray: []int{6}},
+			params: []int{0, 4, 5, 6}, outerHeld: []int{0, 5, 6}, contrib: []int{6}, stray: []int{6}},
 		{name: "validator K=2, checkpoint two heads behind", keep: 2, gens: 2, lag: 2, outer: true,
-			params: []int{3, 4, 5, 6}, outerHeld: []int{4, 5, 6}, contrib: []int{6}, stray: []int{6}},
+			params: []int{0, 3, 4, 5, 6}, outerHeld: []int{0, 4, 5, 6}, contrib: []int{6}, stray: []int{6}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -255,6 +259,74 @@ func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
 			require.True(t, f.store.Has(f.data))
 		})
 	}
+}
+
+// On the sparse codec the contributions of the rounds before the tip are kept, newest
+// first and whole rounds only, while the held ones add up to no more than the tip's
+// parameter pack, and for at most ContribRounds rounds: a node whose download of a head
+// took several rounds rebuilds the heads that came meanwhile from them. The other codecs
+// keep none of them.
+func TestSweepKeepsOlderContributionsWithinAPack(t *testing.T) {
+	tests := []struct {
+		name string
+		// A pack of params bytes; each round merges contribs contributions of size bytes.
+		params, size, contribs int
+		rounds                 uint64
+		fp32                   bool
+		// held is the rounds whose contributions are held after the last round's sweep.
+		held []int
+	}{
+		{name: "three rounds fit", params: 100, size: 30, contribs: 1, rounds: 8, held: []int{5, 6, 7, 8}},
+		{name: "a round of two fits once", params: 100, size: 30, contribs: 2, rounds: 8, held: []int{7, 8}},
+		{name: "exactly one pack", params: 90, size: 30, contribs: 1, rounds: 8, held: []int{5, 6, 7, 8}},
+		{name: "none fits: the tip's alone", params: 100, size: 101, contribs: 1, rounds: 8, held: []int{8}},
+		{name: "at most ContribRounds rounds", params: 1 << 12, size: 24, contribs: 1, rounds: ContribRounds + 6,
+			held: rangeInts(6, ContribRounds+6)},
+		{name: "fp32 keeps none", params: 100, size: 30, contribs: 1, rounds: 8, fp32: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newPruneFixture(t, 2)
+			f.tipContribs = !tt.fp32
+			f.restart(2)
+			sized := func(n int, what string, r uint64, i int) cid.Cid {
+				b := []byte(fmt.Sprintf("%s %d %d ", what, r, i))
+				return f.put(string(append(b, bytes.Repeat([]byte{'.'}, n-len(b))...)))
+			}
+			byRound := map[int][]cid.Cid{}
+			for r := uint64(0); r <= tt.rounds; r++ {
+				var cs []cid.Cid
+				for i := range tt.contribs {
+					cs = append(cs, sized(tt.size, "contribution", r, i))
+				}
+				byRound[int(r)] = cs
+				p, o := sized(tt.params, "params", r, 0), sized(tt.params, "outer", r, 0)
+				f.params, f.outer = append(f.params, p), append(f.outer, o)
+				f.head(r, p, o, cs...)
+				f.sweep(r, f.gens(r)...)
+			}
+			for r, cs := range byRound {
+				for _, c := range cs {
+					require.Equal(t, slices.Contains(tt.held, r), f.store.Has(c), "round %d's contribution", r)
+				}
+			}
+			anchor := -1 // the anchor's artifacts are kept on the sparse codec
+			if !tt.fp32 {
+				anchor = int(tt.rounds / AnchorEvery * AnchorEvery)
+			}
+			f.requireHeld("params", f.params, int(tt.rounds)-1, int(tt.rounds), anchor)
+			f.requireHeld("outer state", f.outer, int(tt.rounds), anchor)
+		})
+	}
+}
+
+// rangeInts is from, from+1, ..., to.
+func rangeInts(from, to int) []int {
+	var out []int
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
 }
 
 // Work of the open round — contributions arriving, a delta being encoded, the merge
@@ -417,8 +489,8 @@ func TestSweepSparesTheHeadBeingSynced(t *testing.T) {
 	f.params, f.outer, f.contrib = append(f.params, p), append(f.outer, o), append(f.contrib, c)
 	f.head(4, p, o, c)
 	f.sweep(4, f.gens(4, 3)...)
-	f.requireHeld("params", f.params, 3, 4)
-	f.requireHeld("outer state", f.outer, 4)
+	f.requireHeld("params", f.params, 0, 3, 4) // round 0's: the anchor
+	f.requireHeld("outer state", f.outer, 0, 4)
 	f.requireHeld("contribution", f.contrib, 4)
 }
 
@@ -426,12 +498,12 @@ func TestSweepSparesTheHeadBeingSynced(t *testing.T) {
 // its manifest is removed, and an artifact committed again while it was due is kept one
 // more round.
 func TestSweepAfterARestart(t *testing.T) {
-	f := newPruneFixture(t, 2)
+	f := newPruneFixture(t, 2) // sparse: round 0's parameters and outer state are the anchor's
 	for r := uint64(0); r <= 4; r++ {
 		f.round(r, r)
 	}
-	f.requireHeld("params", f.params, 3, 4)
-	f.requireHeld("outer state", f.outer, 4)
+	f.requireHeld("params", f.params, 0, 3, 4)
+	f.requireHeld("outer state", f.outer, 0, 4)
 	f.requireHeld("stray delta", f.stray, 4)
 
 	// Crash between the two removals of a deletion: the blob is left without a manifest.
@@ -443,12 +515,12 @@ func TestSweepAfterARestart(t *testing.T) {
 	f.restart(2)
 	f.round(5, 5, 4)
 	require.NoFileExists(t, f.store.BlobPath(orphan))
-	f.requireHeld("params", f.params, 3, 4, 5)
-	f.requireHeld("outer state", f.outer, 4, 5)
+	f.requireHeld("params", f.params, 0, 3, 4, 5)
+	f.requireHeld("outer state", f.outer, 0, 4, 5)
 	f.requireHeld("contribution", f.contrib, 4, 5)
 	f.round(6, 6, 5)
-	f.requireHeld("params", f.params, 5, 6)
-	f.requireHeld("outer state", f.outer, 6)
+	f.requireHeld("params", f.params, 0, 5, 6)
+	f.requireHeld("outer state", f.outer, 0, 6)
 	f.requireHeld("contribution", f.contrib, 6)
 	f.requireHeld("stray delta", f.stray, 6)
 	require.True(t, f.store.Has(f.data))
