@@ -88,9 +88,13 @@ func (x *Exchange) stallTimeout(direct bool) time.Duration {
 
 // copyFailed passes over a copy holder that left a download with err for passOverFor:
 // one that stalled, broke off or could not be reached directly. One that lacks the
-// artifact (pruned) is asked again, and a download that ended first says nothing of it.
+// artifact (pruned) is asked again, a download that ended first says nothing of it, and
+// neither does a dial that lost a race with another dial to it (isDialRace): the
+// download asks it again after retryLeft. (A late joiner dials every trainer at once as
+// it starts; passed over on that, the copies behind cone routers were never asked during
+// its download of the model, which the validator alone then served.)
 func (x *Exchange) copyFailed(p peer.ID, err error) {
-	if !errors.Is(err, context.Canceled) && !errors.Is(err, errPeerLacks) {
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, errPeerLacks) && !isDialRace(err) {
 		x.book.passOver(p, time.Now())
 	}
 }

@@ -109,7 +109,7 @@ func (x *Exchange) dialAgain(p peer.ID, err error) bool {
 	if x.h.Network().Connectedness(p) != network.NotConnected {
 		return true
 	}
-	if !errors.Is(err, swarm.ErrDialBackoff) && !strings.Contains(err.Error(), "concurrent active dial") {
+	if !isDialRace(err) {
 		return false
 	}
 	if sw, ok := x.h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
@@ -117,6 +117,13 @@ func (x *Exchange) dialAgain(p peer.ID, err error) bool {
 		return true
 	}
 	return false
+}
+
+// isDialRace reports whether err is a relayed dial that lost a race with another dial to
+// the same peer (go-libp2p's circuit client: "concurrent active dial"), or the backoff
+// the swarm set after one: it says nothing of whether the peer can be reached.
+func isDialRace(err error) bool {
+	return errors.Is(err, swarm.ErrDialBackoff) || strings.Contains(err.Error(), "concurrent active dial")
 }
 
 // circuitAddrs are p's addresses through each relay (other than p and this node).

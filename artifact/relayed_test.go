@@ -2,6 +2,8 @@ package artifact
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
@@ -202,6 +205,35 @@ func TestCopyHolderAskedOnlyOverADirectConnection(t *testing.T) {
 			}
 			require.NoError(t, err)
 			requireStored(t, fetcher, id, data)
+		})
+	}
+}
+
+// A copy holder that left a download is passed over for a while when it could not be
+// reached or failed the transfer, but not when the download no longer wanted it, it lacks
+// the artifact, or its dial lost a race with another dial to it (a late joiner dials every
+// peer at once as it starts): the download asks it again after retryLeft.
+func TestCopyFailedPassesOverUnreachableHolders(t *testing.T) {
+	raced := errors.New(`failed to dial: all dials failed
+  * [/ip4/198.18.0.1/tcp/4001/p2p/12D3KooWNNVJUUodDYMDBVXp9r7JxXnpSCjuQ69DZK6K8dPM3am4/p2p-circuit] concurrent active dial succeeded`)
+	tests := []struct {
+		name       string
+		err        error
+		passedOver bool
+	}{
+		{"stream reset", errors.New("stream reset"), true},
+		{"reachable through a relay only", fmt.Errorf("open stream: %w", context.DeadlineExceeded), true},
+		{"download over", context.Canceled, false},
+		{"pruned", errPeerLacks, false},
+		{"lost a dial race", fmt.Errorf("open stream: %w", raced), false},
+		{"dial backoff after a race", fmt.Errorf("open stream: %w", swarm.ErrDialBackoff), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, 2, mocknet.LinkOptions{}, ExchangeOptions{})
+			x, p := c.nodes[0].x, c.nodes[1].id()
+			x.copyFailed(p, tc.err)
+			require.Equal(t, tc.passedOver, x.book.isPassedOver(p, time.Now()))
 		})
 	}
 }
