@@ -312,7 +312,7 @@ func (p *leadPhase) advance(ctx context.Context, in *bus.Inbox) (*next, error) {
 		}
 		if time.Since(p.waitingSince) > 10*time.Second {
 			v.Log.Info("waiting for trainers", "round", r.round, "live", st.live, "candidates", len(st.cands), "barred", st.barred,
-				"unreached", st.unreached,
+				"unreached", st.unreached, "behind", st.behind,
 				"received", len(r.received), "min_group", v.Config.Lease.MinGroup)
 			p.waitingSince = time.Now()
 		}

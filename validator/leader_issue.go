@@ -21,14 +21,15 @@ import (
 
 // issueStep is what the round's book says to do now (step), with the microshards available,
 // the trainers that may be leased (relaxed: quarantined ones among them, too few others),
-// and how many trainers are live, open to a lease, barred from the round and not reached by
-// a grant yet.
+// and how many trainers are live, open to a lease, barred from the round, not reached by a
+// grant yet and catching up.
 type issueStep struct {
 	step               lease.Step
 	avail              []uint32
 	cands              []lease.Trainer
 	live, open, barred int
 	unreached          int // live trainers heard anew that a grant does not reach yet
+	behind             int // live trainers still catching up
 	relaxed            bool
 }
 
@@ -61,14 +62,19 @@ func (p *leadPhase) nextStep() issueStep {
 	// gossip forwards nothing to a peer that joins a topic's mesh after the message passed.
 	// It is leased once its subscription is in, a tick later, or once it has been in the
 	// meshes for reachGrace (a trainer that cannot hold a connection to this leader, behind
-	// NAT, gets the grant forwarded).
+	// NAT, gets the grant forwarded). Nor does a grant go to a joiner that holds no head
+	// yet (trainerSeen.behind), until it announces one.
 	reach := v.Bus.Reach(&gossip.Leases{})
 	open = slices.DeleteFunc(open, func(t lease.Trainer) bool {
-		if !reach(t.Peer) && v.trainers.backFor(t.Peer) < reachGrace {
+		switch {
+		case !reach(t.Peer) && v.trainers.backFor(t.Peer) < reachGrace:
 			st.unreached++
-			return true
+		case v.trainers.isBehind(t.Peer):
+			st.behind++
+		default:
+			return false
 		}
-		return false
+		return true
 	})
 	st.live, st.open = len(live), len(open)
 	st.cands, st.relaxed = v.quarantine.Eligible(open, r.round, len(r.received), v.Config.Lease.MinGroup)

@@ -302,6 +302,17 @@ func (s *phaseSwarm) train() string {
 // lease announces the trainer to every validator until one grants it a lease, and returns
 // the grant.
 func (s *phaseSwarm) lease() *gossip.Leases {
+	s.t.Helper()
+	return s.leaseWith(func() {
+		for _, n := range s.nodes {
+			id, h := n.v.v.Tips.Current()
+			s.announce(n, id, h)
+		}
+	})
+}
+
+// leaseWith is lease with the trainer's announcements made by announce.
+func (s *phaseSwarm) leaseWith(announce func()) *gossip.Leases {
 	t := s.t
 	t.Helper()
 	var grant *gossip.Leases
@@ -315,10 +326,7 @@ func (s *phaseSwarm) lease() *gossip.Leases {
 				grant = l
 			}
 		case <-tick.C:
-			for _, n := range s.nodes {
-				id, h := n.v.v.Tips.Current()
-				s.announce(n, id, h)
-			}
+			announce()
 		case <-deadline:
 			t.Fatal("no lease granted")
 		}
@@ -637,18 +645,11 @@ func TestLeaderLeasesOnlyTrainersItsGrantsReach(t *testing.T) {
 		{"never directly reached", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newPhaseSwarm(t, 2)
-			s.started = time.Now().UnixMilli()
-			s.start(1, "phase validator")
-			n := s.nodes[0]
-			s.train()
-			s.canonical(1)
-			s.lease()   // round 2's, lost: the trainer restarts (the leader settles the lease
-			s.started++ // at its next announcement), and is heard through another peer
-			n.bus.unsubscribed.Store(&s.trainer)
+			s, n := restartedInRound(t, 2)
+			n.bus.unsubscribed.Store(&s.trainer) // heard through another peer
 			back := time.Now()
 			id, h := n.v.v.Tips.Current()
-			s.notLeased(n, reachGrace*3/4, "a lease for a trainer the grant does not reach", func() { s.announce(n, id, h) })
+			s.notLeasedFor(n, reachGrace*3/4, "a lease for a trainer the grant does not reach", func() { s.announce(n, id, h) })
 			if tc.subscribes {
 				n.bus.unsubscribed.Store(nil)
 			}
@@ -662,8 +663,33 @@ func TestLeaderLeasesOnlyTrainersItsGrantsReach(t *testing.T) {
 	}
 }
 
-// notLeased has announce called every 200 ms for d, and fails with why on a lease.
-func (s *phaseSwarm) notLeased(n *phaseNode, d time.Duration, why string, announce func()) {
+// restartedInRound is a lone validator's swarm whose trainer trained the rounds before
+// round, took round's lease and restarted (the leader settles the lost lease at its next
+// announcement, which the test makes).
+func restartedInRound(t *testing.T, round uint64) (*phaseSwarm, *phaseNode) {
+	s := newPhaseSwarm(t, int(round))
+	s.started = time.Now().UnixMilli()
+	s.start(1, "phase validator")
+	for r := uint64(1); r < round; r++ {
+		s.train()
+		s.canonical(r)
+	}
+	s.lease()
+	s.started++
+	return s, s.nodes[0]
+}
+
+// notLeased has announce called every 200 ms, for longer than the wait for the fleet's
+// announcements (gossip.AnnounceEvery) and a young chain's join grace, after which a
+// trainer the leader may lease is leased at once (TestLeaderWalksItsPhases), and fails
+// with why on a lease.
+func (s *phaseSwarm) notLeased(n *phaseNode, why string, announce func()) {
+	s.t.Helper()
+	s.notLeasedFor(n, 2*gossip.AnnounceEvery+time.Second, why, announce)
+}
+
+// notLeasedFor is notLeased for d.
+func (s *phaseSwarm) notLeasedFor(n *phaseNode, d time.Duration, why string, announce func()) {
 	s.t.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		announce()
@@ -675,4 +701,19 @@ func (s *phaseSwarm) notLeased(n *phaseNode, d time.Duration, why string, announ
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// TestLeaderDoesNotLeaseATrainerCatchingUp: a trainer whose announcement names no head past
+// genesis — a joiner still downloading the model — is not leased: it could not train on the
+// round's base in time, and the missed leases would quarantine it. Once it announces a head,
+// even an old one (it rebuilds the rest while its lease waits for the base), it is.
+func TestLeaderDoesNotLeaseATrainerCatchingUp(t *testing.T) {
+	s, n := restartedInRound(t, 3)
+	tip, _ := n.v.v.Tips.Current()
+	ids, heads, err := n.v.v.Heads.Chain(tip)
+	require.NoError(t, err)
+	require.Len(t, heads, 3)
+	s.notLeased(n, "a lease for a trainer without a head", func() { s.announce(n, cid.Undef, nil) })
+	s.contribute(s.leaseWith(func() { s.announce(n, ids[0], heads[0]) })) // genesis
+	require.Len(t, s.canonical(3).Contributions, 1)
 }

@@ -17,6 +17,10 @@ type trainerSet struct {
 	peers map[string]trainerSeen
 	now   func() time.Time
 	since time.Time // when this validator began to listen (see seen)
+	// tip is this validator's canonical round (ok false: none yet), read with each
+	// announcement to tell a trainer that is catching up (see trainerSeen.behind); nil
+	// tells none.
+	tip func() (round uint64, ok bool)
 }
 
 type trainerSeen struct {
@@ -42,6 +46,16 @@ type trainerSeen struct {
 	// first is when this validator first heard it; back, when it first heard it since its
 	// last return (or first).
 	first, back time.Time
+	// behind: its last announcement named no head while this validator's is past genesis:
+	// a joiner still downloading the model (on the sparse codec the anchor head's, then
+	// rebuilding the heads after it: node's env.tryRebuild), which announces itself
+	// before it holds any head. Leased, it cannot train on the round's base in time: the
+	// attempt waits for it (trainer.baseWait, 10 s), and its missed leases would
+	// quarantine it (docs/leadership.md, "Who is leased"). A trainer with an older head is
+	// not behind: it rebuilds the heads it missed from their updates, and a lease waits
+	// for its base. Leasing one only once its announcement named a recent head cost
+	// trainers back from a 30-s cut two rounds in the WAN lab (docs/wan.md).
+	behind bool
 }
 
 func newTrainerSet() *trainerSet {
@@ -85,6 +99,12 @@ func (t *trainerSet) seen(from string, a *gossip.Announce) {
 		}
 	}
 	s.capacity, s.at, s.sent, s.stepSecs = a.Capacity, now, a.Time, a.StepSeconds
+	s.behind = false
+	if t.tip != nil {
+		if tip, ok := t.tip(); ok {
+			s.behind = len(a.Head) == 0 && tip > 0
+		}
+	}
 	s.steady = now.Sub(t.since) >= gossip.LiveFor
 	if a.Started != 0 {
 		s.started = a.Started
@@ -109,6 +129,7 @@ func (t *trainerSet) measured(peer string, samples uint64, seconds float64, step
 		if steps > 0 {
 			s.samplesPerStep = float64(samples) / float64(steps)
 		}
+		s.behind = false // it trained on the round's base
 		t.peers[peer] = s
 	}
 }
@@ -138,6 +159,14 @@ func (t *trainerSet) returnedHow(peer string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.peers[peer].how
+}
+
+// isBehind reports whether peer's last announcement said it is catching up (see
+// trainerSeen.behind).
+func (t *trainerSet) isBehind(peer string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[peer].behind
 }
 
 // backFor is how long ago peer was first heard since its last return (or first).

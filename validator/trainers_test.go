@@ -130,3 +130,37 @@ func TestWorkCandidatesKeepHFixed(t *testing.T) {
 		t.Fatal("workCandidates changed its input")
 	}
 }
+
+// TestTrainerSetTellsATrainerCatchingUp: a trainer is behind when its announcement names no
+// head while the validator's is past genesis (a joiner downloading the model); one with an
+// older head rebuilds the rest in a lease's wait for its base. A contribution it delivered
+// says it holds the round's base.
+func TestTrainerSetTellsATrainerCatchingUp(t *testing.T) {
+	head := func(round uint64) *gossip.Announce {
+		return &gossip.Announce{Peer: "p", Roles: []string{config.RoleTrainer}, Time: 1, Head: []byte{1}, Round: round}
+	}
+	none := &gossip.Announce{Peer: "p", Roles: []string{config.RoleTrainer}, Time: 1}
+	for _, tc := range []struct {
+		name   string
+		tip    int64 // -1: the validator has no head
+		a      *gossip.Announce
+		behind bool
+	}{
+		{"its head is the validator's", 5, head(5), false},
+		{"a round behind: the head is on its way", 5, head(4), false},
+		{"rounds behind", 5, head(1), false},
+		{"ahead of the validator", 5, head(7), false},
+		{"no head at genesis", 0, none, false},
+		{"no head past genesis", 1, none, true},
+		{"the validator has no head", -1, head(0), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTrainerSet()
+			ts.tip = func() (uint64, bool) { return uint64(max(tc.tip, 0)), tc.tip >= 0 }
+			ts.seen("p", tc.a)
+			require.Equal(t, tc.behind, ts.isBehind("p"))
+			ts.measured("p", 10, 1, 1)
+			require.False(t, ts.isBehind("p"), "it delivered a contribution on the round's base")
+		})
+	}
+}

@@ -176,7 +176,17 @@ func newValidator(p Params) *validator {
 	if p.Log == nil {
 		p.Log = slog.Default()
 	}
-	return &validator{Params: p, trainers: newTrainerSet(), checks: newChecks(),
+	trainers := newTrainerSet()
+	if p.Tips != nil {
+		trainers.tip = func() (uint64, bool) {
+			_, h := p.Tips.Current()
+			if h == nil {
+				return 0, false
+			}
+			return h.Round, true
+		}
+	}
+	return &validator{Params: p, trainers: trainers, checks: newChecks(),
 		quarantine: lease.NewQuarantine(2, 10, uint64(p.Config.Lease.QuarantineRounds)),
 		paces:      pc, locks: map[uint64]lockedHead{}, grants: newGrantLog(), reports: map[string]staleReport{}, rejects: newRateLog(time.Hour, rejectLogBudget, func(n int) {
 			p.Log.Warn("contribution rejections not logged (rate limit)", "count", n)
