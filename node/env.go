@@ -88,11 +88,17 @@ func (e *env) fetchHeadArtifacts(ctx context.Context, h *chain.Head, hints ...pe
 	if e.rebuild != nil {
 		e.tryRebuild(ctx, h, hints)
 	}
+	return e.fetchArtifacts(ctx, h, e.headArtifacts(h), hints)
+}
+
+// fetchArtifacts fetches the artifacts of h that gets name and the store lacks, in order,
+// asking hints first.
+func (e *env) fetchArtifacts(ctx context.Context, h *chain.Head, gets []func() (cid.Cid, error), hints []peer.ID) error {
 	params, err := h.ParamsID()
 	if err != nil {
 		return err
 	}
-	for _, get := range e.headArtifacts(h) {
+	for _, get := range gets {
 		id, err := get()
 		if err != nil {
 			return err
@@ -112,32 +118,100 @@ func (e *env) fetchHeadArtifacts(ctx context.Context, h *chain.Head, hints ...pe
 	return nil
 }
 
+// rebuildRounds bounds how many heads one rebuild makes, h and the ancestors before it
+// that this node does not hold: as many rounds as the swarm keeps contributions of
+// (upkeep.ContribRounds) and the tip.
+const rebuildRounds = upkeep.ContribRounds + 1
+
 // tryRebuild makes h's parameters and outer state from its parent's and the contributions h
-// names (round.Merger.Rebuild), fetching the contributions. It gives up quietly — the caller
-// then downloads h's artifacts — when the parent or its artifacts are missing, a
-// contribution cannot be fetched, or the result does not have h's CIDs.
+// names (round.Merger.Rebuild), fetching the contributions. A parent this node does not
+// hold either is rebuilt first, and so on back to the newest ancestor whose parameters and
+// outer state are here (at most rebuildRounds heads). A node that holds none of them — a
+// late joiner — downloads the anchor's instead (the newest ancestor whose round is a
+// multiple of upkeep.AnchorEvery, which holders keep for that many rounds) and rebuilds
+// from it: downloading h's, a slow node would find them pruned, or be rounds behind again
+// when they arrived (h's outer state is kept by its holders while h is their tip alone).
+// The contributions of those rounds are kept by holders on the sparse codec
+// (upkeep.Pruner). It gives up quietly — the caller then downloads h's artifacts — when h
+// is an anchor itself, neither is near, something cannot be fetched, or a result does not
+// have its head's CIDs.
 func (e *env) tryRebuild(ctx context.Context, h *chain.Head, hints []peer.ID) {
 	pid, err := h.ParamsID()
-	if err != nil || e.store.Has(pid) || len(h.Contributions) == 0 {
+	if err != nil || e.store.Has(pid) {
 		return
 	}
-	parentID, err := h.ParentID()
-	if err != nil || !parentID.Defined() {
+	var todo []*chain.Head // h and the ancestors to rebuild before it, newest first
+	var anchor *chain.Head
+	anchorAt := 0 // todo[:anchorAt] are the heads after the anchor
+	for cur := h; len(todo) < rebuildRounds; {
+		todo = append(todo, cur)
+		parentID, err := cur.ParentID()
+		if err != nil || !parentID.Defined() {
+			break
+		}
+		_, parent, err := e.heads.Get(parentID)
+		if err != nil {
+			break
+		}
+		if e.holdsBase(parent) {
+			e.rebuildAll(ctx, todo, hints)
+			return
+		}
+		if anchor == nil && upkeep.IsAnchor(parent.Round) {
+			anchor, anchorAt = parent, len(todo)
+		}
+		cur = parent
+	}
+	if anchor == nil || upkeep.IsAnchor(h.Round) {
 		return
+	}
+	if err := e.fetchArtifacts(ctx, anchor, []func() (cid.Cid, error){anchor.OuterStateID, anchor.ParamsID}, hints); err != nil {
+		e.log.Debug("rebuild: the anchor is unavailable; downloading the head instead", "round", h.Round, "anchor", anchor.Round, "err", err)
+		return
+	}
+	e.log.Info("downloaded the anchor head to rebuild the heads after it", "anchor", anchor.Round, "round", h.Round)
+	e.rebuildAll(ctx, todo[:anchorAt], hints)
+}
+
+// rebuildAll rebuilds heads (listed newest first) from the oldest on, stopping at the
+// first that cannot be.
+func (e *env) rebuildAll(ctx context.Context, heads []*chain.Head, hints []peer.ID) {
+	for i := len(heads) - 1; i >= 0; i-- {
+		if !e.rebuildOne(ctx, heads[i], hints) {
+			return
+		}
+	}
+}
+
+// holdsBase reports whether h's parameters and outer state are here: a head can be
+// rebuilt on it.
+func (e *env) holdsBase(h *chain.Head) bool {
+	for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
+		if id, err := get(); err != nil || (id.Defined() && !e.store.Has(id)) {
+			return false
+		}
+	}
+	return true
+}
+
+// rebuildOne rebuilds h on its parent, which this node holds, fetching h's contributions
+// from their trainers and hints; it reports whether it did.
+func (e *env) rebuildOne(ctx context.Context, h *chain.Head, hints []peer.ID) bool {
+	if len(h.Contributions) == 0 {
+		return false
+	}
+	parentID, err := h.ParentID()
+	if err != nil {
+		return false
 	}
 	_, parent, err := e.heads.Get(parentID)
 	if err != nil {
-		return
-	}
-	for _, get := range []func() (cid.Cid, error){parent.ParamsID, parent.OuterStateID} {
-		if id, err := get(); err != nil || (id.Defined() && !e.store.Has(id)) {
-			return
-		}
+		return false
 	}
 	for _, c := range h.Contributions {
 		id, err := cid.Cast(c.Artifact)
 		if err != nil {
-			return
+			return false
 		}
 		if e.store.Has(id) {
 			continue
@@ -148,12 +222,13 @@ func (e *env) tryRebuild(ctx context.Context, h *chain.Head, hints []peer.ID) {
 		}
 		if err := e.bus.Fetch(ctx, id, from...); err != nil {
 			e.log.Debug("rebuild: contribution unavailable; downloading the head instead", "round", h.Round, "peer", c.Peer, "err", err)
-			return
+			return false
 		}
 	}
 	if err := e.rebuild.Rebuild(ctx, parentID, parent, h); err != nil {
 		e.log.Warn("rebuild failed; downloading the head instead", "round", h.Round, "err", err)
-		return
+		return false
 	}
 	e.log.Info("rebuilt head from its contributions", "round", h.Round, "contributions", len(h.Contributions))
+	return true
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/p2pnode/p2pnode/internal/version"
 	"github.com/p2pnode/p2pnode/status"
 	"github.com/p2pnode/p2pnode/trainer"
+	"github.com/p2pnode/p2pnode/upkeep"
 )
 
 // announcer publishes this node's presence, roles, capacity and head every few seconds.
@@ -27,6 +28,10 @@ type announcer struct {
 	// started is when this run started (unix ms), announced so that a round's leader can
 	// tell a restarted trainer from one that kept its lease.
 	started int64
+	// anchor is the anchor head (upkeep.AnchorEvery) of the head anchorFor names, found
+	// by walking back from it once per head.
+	anchor    *chain.Head
+	anchorFor cid.Cid
 }
 
 func (*announcer) name() string { return "announce" }
@@ -53,15 +58,38 @@ func (a *announcer) announce(ctx context.Context) {
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
 		msg.Artifacts = a.heldArtifacts(h)
+		if anchor := a.anchorOf(id, h); anchor != nil && anchor.Round != h.Round {
+			msg.Artifacts = append(msg.Artifacts, a.heldArtifacts(anchor)...)
+		}
 	}
 	if err := a.bus.Publish(ctx, msg); err != nil && ctx.Err() == nil {
 		a.log.Debug("announce failed", "err", err)
 	}
 }
 
-// heldArtifacts are the artifacts of h, the current head, that this node holds: it
-// announces them, and a node catching up (a late joiner) takes chunks from it as well as
-// from the head's validators (artifact.Exchange.AddCopy: over a direct connection only).
+// anchorOf is the anchor head of head id, h: the newest head at or before it whose round
+// is a multiple of upkeep.AnchorEvery (nil if a head on the way is not held here). A node
+// on the sparse codec keeps its artifacts, and a late joiner downloads them (env.tryRebuild).
+func (a *announcer) anchorOf(id cid.Cid, h *chain.Head) *chain.Head {
+	if a.anchorFor.Equals(id) {
+		return a.anchor
+	}
+	var anchor *chain.Head
+	_ = a.heads.Walk(id, func(_ cid.Cid, hh *chain.Head) error {
+		if upkeep.IsAnchor(hh.Round) {
+			anchor = hh
+			return chain.StopWalk
+		}
+		return nil
+	})
+	a.anchor, a.anchorFor = anchor, id
+	return anchor
+}
+
+// heldArtifacts are the artifacts of h (the current head, or its anchor) that this node
+// holds: it announces them, and a node catching up (a late joiner) takes chunks from it as
+// well as from the head's validators (artifact.Exchange.AddCopy: over a direct connection
+// only).
 func (a *announcer) heldArtifacts(h *chain.Head) [][]byte {
 	var out [][]byte
 	for _, get := range []func() (cid.Cid, error){h.ParamsID, h.OuterStateID} {
