@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/internal/atomicfile"
 	"github.com/p2pnode/p2pnode/internal/progress"
 	"github.com/p2pnode/p2pnode/invite"
@@ -339,18 +340,25 @@ func printJoinPlan(out io.Writer, j *invite.Joined, sz *invite.Sizes, cfg *confi
 
 // writeJoinSizes says how much the node downloads and keeps on disk: the parameters of a
 // head, the dataset unless the workload prepares it here, and node.keep_heads heads'
-// parameters in the store.
+// parameters in the store. On the sparse codec a trainer also downloads a head's outer
+// state (it rebuilds the next heads from their updates) and keeps the tip's and the
+// anchor head's (upkeep.AnchorEvery) beside the anchor's parameters: 3 packs more.
 func writeJoinSizes(out io.Writer, sz *invite.Sizes, cfg *config.Config) {
 	if sz == nil || (sz.ParamsBytes == 0 && sz.DatasetFiles == 0) {
 		fmt.Fprintf(out, "download    size not reported by the validator (it runs an older p2pnode, or has no head yet)\n")
 		return
 	}
 	download, parts := sz.ParamsBytes, "the parameters"
+	packs, kept := uint64(cfg.Node.KeepHeads), fmt.Sprintf("node.keep_heads=%d heads' parameters", cfg.Node.KeepHeads)
+	if cfg.Protocol.Codec == diloco.Sparse {
+		download, parts = 2*sz.ParamsBytes, "the parameters and outer state"
+		packs, kept = packs+3, kept+", the tip's outer state and the anchor head's parameters and outer state"
+	}
 	if !cfg.Dataset.Prepare && sz.DatasetFiles > 0 {
 		download += sz.DatasetBytes
 		parts += " and the dataset"
 	}
-	disk := sz.DatasetBytes + uint64(cfg.Node.KeepHeads)*sz.ParamsBytes
-	fmt.Fprintf(out, "download    %s (%s); disk needed about %s (the dataset and node.keep_heads=%d heads' parameters)\n",
-		progress.Bytes(download), parts, progress.Bytes(disk), cfg.Node.KeepHeads)
+	disk := sz.DatasetBytes + packs*sz.ParamsBytes
+	fmt.Fprintf(out, "download    %s (%s); disk needed about %s (the dataset and %s)\n",
+		progress.Bytes(download), parts, progress.Bytes(disk), kept)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/p2pnode/p2pnode/config"
+	"github.com/p2pnode/p2pnode/diloco"
 	"github.com/p2pnode/p2pnode/invite"
 )
 
@@ -256,18 +257,23 @@ func TestWriteJoinSizes(t *testing.T) {
 		sz      *invite.Sizes
 		prepare bool
 		keep    int
+		sparse  bool // protocol.codec: sparse
 		want    string
 	}{
-		{"none reported", nil, false, 3, "download    size not reported by the validator"},
-		{"no head, no dataset", &invite.Sizes{}, false, 3, "download    size not reported by the validator"},
-		{"from peers", sz, false, 3, "download    11.0 MiB (the parameters and the dataset); disk needed about 13.0 MiB (the dataset and node.keep_heads=3 heads' parameters)"},
-		{"prepared here", sz, true, 5, "download    1.00 MiB (the parameters); disk needed about 15.0 MiB (the dataset and node.keep_heads=5 heads' parameters)"},
-		{"dataset unknown", &invite.Sizes{Round: 3, Params: 1000, ParamsBytes: 1 << 20}, false, 2, "download    1.00 MiB (the parameters); disk needed about 2.00 MiB"},
+		{"none reported", nil, false, 3, false, "download    size not reported by the validator"},
+		{"no head, no dataset", &invite.Sizes{}, false, 3, false, "download    size not reported by the validator"},
+		{"from peers", sz, false, 3, false, "download    11.0 MiB (the parameters and the dataset); disk needed about 13.0 MiB (the dataset and node.keep_heads=3 heads' parameters)"},
+		{"prepared here", sz, true, 5, false, "download    1.00 MiB (the parameters); disk needed about 15.0 MiB (the dataset and node.keep_heads=5 heads' parameters)"},
+		{"dataset unknown", &invite.Sizes{Round: 3, Params: 1000, ParamsBytes: 1 << 20}, false, 2, false, "download    1.00 MiB (the parameters); disk needed about 2.00 MiB"},
+		{"sparse", sz, false, 2, true, "download    12.0 MiB (the parameters and outer state and the dataset); disk needed about 15.0 MiB (the dataset and node.keep_heads=2 heads' parameters, the tip's outer state and the anchor head's parameters and outer state)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()
 			cfg.Dataset.Prepare = tc.prepare
 			cfg.Node.KeepHeads = tc.keep
+			if tc.sparse {
+				cfg.Protocol.Codec = diloco.Sparse
+			}
 			var b strings.Builder
 			writeJoinSizes(&b, tc.sz, cfg)
 			require.Contains(t, b.String(), tc.want)
