@@ -264,8 +264,9 @@ func TestSweepKeepsWhatTheChainNeeds(t *testing.T) {
 // On the sparse codec the contributions of the rounds before the tip are kept, newest
 // first and whole rounds only, while the held ones add up to no more than the tip's
 // parameter pack, and for at most ContribRounds rounds: a node whose download of a head
-// took several rounds rebuilds the heads that came meanwhile from them. The other codecs
-// keep none of them.
+// took several rounds rebuilds the heads that came meanwhile from them. The anchor's
+// parameters and outer state are kept too (AnchorEvery), found however far back the
+// contributions end. The other codecs keep none of them.
 func TestSweepKeepsOlderContributionsWithinAPack(t *testing.T) {
 	tests := []struct {
 		name string
