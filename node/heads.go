@@ -58,7 +58,7 @@ func (a *announcer) announce(ctx context.Context) {
 	if h != nil {
 		msg.Head, msg.Round = id.Bytes(), h.Round
 		msg.Artifacts = a.heldArtifacts(h)
-		if anchor := a.anchorOf(id, h); anchor != nil && anchor.Round != h.Round {
+		if anchor := a.anchorOf(id); anchor != nil && anchor.Round != h.Round {
 			msg.Artifacts = append(msg.Artifacts, a.heldArtifacts(anchor)...)
 		}
 	}
@@ -67,10 +67,10 @@ func (a *announcer) announce(ctx context.Context) {
 	}
 }
 
-// anchorOf is the anchor head of head id, h: the newest head at or before it whose round
-// is a multiple of upkeep.AnchorEvery (nil if a head on the way is not held here). A node
-// on the sparse codec keeps its artifacts, and a late joiner downloads them (env.tryRebuild).
-func (a *announcer) anchorOf(id cid.Cid, h *chain.Head) *chain.Head {
+// anchorOf is the anchor head of head id: the newest head at or before it whose round is a
+// multiple of upkeep.AnchorEvery (nil if a head on the way is not held here). A node on
+// the sparse codec keeps its artifacts, and a late joiner downloads them (env.tryRebuild).
+func (a *announcer) anchorOf(id cid.Cid) *chain.Head {
 	if a.anchorFor.Equals(id) {
 		return a.anchor
 	}

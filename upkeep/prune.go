@@ -67,8 +67,8 @@ const RetentionFile = "retention.json"
 //     downloading each anew, whose outer state is gone by then. A sparse contribution is
 //     about 1 % of the pack, so a few trainers' rounds fit many times over; a large swarm's
 //     fewer. And the parameters and outer state of the anchor (AnchorEvery), which such a
-//     node downloads instead of the tip's. On the other codecs only a validator still verifying
-//     the tip's proposal reads them (replays are recognised by CID, from the chain), so
+//     node downloads instead of the tip's. On the other codecs only a validator still
+//     verifying the tip's proposal reads them (replays are recognised by CID, from the chain), so
 //     they are kept until every configured validator has signed the tip, as far as this
 //     node has seen, and no longer: they are the largest part of a validator's store, T ×
 //     the model with fp32;
@@ -302,11 +302,12 @@ func (p *Pruner) prunePartials(round uint64, live map[cid.Cid]bool, res *sweepRe
 var errEnoughHeads = errors.New("enough heads")
 
 // live is what the chain and the checkpoint need at the tip (see Pruner): the newest K
-// heads' parameters, the tip's contributions if tipContribs (and older rounds' within
-// one parameter pack, and the anchor's parameters and outer state), the outer state of the heads from the tip down to the newest kept
-// generation's, and what the kept generations reference, less the outer state of the
-// older ones. done is the tip's contributions when they are not kept (no trainer rebuilds
-// heads, every validator signed the tip): finished work, not the open round's.
+// heads' parameters, the tip's contributions if tipContribs (and older rounds' within one
+// parameter pack, and the anchor's parameters and outer state), the outer state of the
+// heads from the tip down to the newest kept generation's, and what the kept generations
+// reference, less the outer state of the older ones. done is the tip's contributions when
+// they are not kept (no trainer rebuilds heads, every validator signed the tip): finished
+// work, not the open round's.
 func (p *Pruner) live(kept []*checkpoint.State) (live, done map[cid.Cid]bool, err error) {
 	live, done = map[cid.Cid]bool{}, map[cid.Cid]bool{}
 	var newest *checkpoint.State
