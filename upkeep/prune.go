@@ -396,11 +396,13 @@ func (p *Pruner) keepContributions(h *chain.Head, budget int64, live map[cid.Cid
 	var bytes int64
 	for _, c := range h.Contributions {
 		a, err := cid.Cast(c.Artifact)
-		if err != nil || !p.store.Has(a) {
+		if err != nil {
 			continue
 		}
-		ids = append(ids, a)
-		bytes += p.size(a)
+		if n := p.size(a); n > 0 { // held here
+			ids = append(ids, a)
+			bytes += n
+		}
 	}
 	if bytes > budget {
 		return -1
