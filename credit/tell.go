@@ -17,6 +17,7 @@ var meanings = map[string]string{
 	"replay":         "the same update was sent before",
 	"copy":           "it repeats another peer's update",
 	"malformed":      "the update could not be decoded",
+	"wrong_codec":    "it is not encoded as the experiment says (protocol.codec and its block and top-k); the node's config may be another experiment's",
 	"unavailable":    "the validator could not fetch the update from this node (check that it is reachable)",
 	"non_finite":     "the update holds NaN or infinite values (training diverged on this machine)",
 	"norm_bound":     "the update is larger than the experiment allows",

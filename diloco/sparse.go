@@ -536,6 +536,33 @@ func (e Encoded) CheckRecords(workers int) error {
 	return nil
 }
 
+// SparseShape is the sparse codec's shape an experiment sets (protocol.sparse_block,
+// sparse_topk, sparse_warmup_rounds, sparse_warmup_factor): zero Block and TopK are the
+// codec's defaults. Trainers encode with it and validators hold contributions to it.
+type SparseShape struct {
+	Block, TopK  int
+	Warmup       int
+	WarmupFactor float64
+}
+
+// BlockLen is the block length: Block, or the default.
+func (s SparseShape) BlockLen() int {
+	if s.Block == 0 {
+		return DefaultSparseBlock
+	}
+	return s.Block
+}
+
+// TopKFor is the values per block a window of round keeps, with the warm-up
+// (SparseWarmupTopK): the most a contribution to that round may carry.
+func (s SparseShape) TopKFor(round uint64) int {
+	k := s.TopK
+	if k == 0 {
+		k = DefaultSparseTopKFor(s.BlockLen())
+	}
+	return SparseWarmupTopK(k, s.BlockLen(), s.Warmup, s.WarmupFactor, round)
+}
+
 // SparseWarmupTopK is the top-k a trainer's window for round (1 = the first) encodes with
 // under a top-k warm-up: topK × factor in round 1, falling geometrically to topK by round
 // warmup+1 (round r of the first warmup keeps topK × factor^((warmup+1−r)/warmup)), never

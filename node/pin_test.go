@@ -205,8 +205,7 @@ func runPinned(t *testing.T, policyKind, codec string, workers int) pinnedRun {
 		_, err := wrt.Start(ctx)
 		require.NoError(t, err)
 		trainers[id] = &round.Trainer{Runtime: wrt, Store: store, Shards: ds, Codec: policy.Codec,
-			Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
-			SparseWarmup: cfg.Protocol.SparseWarmupRounds, SparseWarmupFactor: cfg.Protocol.SparseWarmupFactor, Workers: workers}
+			Int8Block: policy.Int8Block, Sparse: policy.Sparse, Workers: workers}
 		peers = append(peers, id)
 	}
 	sort.Strings(peers)

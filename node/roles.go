@@ -222,9 +222,7 @@ func startUp(ctx context.Context, e *env) (*startup, error) {
 		e.pruner.SetDataset(data.shards.IDs())
 	}
 	work := &round.Trainer{Runtime: e.rt, Store: e.store, Shards: data, Codec: policy.Codec,
-		Int8Block: cfg.Protocol.Int8Block, SparseBlock: cfg.Protocol.SparseBlock, SparseTopK: cfg.Protocol.SparseTopK,
-		SparseWarmup: cfg.Protocol.SparseWarmupRounds, SparseWarmupFactor: cfg.Protocol.SparseWarmupFactor,
-		FeedbackDecay: cfg.Protocol.SparseFeedbackDecay}
+		Int8Block: policy.Int8Block, Sparse: policy.Sparse, FeedbackDecay: cfg.Protocol.SparseFeedbackDecay}
 	if err := restore(ctx, e, work); err != nil {
 		return nil, err
 	}
@@ -319,7 +317,10 @@ func mergePolicy(cfg *config.Config) (round.Policy, error) {
 		Aggregate:  merge.AggregateOptions{TrimFraction: cfg.Merge.TrimFraction, ClipNorm: cfg.Merge.ClipNorm},
 		Screen: merge.ScreenConfig{MaxNorm: cfg.Merge.Screen.MaxNorm, MaxNormRatio: cfg.Merge.Screen.MaxNormRatio,
 			CosineTolerance: cfg.Merge.Screen.CosineTolerance},
-		Codec: codec,
+		Codec:     codec,
+		Int8Block: cfg.Protocol.Int8Block,
+		Sparse: diloco.SparseShape{Block: cfg.Protocol.SparseBlock, TopK: cfg.Protocol.SparseTopK,
+			Warmup: cfg.Protocol.SparseWarmupRounds, WarmupFactor: cfg.Protocol.SparseWarmupFactor},
 	}
 	if mc := cfg.Merge.Screen.MinCosine; mc != nil {
 		p.Screen.MinCosine = mc

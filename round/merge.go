@@ -32,7 +32,43 @@ type Policy struct {
 	Aggregator merge.Aggregator
 	Aggregate  merge.AggregateOptions
 	Screen     merge.ScreenConfig
-	Codec      diloco.Codec
+	// Codec, Int8Block and Sparse are the encoding the experiment sets (protocol.codec and
+	// its settings). A contribution in another codec, with another block length, or with
+	// more values per block than the round's top-k is rejected ReasonWrongCodec: a
+	// decoder reads any codec, and a dense update in a sparse swarm would cost every
+	// validator that fetches it many times a sparse one's bytes. Empty Codec, or zero
+	// Int8Block, leaves that unchecked.
+	Codec     diloco.Codec
+	Int8Block int
+	Sparse    diloco.SparseShape
+}
+
+// ReasonWrongCodec rejects a contribution whose encoding is not the experiment's (Policy).
+const ReasonWrongCodec = "wrong_codec"
+
+// checkWire says how the encoding of a contribution to round breaks the policy's, if it
+// does. e is the encoding's description (codec, block length, top-k; no data needed).
+func (p Policy) checkWire(e diloco.Encoded, round uint64) error {
+	if p.Codec == "" {
+		return nil
+	}
+	if e.Codec != p.Codec {
+		return fmt.Errorf("the delta is %s, the experiment's protocol.codec is %s", e.Codec, p.Codec)
+	}
+	switch e.Codec {
+	case diloco.Int8:
+		if p.Int8Block > 0 && e.BlockSize != p.Int8Block {
+			return fmt.Errorf("int8 blocks of %d values, protocol.int8_block is %d", e.BlockSize, p.Int8Block)
+		}
+	case diloco.Sparse:
+		if want := p.Sparse.BlockLen(); e.BlockSize != want {
+			return fmt.Errorf("sparse blocks of %d values, protocol.sparse_block is %d", e.BlockSize, want)
+		}
+		if most := p.Sparse.TopKFor(round); e.TopK > most {
+			return fmt.Errorf("%d values kept per block, round %d keeps at most %d (protocol.sparse_topk and its warm-up)", e.TopK, round, most)
+		}
+	}
+	return nil
 }
 
 // Record is the policy as heads record it.
@@ -211,6 +247,11 @@ func (m *Merger) merge(ctx context.Context, baseID cid.Cid, base *chain.Head, ca
 		s, err := openDelta(m.Store, c.Delta, layoutHash, n, m.Workers, &raw)
 		if err != nil {
 			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: "malformed", Detail: err.Error()})
+			continue
+		}
+		if err := m.Policy.checkWire(s.encoding(), base.Round+1); err != nil {
+			s.Close()
+			out.Rejected = append(out.Rejected, Rejection{Peer: c.Peer, Delta: c.Delta, Reason: ReasonWrongCodec, Detail: err.Error()})
 			continue
 		}
 		srcs = append(srcs, s)

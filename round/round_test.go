@@ -26,6 +26,7 @@ type fixture struct {
 	shards *shardPaths
 	genID  cid.Cid
 	gen    *chain.Head
+	sparse diloco.SparseShape // the policy's: the trainers encode with it
 }
 
 type shardPaths struct {
@@ -48,6 +49,15 @@ func (s *shardPaths) Paths(ctx context.Context, ms []uint32) ([]string, error) {
 var dilocoPolicy = Policy{Kind: "diloco", Outer: diloco.OuterConfig{LR: 0.7, Momentum: 0.9, Nesterov: true},
 	Aggregator: merge.AggMean, Codec: diloco.FP32, Screen: merge.ScreenConfig{MaxNormRatio: 10}}
 
+// withCodec is p for contributions in codec, as the fixture's trainers encode them.
+func withCodec(p Policy, codec diloco.Codec) Policy {
+	p.Codec = codec
+	if codec == diloco.Int8 {
+		p.Int8Block = 16
+	}
+	return p
+}
+
 func newFixture(t *testing.T, policy Policy) *fixture {
 	t.Helper()
 	dir := t.TempDir()
@@ -68,11 +78,11 @@ func newFixture(t *testing.T, policy Policy) *fixture {
 	require.NoError(t, rt.Init(context.Background(), 1, init))
 	gen, genID, err := Genesis(store, init, "net", "exp", plan.ID().String(), len(plan.Shards), policy)
 	require.NoError(t, err)
-	return &fixture{store: store, rt: rt, shards: &shardPaths{plan: plan, ss: ss}, genID: genID, gen: gen}
+	return &fixture{store: store, rt: rt, shards: &shardPaths{plan: plan, ss: ss}, genID: genID, gen: gen, sparse: policy.Sparse}
 }
 
 func (f *fixture) trainer(codec diloco.Codec) *Trainer {
-	return &Trainer{Runtime: f.rt, Store: f.store, Shards: f.shards, Codec: codec, Int8Block: 16}
+	return &Trainer{Runtime: f.rt, Store: f.store, Shards: f.shards, Codec: codec, Int8Block: 16, Sparse: f.sparse}
 }
 
 func (f *fixture) candidates(t *testing.T, codec diloco.Codec, peers map[string][]uint32) []Candidate {
@@ -89,10 +99,11 @@ func (f *fixture) candidates(t *testing.T, codec diloco.Codec, peers map[string]
 func TestMergeIsDeterministicAcrossValidators(t *testing.T) {
 	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8, diloco.Sparse} {
 		t.Run(string(codec), func(t *testing.T) {
-			f := newFixture(t, dilocoPolicy)
+			policy := withCodec(dilocoPolicy, codec)
+			f := newFixture(t, policy)
 			cands := f.candidates(t, codec, map[string][]uint32{"a": {0, 1}, "b": {2}, "c": {3, 4}})
-			m1 := &Merger{Store: f.store, Policy: dilocoPolicy, Workers: 1}
-			m2 := &Merger{Store: f.store, Policy: dilocoPolicy, Workers: 3}
+			m1 := &Merger{Store: f.store, Policy: policy, Workers: 1}
+			m2 := &Merger{Store: f.store, Policy: policy, Workers: 3}
 			o1, err := m1.Merge(context.Background(), f.genID, f.gen, cands)
 			require.NoError(t, err)
 			rev := []Candidate{cands[2], cands[0], cands[1]}

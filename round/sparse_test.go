@@ -25,7 +25,7 @@ import (
 func TestSparseTrainerKeepsResidual(t *testing.T) {
 	f := newFixture(t, dilocoPolicy)
 	tr := f.trainer(diloco.Sparse)
-	tr.SparseBlock, tr.SparseTopK = 64, 2
+	tr.Sparse.Block, tr.Sparse.TopK = 64, 2
 	res, err := tr.Train(context.Background(), f.gen, []uint32{0, 1}, 5, 7)
 	require.NoError(t, err)
 	require.NotEmpty(t, tr.Residual)
@@ -59,7 +59,7 @@ func TestSparseTrainerKeepsResidual(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, first, tr.Residual)
 
-	tr.SparseTopK = 3 // a new setting: the old remainder means nothing to it
+	tr.Sparse.TopK = 3 // a new setting: the old remainder means nothing to it
 	tr.Residual = first
 	_, err = tr.Train(context.Background(), f.gen, []uint32{3}, 5, 9)
 	require.NoError(t, err)
@@ -156,7 +156,8 @@ func FuzzParseResidual(f *testing.F) {
 // A sparse contribution whose index is corrupt (positions out of order) is rejected as
 // malformed with its artifact named, never merged; the honest ones are.
 func TestMergeRejectsMalformedSparse(t *testing.T) {
-	f := newFixture(t, dilocoPolicy)
+	policy := withCodec(dilocoPolicy, diloco.Sparse)
+	f := newFixture(t, policy)
 	honest := f.candidates(t, diloco.Sparse, map[string][]uint32{"a": {0, 1}, "b": {2}})
 	b, err := f.store.ReadAll(honest[0].Delta)
 	require.NoError(t, err)
@@ -179,7 +180,7 @@ func TestMergeRejectsMalformedSparse(t *testing.T) {
 	id, err := StoreDelta(f.store, bad, f.gen.LayoutHash)
 	require.NoError(t, err)
 	cands := append(honest, Candidate{Peer: "z-bad", Delta: id, Samples: 10, Microshards: []uint32{5}})
-	out, err := (&Merger{Store: f.store, Policy: dilocoPolicy}).Merge(context.Background(), f.genID, f.gen, cands)
+	out, err := (&Merger{Store: f.store, Policy: policy}).Merge(context.Background(), f.genID, f.gen, cands)
 	require.NoError(t, err)
 	require.Len(t, out.Rejected, 1)
 	require.Equal(t, "z-bad", out.Rejected[0].Peer)
@@ -194,8 +195,9 @@ func TestMergeRejectsMalformedSparse(t *testing.T) {
 // the second starts from a momentum it rebuilt itself — without the dense downloads; a head
 // that does not match what its contributions give is refused and leaves nothing behind.
 func TestRebuildMatchesTheMerge(t *testing.T) {
-	f := newFixture(t, dilocoPolicy)
-	m := &Merger{Store: f.store, Policy: dilocoPolicy}
+	policy := withCodec(dilocoPolicy, diloco.Sparse)
+	f := newFixture(t, policy)
+	m := &Merger{Store: f.store, Policy: policy}
 	own, err := artifact.OpenStore(t.TempDir(), artifact.Options{})
 	require.NoError(t, err)
 	copyIn := func(b []byte) {
@@ -208,7 +210,7 @@ func TestRebuildMatchesTheMerge(t *testing.T) {
 		require.True(t, got.Equals(id))
 	}
 	copyIn(f.gen.Params)
-	rebuilder := &Merger{Store: own, Policy: dilocoPolicy}
+	rebuilder := &Merger{Store: own, Policy: policy}
 
 	baseID, base := f.genID, f.gen
 	for r := 1; r <= 2; r++ {
@@ -270,7 +272,7 @@ func TestSparseTrainerDecaysResidual(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, dilocoPolicy)
 			tr := f.trainer(diloco.Sparse)
-			tr.SparseBlock, tr.SparseTopK, tr.FeedbackDecay = 64, 2, tc.decay
+			tr.Sparse.Block, tr.Sparse.TopK, tr.FeedbackDecay = 64, 2, tc.decay
 			_, err := tr.Train(context.Background(), f.gen, []uint32{0}, 5, 7)
 			require.NoError(t, err)
 			old := append([]float32(nil), tr.Residual...)
@@ -298,7 +300,7 @@ func TestSparseTrainerDecaysResidual(t *testing.T) {
 func TestSparseTrainerWarmup(t *testing.T) {
 	f := newFixture(t, dilocoPolicy)
 	tr := f.trainer(diloco.Sparse)
-	tr.SparseBlock, tr.SparseTopK, tr.SparseWarmup, tr.SparseWarmupFactor = 64, 2, 2, 4
+	tr.Sparse = diloco.SparseShape{Block: 64, TopK: 2, Warmup: 2, WarmupFactor: 4}
 	res, err := tr.Train(context.Background(), f.gen, []uint32{0, 1}, 5, 7)
 	require.NoError(t, err)
 	require.Equal(t, ResidualTag(diloco.Sparse, 64, 2, f.gen.LayoutHash), tr.ResidualTag)
@@ -319,5 +321,79 @@ func TestSparseTrainerWarmup(t *testing.T) {
 	blocks := (enc.N + 63) / 64
 	require.LessOrEqual(t, nonZero, 8*blocks)
 	require.Greater(t, nonZero, 2*blocks, "the warm-up sends more than sparse_topk per block")
-	require.Equal(t, 2, tr.sparseTopK(3), "past the warm-up: sparse_topk")
+	require.Equal(t, 2, tr.Sparse.TopKFor(3), "past the warm-up: sparse_topk")
+}
+
+// A contribution is held to the experiment's encoding (Policy.Codec, Int8Block, Sparse): a
+// decoder reads any codec, so without the check a dense update in a sparse swarm — or a
+// sparse one keeping every value — would be merged, and fetched by every validator at
+// many times a sparse update's bytes.
+func TestMergeRejectsTheWrongCodec(t *testing.T) {
+	sparse := withCodec(dilocoPolicy, diloco.Sparse)
+	// Round 1 keeps 2 × 4 = 8 values per block of 64, round 2 about 4, then 2.
+	sparse.Sparse = diloco.SparseShape{Block: 64, TopK: 2, Warmup: 2, WarmupFactor: 4}
+	int8s := withCodec(dilocoPolicy, diloco.Int8)
+	encode := func(codec diloco.Codec, block, k int) func(d []float32) (diloco.Encoded, error) {
+		return func(d []float32) (diloco.Encoded, error) {
+			if codec == diloco.Sparse {
+				return diloco.EncodeSparse(d, nil, block, k, 1, 1)
+			}
+			return diloco.Encode(codec, d, nil, block, 1)
+		}
+	}
+	cases := []struct {
+		name   string
+		policy Policy
+		encode func([]float32) (diloco.Encoded, error)
+		want   string // the rejection's detail; "" = merged
+	}{
+		{"the round's top-k", sparse, encode(diloco.Sparse, 64, 8), ""},
+		{"fewer values", sparse, encode(diloco.Sparse, 64, 1), ""},
+		{"fp32 in a sparse swarm", sparse, encode(diloco.FP32, 0, 0), "the delta is fp32, the experiment's protocol.codec is sparse"},
+		{"int8 in a sparse swarm", sparse, encode(diloco.Int8, 16, 0), "the delta is int8"},
+		{"another block", sparse, encode(diloco.Sparse, 32, 4), "sparse blocks of 32 values, protocol.sparse_block is 64"},
+		{"every value kept", sparse, encode(diloco.Sparse, 64, 64), "64 values kept per block, round 1 keeps at most 8"},
+		{"one value over", sparse, encode(diloco.Sparse, 64, 9), "9 values kept per block, round 1 keeps at most 8"},
+		{"int8's block", int8s, encode(diloco.Int8, 16, 0), ""},
+		{"another int8 block", int8s, encode(diloco.Int8, 8, 0), "int8 blocks of 8 values, protocol.int8_block is 16"},
+		{"fp32 in an int8 swarm", int8s, encode(diloco.FP32, 0, 0), "the delta is fp32, the experiment's protocol.codec is int8"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.policy)
+			honest := f.candidates(t, tc.policy.Codec, map[string][]uint32{"a": {0, 1}, "b": {2, 3}})
+			// The odd one's values: an honest window's, so that only its encoding differs.
+			res, err := f.trainer(diloco.FP32).Train(context.Background(), f.gen, []uint32{4, 5}, 5, 7)
+			require.NoError(t, err)
+			raw, err := f.store.ReadAll(res.Delta)
+			require.NoError(t, err)
+			pid, err := f.gen.ParamsID()
+			require.NoError(t, err)
+			p, err := pack.Load(f.store.BlobPath(pid))
+			require.NoError(t, err)
+			n := len(p.Values)
+			p.Close()
+			fp, err := ParseDelta(raw, f.gen.LayoutHash, n)
+			require.NoError(t, err)
+			d := make([]float32, fp.N)
+			require.NoError(t, diloco.Decode(fp, d, 1))
+			enc, err := tc.encode(d)
+			require.NoError(t, err)
+			id, err := StoreDelta(f.store, enc, f.gen.LayoutHash)
+			require.NoError(t, err)
+			cands := append(honest, Candidate{Peer: "z-odd", Delta: id, Samples: 10, Microshards: []uint32{4, 5}})
+			out, err := (&Merger{Store: f.store, Policy: tc.policy}).Merge(context.Background(), f.genID, f.gen, cands)
+			require.NoError(t, err)
+			if tc.want == "" {
+				require.Empty(t, out.Rejected)
+				require.Len(t, out.Head.Contributions, 3)
+				return
+			}
+			require.Len(t, out.Rejected, 1)
+			require.Equal(t, "z-odd", out.Rejected[0].Peer)
+			require.Equal(t, ReasonWrongCodec, out.Rejected[0].Reason)
+			require.Contains(t, out.Rejected[0].Detail, tc.want)
+			require.Len(t, out.Head.Contributions, 2)
+		})
+	}
 }

@@ -86,6 +86,15 @@ func openDelta(store *artifact.Store, id cid.Cid, layoutHash string, n, workers 
 	return &deltaSource{id: id, r: r, enc: enc, dataT: dataT, scalesT: scalesT, workers: workers, data: buf}, nil
 }
 
+// encoding describes the contribution's encoding: codec, length, block length and, for
+// the sparse codec, the values kept per block.
+func (d *deltaSource) encoding() diloco.Encoded {
+	if d.sparse.Codec == diloco.Sparse {
+		return diloco.Encoded{Codec: diloco.Sparse, N: d.sparse.N, BlockSize: d.sparse.BlockSize, TopK: d.sparse.TopK}
+	}
+	return d.enc
+}
+
 // read decodes values [lo, lo+len(dst)) into dst: the bits a full decode gives there.
 func (d *deltaSource) read(lo int, dst []float32) error {
 	hi := lo + len(dst)

@@ -47,6 +47,11 @@ func mergeInMemory(t *testing.T, m *Merger, baseID cid.Cid, base *chain.Head, ca
 			rejected = append(rejected, Rejection{Peer: c.Peer, Reason: "malformed"})
 			continue
 		}
+		if m.Policy.checkWire(enc, base.Round+1) != nil {
+			blob.Close()
+			rejected = append(rejected, Rejection{Peer: c.Peer, Reason: ReasonWrongCodec})
+			continue
+		}
 		d := make([]float32, n)
 		require.NoError(t, diloco.Decode(enc, d, 1))
 		blob.Close()
@@ -145,7 +150,15 @@ func syntheticCohort(t *testing.T, store *artifact.Store, layoutHash string, n i
 	var out []Candidate
 	add := func(name string, d []float32) {
 		enc, err := diloco.Encode(codec, d, nil, block, 2)
-		if err != nil { // non-finite: write the payload by hand
+		if err != nil && codec == diloco.FP16 { // non-finite: an fp16 NaN in the last value
+			finite := slices.Clone(d)
+			finite[n-1] = 0
+			enc, err = diloco.Encode(codec, finite, nil, block, 2)
+			require.NoError(t, err)
+			enc.Data[2*n-2], enc.Data[2*n-1] = 0x00, 0x7e
+		} else if err != nil {
+			// The other codecs cannot carry a NaN (their scales must be finite): an fp32
+			// payload, which an fp32 policy screens and the others refuse as wrong_codec.
 			enc = diloco.Encoded{Codec: diloco.FP32, N: n, Data: pack.Float32Bytes(d)}
 		}
 		id, err := StoreDelta(store, enc, layoutHash)
@@ -206,6 +219,12 @@ func TestStreamingMergeMatchesInMemory(t *testing.T) {
 					policy := Policy{Kind: kind, Outer: diloco.OuterConfig{LR: 1, Momentum: 0.5, Nesterov: true}, NewWeight: 0.5, Aggregator: agg,
 						Aggregate: merge.AggregateOptions{TrimFraction: 0.2},
 						Screen:    merge.ScreenConfig{MaxNormRatio: 10, MinCosine: new(0.0), CosineTolerance: 4}, Codec: cc.codec}
+					switch cc.codec {
+					case diloco.Int8:
+						policy.Int8Block = cc.block
+					case diloco.Sparse:
+						policy.Sparse.Block = cc.block
+					}
 					base, baseID := bigGenesis(t, store, n, policy, 1)
 					m := &Merger{Store: store, Policy: policy, Workers: 2, Block: block}
 					for r := 1; r <= 3; r++ {

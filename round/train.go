@@ -36,13 +36,9 @@ type Trainer struct {
 	Shards    ShardPaths
 	Codec     diloco.Codec
 	Int8Block int
-	// SparseBlock and SparseTopK shape the sparse codec (0 = its defaults).
-	SparseBlock, SparseTopK int
-	// SparseWarmup and SparseWarmupFactor are the sparse codec's top-k warm-up
-	// (diloco.SparseWarmupTopK): the window for round r ≤ SparseWarmup keeps more values
-	// per block. 0 = none.
-	SparseWarmup       int
-	SparseWarmupFactor float64
+	// Sparse shapes the sparse codec: block, top-k and the top-k warm-up (the window for
+	// round r ≤ Sparse.Warmup keeps more values per block; diloco.SparseWarmupTopK).
+	Sparse diloco.SparseShape
 	// FeedbackDecay scales the sparse codec's residual as each encoding adds the new delta
 	// to it (diloco.EncodeSparse's decay; 0 = diloco.DefaultFeedbackDecay, 1 = plain error
 	// feedback).
@@ -76,22 +72,9 @@ func (t *Trainer) residualTag(layoutHash string) string {
 	case diloco.Int8:
 		return ResidualTag(t.Codec, max(t.Int8Block, 0), 0, layoutHash)
 	case diloco.Sparse:
-		return ResidualTag(t.Codec, t.SparseBlock, t.SparseTopK, layoutHash)
+		return ResidualTag(t.Codec, t.Sparse.Block, t.Sparse.TopK, layoutHash)
 	}
 	return ""
-}
-
-// sparseTopK is the top-k of the sparse codec for the window of round, with the warm-up.
-func (t *Trainer) sparseTopK(round uint64) int {
-	block := t.SparseBlock
-	if block == 0 {
-		block = diloco.DefaultSparseBlock
-	}
-	k := t.SparseTopK
-	if k == 0 {
-		k = diloco.DefaultSparseTopKFor(block)
-	}
-	return diloco.SparseWarmupTopK(k, block, t.SparseWarmup, t.SparseWarmupFactor, round)
 }
 
 // Result is one trained lease.
@@ -445,7 +428,7 @@ func (w *Window) EncodeDelta(delta []float32) (*Result, error) {
 		}
 		// The residual is written only when the encoding succeeds, so a retried round
 		// starts from the same residual.
-		enc, err = diloco.EncodeSparse(delta, residual, t.SparseBlock, t.sparseTopK(w.round), decay, t.Workers)
+		enc, err = diloco.EncodeSparse(delta, residual, t.Sparse.Block, t.Sparse.TopKFor(w.round), decay, t.Workers)
 		if err == nil {
 			resNorm = merge.Norm(residual, t.Workers)
 		}

@@ -499,7 +499,7 @@ var RejectReasons = []string{
 	"wrong_base", "forged_peer", "no_lease", ReasonForeignLease, "late", "lease_mismatch", "replay", "copy", "malformed", reasonUnavailable,
 	// Screening before the merge (round/merge.go, merge/screen.go).
 	string(merge.ReasonNonFinite), string(merge.ReasonNormBound), string(merge.ReasonNormOutlier),
-	string(merge.ReasonLowCosine), "no_samples",
+	string(merge.ReasonLowCosine), "no_samples", round.ReasonWrongCodec,
 	// A proposal another validator made failed verification (follower.go).
 	"bad_proposal",
 }
