@@ -41,6 +41,9 @@ type download struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error // set before done is closed
+	// sized is closed once the manifest is known; size is its size, set before.
+	sized chan struct{}
+	size  uint64
 
 	refs int // callers waiting; guarded by x.mu
 
@@ -68,6 +71,7 @@ func newDownload(x *Exchange, id cid.Cid, hints []peer.ID, prev *download) *down
 		x: x, id: id, prev: prev, ctx: ctx, cancel: cancel,
 		log:     x.log.With("artifact", id.String()),
 		done:    make(chan struct{}),
+		sized:   make(chan struct{}),
 		refs:    1,
 		tried:   make(map[peer.ID]peerTry),
 		peersCh: make(chan struct{}, 1),
@@ -239,6 +243,8 @@ func (d *download) fetch() error {
 		d.log.Info("resuming download", "have_bytes", resumed, "size", m.Size)
 	}
 	d.m = m
+	d.size = m.Size
+	close(d.sized)
 	d.task = progress.Start(d.x.opts.Progress, d.name, progress.InBytes, m.Size, uint64(resumed))
 	d.pt = part
 	d.window = d.x.opts.window(m.ChunkSize)

@@ -24,6 +24,10 @@ var ErrNoHolders = errors.New("no peer holds the artifact")
 // ErrClosed is returned by Fetch after Close.
 var ErrClosed = errors.New("artifact exchange closed")
 
+// ErrTooLarge: the artifact's manifest gives a size above what the caller of FetchAtMost
+// accepts.
+var ErrTooLarge = errors.New("artifact larger than allowed")
+
 // Defaults for ExchangeOptions.
 const (
 	DefaultStreamsPerPeer  = 2
@@ -216,6 +220,18 @@ func (x *Exchange) addHolder(id cid.Cid, p peer.ID, copy bool) {
 // when every caller has given up, the download stops and its partial state is kept, so
 // the next Fetch resumes it.
 func (x *Exchange) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
+	return x.fetch(ctx, id, 0, hints)
+}
+
+// FetchAtMost is Fetch for an artifact of at most max bytes (0: any size). Once the
+// manifest is known, a larger artifact is not downloaded for this caller, which gets
+// ErrTooLarge: a peer that announces an update of the wrong size costs the manifest's
+// round trip, not the bytes. (The download goes on while another caller still wants it.)
+func (x *Exchange) FetchAtMost(ctx context.Context, id cid.Cid, max uint64, hints ...peer.ID) error {
+	return x.fetch(ctx, id, max, hints)
+}
+
+func (x *Exchange) fetch(ctx context.Context, id cid.Cid, max uint64, hints []peer.ID) error {
 	if err := cids.Check(id, cids.CodecCBOR); err != nil {
 		x.m.fetches.WithLabelValues(fetchFailed).Inc()
 		return fmt.Errorf("fetch artifact %s: %w", id, err)
@@ -228,14 +244,32 @@ func (x *Exchange) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) erro
 	if err != nil {
 		return fmt.Errorf("fetch artifact %s: %w", id, err)
 	}
-	select {
-	case <-d.done:
-		x.m.fetches.WithLabelValues(fetchOutcome(d.err)).Inc()
-		return d.err
-	case <-ctx.Done():
-		x.leave(d)
-		x.m.fetches.WithLabelValues(fetchCanceled).Inc()
-		return fmt.Errorf("fetch artifact %s: %w", id, ctx.Err())
+	var sized <-chan struct{}
+	if max > 0 {
+		sized = d.sized
+	}
+	for {
+		select {
+		case <-d.done:
+			if d.err == nil && max > 0 && d.size > max {
+				// Done before this caller saw the size (another caller's download).
+				x.m.fetches.WithLabelValues(fetchFailed).Inc()
+				return fmt.Errorf("fetch artifact %s: %w: %d bytes, at most %d", id, ErrTooLarge, d.size, max)
+			}
+			x.m.fetches.WithLabelValues(fetchOutcome(d.err)).Inc()
+			return d.err
+		case <-sized:
+			if d.size > max {
+				x.leave(d)
+				x.m.fetches.WithLabelValues(fetchFailed).Inc()
+				return fmt.Errorf("fetch artifact %s: %w: %d bytes, at most %d", id, ErrTooLarge, d.size, max)
+			}
+			sized = nil
+		case <-ctx.Done():
+			x.leave(d)
+			x.m.fetches.WithLabelValues(fetchCanceled).Inc()
+			return fmt.Errorf("fetch artifact %s: %w", id, ctx.Err())
+		}
 	}
 }
 

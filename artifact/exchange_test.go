@@ -3,6 +3,7 @@ package artifact
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +41,46 @@ func TestFetchFromOneHolder(t *testing.T) {
 }
 
 // Chunks must really come from every holder, not from whichever answered first.
+// FetchAtMost downloads an artifact within its bound and refuses a larger one once the
+// manifest says so, having received none of its chunks.
+func TestFetchAtMostStopsAtTheManifest(t *testing.T) {
+	size := 37*testChunk + 100
+	tests := []struct {
+		name string
+		max  uint64
+		ok   bool
+	}{
+		{"no bound", 0, true},
+		{"exactly its size", uint64(size), true},
+		{"above its size", uint64(size) + 1, true},
+		{"one byte short", uint64(size) - 1, false},
+		{"one chunk", testChunk, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, 2, mocknet.LinkOptions{}, ExchangeOptions{})
+			fetcher, holder := c.nodes[0], c.nodes[1]
+			data := randomBytes(7, size)
+			id := seed(t, data, holder)
+			// 0.5 s of transfer: the download is stopped long before it could end.
+			c.throttle(fetcher, holder, float64(2*size))
+			err := fetcher.x.FetchAtMost(fetchCtx(t, 10*time.Second), id, tt.max, holder.id())
+			if tt.ok {
+				require.NoError(t, err)
+				requireStored(t, fetcher, id, data)
+				return
+			}
+			require.ErrorIs(t, err, ErrTooLarge)
+			require.ErrorContains(t, err, fmt.Sprintf("%d bytes, at most %d", size, tt.max))
+			// The download stopped with its only caller: what the holder sends by the time
+			// the whole artifact would have arrived is what was in flight when it stopped.
+			time.Sleep(time.Second)
+			require.False(t, fetcher.store.Has(id))
+			require.Less(t, holder.metric(t, "p2ptrain_artifact_sent_bytes_total"), float64(size))
+		})
+	}
+}
+
 func TestFetchSpreadsOverHolders(t *testing.T) {
 	c := newCluster(t, 5, mocknet.LinkOptions{}, ExchangeOptions{Window: 4})
 	fetcher, holders := c.nodes[0], c.nodes[1:]

@@ -22,6 +22,9 @@ type Bus interface {
 	// Fetch makes sure the artifact is in the local store, getting it from peers if needed
 	// (hints: peers known to hold it).
 	Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error
+	// FetchAtMost is Fetch for an artifact of at most max bytes (0: any size): a larger one
+	// is not downloaded (artifact.ErrTooLarge), once its manifest says so.
+	FetchAtMost(ctx context.Context, id cid.Cid, max uint64, hints ...peer.ID) error
 	// Reach returns whether a message of msg's type published now goes from this node
 	// straight to a peer (and to this node itself): in a swarm, whether the peer is
 	// connected and its subscription to the type's topic has arrived. One whose

@@ -74,6 +74,9 @@ func (b *testBus) Publish(_ context.Context, msg any) error { b.published <- msg
 func (b *testBus) Fetch(context.Context, cid.Cid, ...peer.ID) error {
 	return errors.New("head sync fetches through FetchArtifacts")
 }
+func (b *testBus) FetchAtMost(ctx context.Context, id cid.Cid, _ uint64, hints ...peer.ID) error {
+	return b.Fetch(ctx, id, hints...)
+}
 func (b *testBus) Subscribe() *bus.Inbox {
 	in := b.Fanout.Subscribe()
 	b.subscribed <- struct{}{}

@@ -63,6 +63,10 @@ func (b *hubBus) Publish(_ context.Context, msg any) error {
 	return nil
 }
 
+func (b *hubBus) FetchAtMost(ctx context.Context, id cid.Cid, _ uint64, hints ...peer.ID) error {
+	return b.Fetch(ctx, id, hints...)
+}
+
 func (b *hubBus) Fetch(_ context.Context, id cid.Cid, _ ...peer.ID) error {
 	if b.store.Has(id) {
 		return nil

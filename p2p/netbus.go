@@ -92,3 +92,7 @@ func (b *NetBus) Reach(msg any) func(peer string) bool {
 func (b *NetBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
 	return b.x.Fetch(ctx, id, hints...)
 }
+
+func (b *NetBus) FetchAtMost(ctx context.Context, id cid.Cid, max uint64, hints ...peer.ID) error {
+	return b.x.FetchAtMost(ctx, id, max, hints...)
+}

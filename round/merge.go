@@ -46,6 +46,58 @@ type Policy struct {
 // ReasonWrongCodec rejects a contribution whose encoding is not the experiment's (Policy).
 const ReasonWrongCodec = "wrong_codec"
 
+// deltaHeaderSlack bounds a delta file's header (its JSON: format, codec, length, layout
+// hash, block and top-k, and the tensors' entries; 224-376 bytes as StoreDelta writes
+// them), for MaxDeltaBytes.
+const deltaHeaderSlack = 4 << 10
+
+// MaxDeltaBytes is the most bytes a contribution to round of a model of n values may take
+// in the policy's encoding (the largest block count and top-k it allows, and a header);
+// 0 when the policy names no codec. A validator fetches no larger update
+// (bus.Bus.FetchAtMost): checkWire would reject it once here.
+func (p Policy) MaxDeltaBytes(n int, round uint64) uint64 {
+	var payload int
+	switch p.Codec {
+	case diloco.FP32:
+		payload = 4 * n
+	case diloco.FP16:
+		payload = 2 * n
+	case diloco.Int8:
+		block := p.Int8Block
+		if block <= 0 {
+			block = 1 // unchecked: the most scales any block length gives
+		}
+		payload = n + 4*((n+block-1)/block)
+	case diloco.Sparse:
+		payload = diloco.SparseWireBytes(n, p.Sparse.BlockLen(), p.Sparse.TopKFor(round))
+	default:
+		return 0
+	}
+	return uint64(payload) + deltaHeaderSlack
+}
+
+// MaxDeltaBytes is Policy.MaxDeltaBytes for a contribution on base, the model's size read
+// from base's parameters: 0 (no bound) when they cannot be read here (or m is nil).
+func (m *Merger) MaxDeltaBytes(base *chain.Head) uint64 {
+	if m == nil || m.Store == nil {
+		return 0
+	}
+	id, err := base.ParamsID()
+	if err != nil || !m.Store.Has(id) {
+		return 0
+	}
+	r, err := pack.OpenReader(m.Store.BlobPath(id))
+	if err != nil {
+		return 0
+	}
+	defer r.Close()
+	l, err := pack.LayoutOf(r.Header, r.DataLen())
+	if err != nil {
+		return 0
+	}
+	return m.Policy.MaxDeltaBytes(int(l.Params()), base.Round+1)
+}
+
 // checkWire says how the encoding of a contribution to round breaks the policy's, if it
 // does. e is the encoding's description (codec, block length, top-k; no data needed).
 func (p Policy) checkWire(e diloco.Encoded, round uint64) error {

@@ -397,3 +397,27 @@ func TestMergeRejectsTheWrongCodec(t *testing.T) {
 		})
 	}
 }
+
+// MaxDeltaBytes holds every update a trainer of the experiment makes, and no fp32 update
+// of a lighter codec (at a real model's size): a validator can refuse the latter from its
+// manifest.
+func TestMaxDeltaBytesBoundsTheEncoding(t *testing.T) {
+	for _, codec := range []diloco.Codec{diloco.FP32, diloco.FP16, diloco.Int8, diloco.Sparse} {
+		t.Run(string(codec), func(t *testing.T) {
+			policy := withCodec(dilocoPolicy, codec)
+			f := newFixture(t, policy)
+			bound := (&Merger{Store: f.store, Policy: policy}).MaxDeltaBytes(f.gen)
+			require.NotZero(t, bound)
+			own := f.candidates(t, codec, map[string][]uint32{"a": {0, 1}})[0]
+			m, err := f.store.Manifest(own.Delta)
+			require.NoError(t, err)
+			require.LessOrEqual(t, m.Size, bound, "the experiment's own update")
+			// The synthetic model (520 values) is small beside the header's slack; at 1 M
+			// values an fp32 update (4 MiB) is above every lighter codec's bound.
+			if codec != diloco.FP32 {
+				require.Less(t, policy.MaxDeltaBytes(1<<20, 1), uint64(4<<20), "an fp32 update in a %s swarm", codec)
+			}
+		})
+	}
+	require.Zero(t, (&Merger{Policy: Policy{Kind: "diloco"}}).MaxDeltaBytes(&chain.Head{}), "no codec, no bound")
+}

@@ -44,6 +44,9 @@ func (b *testBus) Publish(_ context.Context, msg any) error { b.published <- msg
 func (b *testBus) Fetch(context.Context, cid.Cid, ...peer.ID) error {
 	return b.fetchErr
 }
+func (b *testBus) FetchAtMost(context.Context, cid.Cid, uint64, ...peer.ID) error {
+	return b.fetchErr
+}
 
 // testChain is a settable canonical head over a map of stored heads.
 type testChain struct {

@@ -2,6 +2,7 @@ package validator
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -9,7 +10,9 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/p2pnode/p2pnode/artifact"
 	"github.com/p2pnode/p2pnode/bus"
+	"github.com/p2pnode/p2pnode/round"
 )
 
 // deltaFetches runs the round leader's fetches of accepted contributions' updates, one
@@ -54,16 +57,17 @@ func newDeltaFetches(ctx context.Context, wg *sync.WaitGroup) *deltaFetches {
 
 func (f *deltaFetches) stop() { f.cancel() }
 
-// start fetches the update of rc (artifact delta) from hint and the holders the bus knows,
-// until deadline. Its result arrives on done unless the round ends first.
-func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid, hint peer.ID, deadline time.Time) {
+// start fetches the update of rc (artifact delta, at most max bytes: 0 for any) from hint
+// and the holders the bus knows, until deadline. Its result arrives on done unless the
+// round ends first.
+func (f *deltaFetches) start(b bus.Bus, from string, rc received, delta cid.Cid, hint peer.ID, max uint64, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(f.ctx, deadline)
 	seq := f.next
 	f.next++
 	f.pending[from] = pendingFetch{rc: rc, delta: delta, start: time.Now(), seq: seq, cancel: cancel}
 	f.wg.Go(func() {
 		defer cancel()
-		err := b.Fetch(ctx, delta, hint)
+		err := b.FetchAtMost(ctx, delta, max, hint)
 		select {
 		case f.done <- fetchResult{from: from, delta: delta, seq: seq, err: err}:
 		case <-f.ctx.Done():
@@ -108,6 +112,12 @@ func (v *validator) fetchedDelta(r *openRound, res fetchResult) {
 		// Its lease was settled while the update was on its way (the trainer left or gave
 		// the lease back): what arrives now is not counted.
 		v.Log.Debug("update fetched after its lease was settled; not counted", "round", r.round, "peer", from, "delta", res.delta.String())
+		return
+	}
+	if errors.Is(res.err, artifact.ErrTooLarge) {
+		// Its manifest gives more bytes than the experiment's encoding can take: not
+		// fetched, and rejected as the merge would reject its encoding.
+		v.rejectContribution(r, from, c.Delta, true, round.ReasonWrongCodec, "fetch delta %s: %v", res.delta, res.err)
 		return
 	}
 	if res.err != nil || !v.Store.Has(res.delta) {

@@ -21,6 +21,7 @@ import (
 	"github.com/p2pnode/p2pnode/gossip"
 	"github.com/p2pnode/p2pnode/internal/testenv"
 	"github.com/p2pnode/p2pnode/lease"
+	"github.com/p2pnode/p2pnode/round"
 )
 
 // gatedBus is a bus whose fetches each wait for the test to open their gate.
@@ -33,6 +34,10 @@ type gatedBus struct {
 }
 
 func (b *gatedBus) Publish(context.Context, any) error { return nil }
+
+func (b *gatedBus) FetchAtMost(ctx context.Context, id cid.Cid, _ uint64, hints ...peer.ID) error {
+	return b.Fetch(ctx, id, hints...)
+}
 
 func (b *gatedBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
 	b.mu.Lock()
@@ -356,4 +361,20 @@ func TestTrainerOutOfTouchForSecondsStillCounts(t *testing.T) {
 			require.True(t, r.book.Settled())
 		})
 	}
+}
+
+// TestUpdateLargerThanItsEncodingAllows: an update whose manifest gives more bytes than the
+// experiment's encoding can take is not downloaded (artifact.ErrTooLarge) and is rejected
+// wrong_codec, with a strike, as the merge would reject its encoding.
+func TestUpdateLargerThanItsEncodingAllows(t *testing.T) {
+	f := newFetchingRound(t, "t1", "t2")
+	v, r := f.v, f.r
+	for range 2 {
+		<-f.gb.started
+	}
+	f.finish(t, "t1", fmt.Errorf("fetch artifact %s: %w: 4194304 bytes, at most 70000", f.deltas["t1"], artifact.ErrTooLarge))
+	require.Equal(t, map[string]uint64{round.ReasonWrongCodec: 1}, rejections(v))
+	require.True(t, v.quarantine.Quarantined("t1", fetchRound+1), "a dense update in a sparse swarm is the trainer's doing")
+	f.finish(t, "t2", nil)
+	require.Equal(t, []string{"t2"}, receivedPeers(r))
 }

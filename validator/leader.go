@@ -37,7 +37,11 @@ type openRound struct {
 	deadline time.Time
 	window   time.Duration    // the last attempt's deadline, from its grant
 	merged   map[cid.Cid]bool // deltas merged in recent rounds: a replay is rejected
-	merges   map[string]int   // heads among the last replayWindow that merged each trainer: proven ones are served first at an epoch's tail
+	// maxDelta is the most bytes an update of the round may take in the experiment's
+	// encoding (round.Merger.MaxDeltaBytes; 0: no bound), once maxDeltaKnown.
+	maxDelta      uint64
+	maxDeltaKnown bool
+	merges        map[string]int // heads among the last replayWindow that merged each trainer: proven ones are served first at an epoch's tail
 	// book says who holds, reported or is barred from the round's leases, and what to do
 	// next (lease.Book): a peer that failed the round gets no further attempt in it.
 	book *lease.Book

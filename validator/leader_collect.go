@@ -255,7 +255,12 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 	// The deadline is for announcing: an update announced in time may take what the
 	// trainer's uplink takes (a 68 MB fp32 update is 27 s at 20 Mbit/s), up to
 	// lease.round_timeout, and the artifact layer gives up on a holder that stalls.
-	r.fetches.start(v.Bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, time.Now().Add(v.Config.Lease.RoundTimeout))
+	// An update larger than the experiment's encoding allows is not downloaded: its
+	// manifest says so (artifact.ErrTooLarge, rejected wrong_codec when it returns).
+	if !r.maxDeltaKnown {
+		r.maxDelta, r.maxDeltaKnown = v.Merger.MaxDeltaBytes(r.base), true
+	}
+	r.fetches.start(v.Bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, r.maxDelta, time.Now().Add(v.Config.Lease.RoundTimeout))
 }
 
 // rejectContribution rejects from's contribution (update artifact delta) to round r for

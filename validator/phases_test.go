@@ -147,6 +147,15 @@ func (b *netBus) Publish(_ context.Context, msg any) error {
 	return nil
 }
 
+// FetchAtMost is Fetch, refusing an artifact its manifest says is larger than max as the
+// artifact exchange does.
+func (b *netBus) FetchAtMost(ctx context.Context, id cid.Cid, max uint64, hints ...peer.ID) error {
+	if m, err := b.net.store.Manifest(id); err == nil && max > 0 && m.Size > max {
+		return fmt.Errorf("fetch %s: %w: %d bytes, at most %d", id, artifact.ErrTooLarge, m.Size, max)
+	}
+	return b.Fetch(ctx, id, hints...)
+}
+
 func (b *netBus) Fetch(ctx context.Context, id cid.Cid, hints ...peer.ID) error {
 	if u := b.unreachable.Load(); u != nil && len(hints) > 0 && !slices.ContainsFunc(hints, func(h peer.ID) bool { return h != *u }) {
 		return fmt.Errorf("fetch %s: holder unreachable: failed to dial %s: no addresses", id, *u)
