@@ -278,6 +278,26 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 	if parallel == 1 {
 		cleanRun(t, 0)
 	}
+	// The mixed shape's loss goal compares runs whose honest trainers trained other
+	// microshards in other rounds (an attacker turned away gives its microshards back to the
+	// pool), and the synthetic workload's final loss moves with that schedule alone: rows
+	// with no attacker update merged ended up to 3 % from the clean run (docs/security.md).
+	// Clean runs on peer ids of their own (other leases and seeds, the same amount of
+	// honest work) show how far the schedule alone moves the final loss: the goal is 2 %, or
+	// the farthest of them above the clean run if that is more. (The mean over the last
+	// third of the rounds moves more with the schedule, not less: up to +6.6 % with no
+	// attacker update merged, clean runs up to +3.8 %; the loss still falls there.)
+	lossLimit := 2.0
+	var band []float64
+	if shape.mixed && mixedGoals {
+		base := cleanRun(t, 0)
+		for j := range envInt(t, "P2PNODE_ATTACK_CLEANS", 8) {
+			c := cleanRun(t, byte(200+j))
+			band = append(band, pct(c.mse, base.mse))
+			lossLimit = max(lossLimit, band[j])
+		}
+		t.Logf("clean runs on other peer ids against the clean run's final loss: %s; loss goal %+.2f %%", fmtPcts(band), lossLimit)
+	}
 	t.Run("rows", func(t *testing.T) {
 		for i, k := range kinds {
 			salt := byte(0)
@@ -310,7 +330,7 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 					// Built to pass screening: what is merged is measured, not asserted
 					// (docs/security.md); at a half, the loss goal holds for them too.
 					if shape.mixed && mixedGoals {
-						assert.LessOrEqual(t, r.mse, 1.02*clean.mse, "final held-out loss more than 2 %% worse than the clean run's")
+						assert.LessOrEqual(t, pct(r.mse, clean.mse), lossLimit, "final held-out loss farther above the clean run's than the loss goal")
 					}
 					return
 				}
@@ -329,7 +349,7 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 				assert.Zero(t, r.honestOut, "honest trainers quarantined")
 				if shape.mixed && mixedGoals {
 					assert.Less(t, 100*float64(r.honestRej), 2*float64(r.honestRej+r.honest), "honest updates rejected: 2 %% or more")
-					assert.LessOrEqual(t, r.mse, 1.02*clean.mse, "final held-out loss more than 2 %% worse than the clean run's")
+					assert.LessOrEqual(t, pct(r.mse, clean.mse), lossLimit, "final held-out loss farther above the clean run's than the loss goal")
 				}
 				// Ending better than the clean run would be no harm, so the check is one-sided;
 				// on the same honest work the two are equal unless an attacker update merged.
@@ -351,6 +371,9 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 		}
 	}
 	table := matrixTable(ordered, rounds, parallel, shape)
+	if band != nil {
+		table += fmt.Sprintf("\nClean runs on %d other sets of peer ids, final held-out mse against the clean run's: %s; the loss goal: %+.2f %%.\n", len(band), fmtPcts(band), lossLimit)
+	}
 	t.Log("\n" + table)
 	if p := os.Getenv("P2PNODE_ATTACK_TABLE"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(table), 0o644))
@@ -358,6 +381,14 @@ func runMatrixTable(t *testing.T, sel string, shape matrixShape, kinds []attackK
 }
 
 func pct(x, ref float64) float64 { return 100 * (x - ref) / ref }
+
+func fmtPcts(xs []float64) string {
+	var out []string
+	for _, x := range xs {
+		out = append(out, fmt.Sprintf("%+.2f %%", x))
+	}
+	return strings.Join(out, ", ")
+}
 
 func matrixTable(rows []matrixRun, rounds, parallel int, shape matrixShape) string {
 	var b strings.Builder
