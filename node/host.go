@@ -40,6 +40,11 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 			ctx, cancel := context.WithCancel(context.Background())
 			lc.Append(fx.StartStopHook(func() { p2p.WatchStaleConns(ctx, h, log.With("pkg", "host")) }, cancel))
 		}),
+		fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) {
+			// AutoNAT's verdict, the NAT's kind and the relay reservations, as they come.
+			ctx, cancel := context.WithCancel(context.Background())
+			lc.Append(fx.StartStopHook(func() error { return p2p.WatchReachability(ctx, h, log.With("pkg", "host")) }, cancel))
+		}),
 		fx.Invoke(func(h host.Host, log *slog.Logger) {
 			addrs := make([]string, 0, len(h.Addrs()))
 			for _, a := range h.Addrs() {
