@@ -5,12 +5,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/p2pnode/p2pnode/config"
 	"github.com/p2pnode/p2pnode/demo"
 	"github.com/p2pnode/p2pnode/internal/wan"
+	"github.com/p2pnode/p2pnode/p2p"
 )
 
 // newLab builds the lab or fails the test with the reason, and removes it at the end.
@@ -39,6 +41,10 @@ func newLab(t *testing.T, s wan.LabSpec) *wan.Lab {
 func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string, c *config.Config)) []*Proc {
 	t.Helper()
 	vaddr := lab.Nodes[0].Public
+	// WAN_AUTONAT=1: the nodes behind routers find out for themselves (AutoNAT), with the
+	// lab's outside addresses public to libp2p (p2p.LabAddressesEnv); each node's log then
+	// says what it found (p2p.WatchReachability).
+	autoNAT := os.Getenv("WAN_AUTONAT") == "1"
 	procs := swarmOf(t, o, func(name string, c *config.Config) {
 		n := labNode(t, lab, name)
 		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", n.Addr)}
@@ -50,7 +56,7 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 		switch {
 		case n == lab.Nodes[0]:
 			c.Node.Reachability = config.ReachPublic
-		case n.NAT != wan.NATNone:
+		case n.NAT != wan.NATNone && !autoNAT:
 			c.Node.Reachability = config.ReachPrivate
 		}
 		for j, b := range c.Node.Bootstrap {
@@ -63,6 +69,9 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 	})
 	for _, p := range procs {
 		p.Wrap = []string{"ip", "netns", "exec", labNode(t, lab, p.Name).NS}
+		if autoNAT {
+			p.Wrap = append(p.Wrap, "env", p2p.LabAddressesEnv+"=1")
+		}
 		// WAN_GOLOG: go-libp2p's own log levels in every node (GOLOG_LOG_LEVEL, e.g.
 		// "p2p-holepunch=debug,relay=debug"), written to the node's log.
 		if g := os.Getenv("WAN_GOLOG"); g != "" {
@@ -105,4 +114,12 @@ func labNode(t *testing.T, lab *wan.Lab, name string) *wan.Node {
 		t.Fatalf("the lab has no node %s", name)
 	}
 	return lab.Nodes[i]
+}
+
+// envInt is the positive integer in the environment variable name, or def.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }

@@ -22,7 +22,7 @@ func TestNATSwarm(t *testing.T) {
 	if err := wan.CheckNAT(); err != nil {
 		t.Skipf("the NAT lab cannot run here: %v", err)
 	}
-	const rounds = 3
+	rounds := envInt("WAN_ROUNDS", 3)
 	link := wan.Link{UpMbit: 20, DownMbit: 100, RTT: 40 * time.Millisecond}
 	kinds := []wan.NAT{wan.NATNone, wan.NATCone, wan.NATSymmetric, wan.NATClosed}
 	spec := wan.LabSpec{Nodes: []wan.Spec{{Name: "validator", Link: wan.Link{RTT: 20 * time.Millisecond}}}, Seed: 46}
@@ -30,10 +30,20 @@ func TestNATSwarm(t *testing.T) {
 		spec.Nodes = append(spec.Nodes, wan.Spec{Name: fmt.Sprintf("trainer-%d", i+1), Link: link, NAT: k})
 	}
 	lab := newLab(t, spec)
-	procs := labSwarm(t, lab, demo.Options{Dir: t.TempDir(), Trainers: len(kinds), Rounds: rounds}, nil)
+	procs := labSwarm(t, lab, demo.Options{Dir: labDir(t), Trainers: len(kinds), Rounds: rounds}, nil)
+	keepLogs(t, procs)
 	requirePython(t, procs[0].Cfg.Workload.Interpreter)
 	start := time.Now()
 	runAll(t, procs, 6*time.Minute)
+	// What each trainer found out about its reachability (p2p.WatchReachability); with
+	// WAN_AUTONAT=1 it finds out for itself.
+	for _, p := range procs[1:] {
+		for _, l := range strings.Split(p.Logs(), "\n") {
+			if strings.Contains(l, "reachability:") || strings.Contains(l, "NAT in front") || strings.Contains(l, "relay reservations") {
+				t.Logf("%s: %s", p.Name, l)
+			}
+		}
+	}
 	label := func(k wan.NAT) string {
 		if k == wan.NATNone {
 			return "public"

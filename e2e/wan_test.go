@@ -65,13 +65,6 @@ import (
 	"github.com/p2pnode/p2pnode/p2p"
 )
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 func envFloat(name string, def float64) float64 {
 	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil && v > 0 {
 		return v
