@@ -93,23 +93,9 @@ func (z *sizer) sizes() (invite.Sizes, bool) {
 		if pid, err := h.ParamsID(); err == nil {
 			if m, err := z.store.Manifest(pid); err == nil {
 				z.head = id
-				z.last.Round, z.last.ParamsBytes, z.last.Params = h.Round, m.Size, packParams(z.store.BlobPath(pid))
+				z.last.Round, z.last.ParamsBytes, z.last.Params = h.Round, m.Size, pack.ParamCount(z.store.BlobPath(pid))
 			}
 		}
 	}
 	return z.last, z.head.Defined() || z.haveData
-}
-
-// packParams is the parameter count of the pack at path (0 when it cannot be read).
-func packParams(path string) int64 {
-	r, err := pack.OpenReader(path)
-	if err != nil {
-		return 0
-	}
-	defer r.Close()
-	l, err := pack.LayoutOf(r.Header, r.DataLen())
-	if err != nil {
-		return 0
-	}
-	return l.Params()
 }

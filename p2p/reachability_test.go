@@ -1,12 +1,10 @@
 package p2p
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,24 +14,6 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/stretchr/testify/require"
 )
-
-// lockedBuffer is a log sink the watcher's goroutine writes while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // What libp2p finds out about reaching the node is logged as it comes: a volunteer reads
 // there whether AutoNAT found it private, what its NAT does to hole punching, and whether
@@ -56,7 +36,7 @@ func TestWatchReachabilityLogsWhatLibp2pFindsOut(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var out lockedBuffer
+			var out lockedLog
 			defer func() {
 				if t.Failed() {
 					t.Logf("log: %s", out.String())

@@ -114,6 +114,21 @@ func FromFile(f *File) (*Pack, error) {
 	return &Pack{Layout: layout, Values: values, Meta: f.Header.Metadata, file: f}, nil
 }
 
+// ParamCount is the number of values of the pack at path, read from its header alone (0
+// when it cannot be read as a pack).
+func ParamCount(path string) int64 {
+	r, err := OpenReader(path)
+	if err != nil {
+		return 0
+	}
+	defer r.Close()
+	l, err := LayoutOf(r.Header, r.DataLen())
+	if err != nil {
+		return 0
+	}
+	return l.Params()
+}
+
 // LayoutOf checks that a safetensors header with dataLen data bytes describes a pack (F32
 // tensors stored contiguously in name order, covering all the data, with a matching
 // layout_hash if the header names one) and returns its layout.

@@ -157,3 +157,25 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestParamCount(t *testing.T) {
+	dir := t.TempDir()
+	p := testPack(t)
+	good := filepath.Join(dir, "p.safetensors")
+	require.NoError(t, p.WriteFile(good))
+	notPack := filepath.Join(dir, "f16.safetensors")
+	require.NoError(t, os.WriteFile(notPack, header(t, `{"x":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}`, 4), 0o644))
+	cases := []struct {
+		name, path string
+		want       int64
+	}{
+		{"a pack", good, int64(len(p.Values))},
+		{"not a pack", notPack, 0},
+		{"missing", filepath.Join(dir, "none"), 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, ParamCount(tc.path))
+		})
+	}
+}

@@ -86,16 +86,11 @@ func (m *Merger) MaxDeltaBytes(base *chain.Head) uint64 {
 	if err != nil || !m.Store.Has(id) {
 		return 0
 	}
-	r, err := pack.OpenReader(m.Store.BlobPath(id))
-	if err != nil {
+	n := pack.ParamCount(m.Store.BlobPath(id))
+	if n == 0 {
 		return 0
 	}
-	defer r.Close()
-	l, err := pack.LayoutOf(r.Header, r.DataLen())
-	if err != nil {
-		return 0
-	}
-	return m.Policy.MaxDeltaBytes(int(l.Params()), base.Round+1)
+	return m.Policy.MaxDeltaBytes(int(n), base.Round+1)
 }
 
 // checkWire says how the encoding of a contribution to round breaks the policy's, if it
