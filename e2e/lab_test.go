@@ -45,9 +45,14 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 	// lab's outside addresses public to libp2p (p2p.LabAddressesEnv); each node's log then
 	// says what it found (p2p.WatchReachability).
 	autoNAT := os.Getenv("WAN_AUTONAT") == "1"
+	// WAN_QUIC=1: every node listens, and dials the bootstrap validator, over QUIC only.
+	transport := "tcp/4001"
+	if os.Getenv("WAN_QUIC") == "1" {
+		transport = "udp/4001/quic-v1"
+	}
 	procs := swarmOf(t, o, func(name string, c *config.Config) {
 		n := labNode(t, lab, name)
-		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/4001", n.Addr)}
+		c.Node.Listen = []string{fmt.Sprintf("/ip4/%s/%s", n.Addr, transport)}
 		c.Node.MDNS = false
 		// libp2p counts the lab's addresses (198.18.0.0/15) as not public, so AutoNAT
 		// never decides: say what each node is, as AutoNAT would on the internet. The
@@ -61,7 +66,7 @@ func labSwarm(t *testing.T, lab *wan.Lab, o demo.Options, edit func(name string,
 		}
 		for j, b := range c.Node.Bootstrap {
 			_, id, _ := strings.Cut(b, "/p2p/")
-			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/tcp/4001/p2p/%s", vaddr, id)
+			c.Node.Bootstrap[j] = fmt.Sprintf("/ip4/%s/%s/p2p/%s", vaddr, transport, id)
 		}
 		if edit != nil {
 			edit(name, c)
