@@ -253,16 +253,14 @@ func (x *Exchange) fetch(ctx context.Context, id cid.Cid, max uint64, hints []pe
 		case <-d.done:
 			if d.err == nil && max > 0 && d.size > max {
 				// Done before this caller saw the size (another caller's download).
-				x.m.fetches.WithLabelValues(fetchFailed).Inc()
-				return fmt.Errorf("fetch artifact %s: %w: %d bytes, at most %d", id, ErrTooLarge, d.size, max)
+				return x.tooLarge(id, d.size, max)
 			}
 			x.m.fetches.WithLabelValues(fetchOutcome(d.err)).Inc()
 			return d.err
 		case <-sized:
 			if d.size > max {
 				x.leave(d)
-				x.m.fetches.WithLabelValues(fetchFailed).Inc()
-				return fmt.Errorf("fetch artifact %s: %w: %d bytes, at most %d", id, ErrTooLarge, d.size, max)
+				return x.tooLarge(id, d.size, max)
 			}
 			sized = nil
 		case <-ctx.Done():
@@ -271,6 +269,12 @@ func (x *Exchange) fetch(ctx context.Context, id cid.Cid, max uint64, hints []pe
 			return fmt.Errorf("fetch artifact %s: %w", id, ctx.Err())
 		}
 	}
+}
+
+// tooLarge counts and reports a fetch refused for its size (FetchAtMost).
+func (x *Exchange) tooLarge(id cid.Cid, size, max uint64) error {
+	x.m.fetches.WithLabelValues(fetchFailed).Inc()
+	return fmt.Errorf("fetch artifact %s: %w: %d bytes, at most %d", id, ErrTooLarge, size, max)
 }
 
 func fetchOutcome(err error) string {

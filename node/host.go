@@ -36,14 +36,14 @@ func hostModule(cfg *config.Config, opts Options) fx.Option {
 			reg.MustRegister(p2p.NewBandwidthCollector(bw))
 		}),
 		fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) {
-			// Connections a peer behind NAT abandoned when its public address changed.
-			ctx, cancel := context.WithCancel(context.Background())
-			lc.Append(fx.StartStopHook(func() { p2p.WatchStaleConns(ctx, h, log.With("pkg", "host")) }, cancel))
-		}),
-		fx.Invoke(func(lc fx.Lifecycle, h host.Host, log *slog.Logger) {
+			// Connections a peer behind NAT abandoned when its public address changed, and
 			// AutoNAT's verdict, the NAT's kind and the relay reservations, as they come.
 			ctx, cancel := context.WithCancel(context.Background())
-			lc.Append(fx.StartStopHook(func() error { return p2p.WatchReachability(ctx, h, log.With("pkg", "host")) }, cancel))
+			hlog := log.With("pkg", "host")
+			lc.Append(fx.StartStopHook(func() error {
+				p2p.WatchStaleConns(ctx, h, hlog)
+				return p2p.WatchReachability(ctx, h, hlog)
+			}, cancel))
 		}),
 		fx.Invoke(func(h host.Host, log *slog.Logger) {
 			addrs := make([]string, 0, len(h.Addrs()))

@@ -90,7 +90,7 @@ func openDelta(store *artifact.Store, id cid.Cid, layoutHash string, n, workers 
 // the sparse codec, the values kept per block.
 func (d *deltaSource) encoding() diloco.Encoded {
 	if d.sparse.Codec == diloco.Sparse {
-		return diloco.Encoded{Codec: diloco.Sparse, N: d.sparse.N, BlockSize: d.sparse.BlockSize, TopK: d.sparse.TopK}
+		return d.sparse
 	}
 	return d.enc
 }

@@ -38,10 +38,9 @@ type openRound struct {
 	window   time.Duration    // the last attempt's deadline, from its grant
 	merged   map[cid.Cid]bool // deltas merged in recent rounds: a replay is rejected
 	// maxDelta is the most bytes an update of the round may take in the experiment's
-	// encoding (round.Merger.MaxDeltaBytes; 0: no bound), once maxDeltaKnown.
-	maxDelta      uint64
-	maxDeltaKnown bool
-	merges        map[string]int // heads among the last replayWindow that merged each trainer: proven ones are served first at an epoch's tail
+	// encoding (round.Merger.MaxDeltaBytes; 0: no bound): a larger one is not fetched.
+	maxDelta uint64
+	merges   map[string]int // heads among the last replayWindow that merged each trainer: proven ones are served first at an epoch's tail
 	// book says who holds, reported or is barred from the round's leases, and what to do
 	// next (lease.Book): a peer that failed the round gets no further attempt in it.
 	book *lease.Book
@@ -140,6 +139,7 @@ func (p *leadPhase) begin(ctx context.Context, in *bus.Inbox) (*next, error) {
 	}
 	r.book.MaxBackoff = min(lease.DefaultMaxBackoff, max(lease.DefaultBackoff, v.Config.Lease.RoundTimeout))
 	r.merged, r.merges = v.recentMerges(p.baseID)
+	r.maxDelta = v.Merger.MaxDeltaBytes(p.base)
 	if cur, _ := v.Tips.Current(); !cur.Equals(p.baseID) {
 		return nil, errHeadMoved // before the loop took changed: it would not fire for that move
 	}

@@ -257,9 +257,6 @@ func (v *validator) accept(r *openRound, from string, c *gossip.Contribution) {
 	// lease.round_timeout, and the artifact layer gives up on a holder that stalls.
 	// An update larger than the experiment's encoding allows is not downloaded: its
 	// manifest says so (artifact.ErrTooLarge, rejected wrong_codec when it returns).
-	if !r.maxDeltaKnown {
-		r.maxDelta, r.maxDeltaKnown = v.Merger.MaxDeltaBytes(r.base), true
-	}
 	r.fetches.start(v.Bus, from, received{msg: c, lease: l, id: leaseID}, deltaID, hint, r.maxDelta, time.Now().Add(v.Config.Lease.RoundTimeout))
 }
 
